@@ -1,0 +1,37 @@
+# gpupool: everything a fresh machine needs is behind `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYZ    := dist/gpupool-run.pyz
+
+.PHONY: all install pyz demo test test-fast bench deploy undeploy clean
+
+all: install pyz
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[all,dev]"
+	touch $@
+
+install: $(STAMP)
+
+# The workload side (client, runner, isolation) as one stdlib-only zipapp.
+pyz: $(STAMP)
+	$(BIN)/python tools/build_pyz.py $(PYZ)
+
+demo: install pyz
+	$(BIN)/python examples/demo.py
+
+test: install pyz
+	$(BIN)/python -m pytest -q
+
+test-fast: install pyz
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: install pyz
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf dist build .pytest_cache .hypothesis src/*.egg-info

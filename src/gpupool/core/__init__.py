@@ -1,0 +1,1 @@
+"""Pure data model and placement: no I/O, no clock, no sockets."""

@@ -1,0 +1,121 @@
+"""One exception hierarchy, mapped once to CLI exit codes and HTTP statuses.
+
+Every message names the bad value and the fix, because it is shown to the
+user as is (CLI stderr, HTTP JSON error body).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+class GpupoolError(Exception):
+    """Base of every error gpupool raises on purpose."""
+
+    code = "error"  # stable machine-readable name, sent as error.code over HTTP
+    http_status = 500
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON error body: {"error": {"code": ..., "message": ...}}."""
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class InvalidInput(GpupoolError):
+    """The user asked for something malformed (bad flag, bad field)."""
+
+    code = "invalid_input"
+    http_status = 400
+    exit_code = 2
+
+
+class InvalidClaim(InvalidInput):
+    """A claim that can never be valid (fraction out of range, -n 0 ...)."""
+
+    code = "invalid_claim"
+    http_status = 422
+
+
+class Unsatisfiable(InvalidClaim):
+    """A claim no device set of this pool could ever hold (more GPUs than exist)."""
+
+    code = "unsatisfiable"
+    http_status = 422
+
+
+class Unavailable(GpupoolError):
+    """The claim is valid but does not fit now (and the wait, if any, ran out)."""
+
+    code = "unavailable"
+    http_status = 409
+    exit_code = 3
+
+
+class NotFound(GpupoolError):
+    """No such lease, job or device."""
+
+    code = "not_found"
+    http_status = 404
+    exit_code = 4
+
+
+class Unauthorized(GpupoolError):
+    """Missing or wrong bearer token."""
+
+    code = "unauthorized"
+    http_status = 401
+    exit_code = 2
+
+
+class Forbidden(GpupoolError):
+    """Authenticated, but not the lease's holder nor an admin."""
+
+    code = "forbidden"
+    http_status = 403
+    exit_code = 2
+
+
+class StateLocked(GpupoolError):
+    """Another server already owns this state directory."""
+
+    code = "state_locked"
+    http_status = 409
+    exit_code = 2
+
+
+class ServerUnreachable(GpupoolError):
+    """No configured pool server answered."""
+
+    code = "server_unreachable"
+    http_status = 503
+    exit_code = 5
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        GpupoolError,
+        InvalidInput,
+        InvalidClaim,
+        Unsatisfiable,
+        Unavailable,
+        NotFound,
+        Unauthorized,
+        Forbidden,
+        StateLocked,
+        ServerUnreachable,
+    )
+}
+
+
+def error_from_dict(body: Dict[str, Any], default_status: int = 500) -> GpupoolError:
+    """Rebuild the exception a server sent as {"error": {"code", "message"}}."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return GpupoolError(f"server answered HTTP {default_status} with no error body")
+    cls = _BY_CODE.get(str(err.get("code")), GpupoolError)
+    return cls(str(err.get("message", "unknown error")))

@@ -1,0 +1,324 @@
+"""The pure data model: devices, claims, holders, leases and pool status.
+
+Every type converts to and from plain dicts; those dicts are the wire format
+of the HTTP API and of the SQLite store, so both sides share one definition.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .errors import InvalidClaim
+from .filters import Filter
+
+
+class Policy(enum.Enum):
+    """How placement orders candidate GPUs."""
+
+    BINPACK = "binpack"  # fill the fullest GPU that still fits: keeps whole GPUs free
+    SPREAD = "spread"  # use the emptiest GPU: least contention per job
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise InvalidClaim(f"policy {text!r} is unknown: use 'binpack' or 'spread'") from None
+
+
+@dataclass(frozen=True)
+class Device:
+    """One physical (or emulated) GPU of the pool."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_mib: int
+    node: str = "localhost"
+    healthy: bool = True
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "name": self.name,
+            "memory_mib": self.memory_mib,
+            "node": self.node,
+            "healthy": self.healthy,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Device":
+        return cls(
+            uuid=str(data["uuid"]),
+            index=int(data["index"]),
+            name=str(data["name"]),
+            memory_mib=int(data["memory_mib"]),
+            node=str(data.get("node", "localhost")),
+            healthy=bool(data.get("healthy", True)),
+        )
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """N distinct GPUs, each holding a fraction of its memory or a fixed MiB."""
+
+    count: int
+    fraction: Optional[float] = None
+    memory_mib: Optional[int] = None
+    filters: Tuple[Filter, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise InvalidClaim(f"GPU count {self.count!r} must be a whole number >= 1 (e.g. -n 1)")
+        if (self.fraction is None) == (self.memory_mib is None):
+            raise InvalidClaim(
+                "give exactly one of a memory fraction (-p 0.5) or a memory size per GPU (-m 8192), not "
+                + ("both" if self.fraction is not None else "neither")
+            )
+        if self.fraction is not None and not (0 < self.fraction <= 1):
+            raise InvalidClaim(f"fraction {self.fraction!r} is outside (0, 1]: use e.g. 0.5 for half of each GPU")
+        if self.memory_mib is not None and (
+            isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int) or self.memory_mib < 1
+        ):
+            raise InvalidClaim(f"memory {self.memory_mib!r} MiB must be a whole number >= 1 (e.g. -m 8192)")
+
+    def memory_on(self, device: Device) -> int:
+        """MiB this request takes on `device` (fractions round up to whole MiB)."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        assert self.fraction is not None
+        return min(device.memory_mib, math.ceil(self.fraction * device.memory_mib - 1e-9))
+
+    def accepts(self, device: Device) -> bool:
+        """Whether every device filter of this request admits `device`."""
+        return all(f.matches(device) for f in self.filters)
+
+    def describe(self) -> str:
+        share = f"{self.fraction:g} of the memory" if self.fraction is not None else f"{self.memory_mib}MiB"
+        where = f" matching {', '.join(f.to_text() for f in self.filters)}" if self.filters else ""
+        return f"{self.count} GPU(s) with {share} each{where}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "count": self.count,
+            "fraction": self.fraction,
+            "memory_mib": self.memory_mib,
+            "filters": [f.to_text() for f in self.filters],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GpuRequest":
+        if not isinstance(data, Mapping):
+            raise InvalidClaim(f"a GPU request must be an object with count and fraction or memory_mib, got {data!r}")
+        count = data.get("count", 1)
+        fraction = data.get("fraction")
+        memory = data.get("memory_mib")
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))):
+            raise InvalidClaim(f"fraction {fraction!r} is not a number: use a value in (0, 1]")
+        filters = data.get("filters") or []
+        if not isinstance(filters, list):
+            raise InvalidClaim(f"filters {filters!r} must be a list of 'key=value' strings")
+        return cls(
+            count=count,
+            fraction=float(fraction) if fraction is not None else None,
+            memory_mib=memory,
+            filters=tuple(Filter.parse(str(f)) for f in filters),
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a client asks for: one or more GPU requests, granted all together or not at all.
+
+    A plain `gpupool run` has one request; a distributed job has one request
+    per replica (a gang), so the whole job is granted or queued as one.
+    """
+
+    requests: Tuple[GpuRequest, ...]
+    policy: Policy = Policy.BINPACK
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise InvalidClaim("a claim needs at least one GPU request")
+
+    @classmethod
+    def single(
+        cls,
+        count: int,
+        fraction: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        filters: Iterable[Filter] = (),
+        policy: Policy = Policy.BINPACK,
+    ) -> "Claim":
+        return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(r.count for r in self.requests)
+
+    def describe(self) -> str:
+        return " + ".join(r.describe() for r in self.requests)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"requests": [r.to_dict() for r in self.requests], "policy": self.policy.value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Claim":
+        if not isinstance(data, Mapping):
+            raise InvalidClaim(f"a claim must be an object with 'requests', got {data!r}")
+        requests = data.get("requests")
+        if not isinstance(requests, list) or not requests:
+            raise InvalidClaim("claim.requests must be a non-empty list of GPU requests")
+        return cls(
+            requests=tuple(GpuRequest.from_dict(r) for r in requests),
+            policy=Policy.parse(data.get("policy", "binpack")),
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease: token or user name, process, host and a free label (pod UID ...)."""
+
+    name: str = ""
+    pid: int = 0
+    host: str = ""
+    label: str = ""
+
+    def describe(self) -> str:
+        parts = [self.name or "?"]
+        if self.host or self.pid:
+            parts.append(f"{self.host}:{self.pid}")
+        if self.label:
+            parts.append(self.label)
+        return "@".join(parts[:2]) + (f" [{self.label}]" if self.label else "")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "host": self.host, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "Holder":
+        data = data or {}
+        try:
+            pid = int(data.get("pid", 0) or 0)
+        except (TypeError, ValueError):
+            raise InvalidClaim(f"holder.pid {data.get('pid')!r} must be an integer") from None
+        return cls(
+            name=str(data.get("name", "") or ""),
+            pid=pid,
+            host=str(data.get("host", "") or ""),
+            label=str(data.get("label", "") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Memory of one device held by a lease, for request number `group` of its claim."""
+
+    device_uuid: str
+    memory_mib: int
+    group: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"uuid": self.device_uuid, "memory_mib": self.memory_mib, "group": self.group}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Slice":
+        return cls(str(data["uuid"]), int(data["memory_mib"]), int(data.get("group", 0)))
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted claim: slices of devices held until released or expired."""
+
+    id: str
+    holder: Holder
+    slices: Tuple[Slice, ...]
+    ttl_s: float
+    created_at: float
+    expires_at: float
+
+    def group(self, index: int) -> Tuple[Slice, ...]:
+        """The slices granted for request number `index` of the claim."""
+        return tuple(s for s in self.slices if s.group == index)
+
+    @property
+    def group_count(self) -> int:
+        return 1 + max((s.group for s in self.slices), default=0)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "id": self.id,
+            "holder": self.holder.to_dict(),
+            "devices": [s.to_dict() for s in self.slices],
+            "ttl_s": self.ttl_s,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Lease":
+        return cls(
+            id=str(data["id"]),
+            holder=Holder.from_dict(data.get("holder")),
+            slices=tuple(Slice.from_dict(s) for s in data["devices"]),
+            ttl_s=float(data["ttl_s"]),
+            created_at=float(data["created_at"]),
+            expires_at=float(data["expires_at"]),
+        )
+
+
+def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
+    """MiB held on each device uuid, summed over `leases`."""
+    used: Dict[str, int] = {}
+    for lease in leases:
+        for s in lease.slices:
+            used[s.device_uuid] = used.get(s.device_uuid, 0) + s.memory_mib
+    return used
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """Devices with their allocation, and the live leases: what `gpupool status` shows."""
+
+    devices: Tuple[Device, ...]
+    leases: Tuple[Lease, ...]
+    queued: int = 0
+    node: str = ""
+
+    def allocated(self) -> Dict[str, int]:
+        return allocated_by_device(self.leases)
+
+    def to_dict(self) -> Dict[str, Any]:
+        used = self.allocated()
+        return {
+            "devices": [dict(d.to_dict(), allocated_mib=used.get(d.uuid, 0)) for d in self.devices],
+            "leases": [lease.to_dict() for lease in self.leases],
+            "queued": self.queued,
+            "node": self.node,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PoolStatus":
+        return cls(
+            devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
+            leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),
+            queued=int(data.get("queued", 0)),
+            node=str(data.get("node", "")),
+        )
+
+
+__all__: List[str] = [
+    "Policy",
+    "Device",
+    "GpuRequest",
+    "Claim",
+    "Holder",
+    "Slice",
+    "Lease",
+    "PoolStatus",
+    "allocated_by_device",
+]
