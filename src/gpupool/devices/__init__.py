@@ -1,0 +1,20 @@
+"""Device inventory: NVML for real GPUs, emulated devices for tests (stdlib only).
+
+`discover(spec, node)` is the one entry point; `health` answers whether a
+device is still usable (NVML XID events) for the kube device plugin.
+"""
+
+from .inventory import discover, parse_spec
+from .emulated import emulated_devices
+from .nvml import nvml_devices, NvmlUnavailable
+from .health import HealthWatcher, device_health
+
+__all__ = [
+    "discover",
+    "parse_spec",
+    "emulated_devices",
+    "nvml_devices",
+    "NvmlUnavailable",
+    "HealthWatcher",
+    "device_health",
+]

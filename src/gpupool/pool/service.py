@@ -1,0 +1,337 @@
+"""`Pool`: grants claims as leases, keeps the FIFO queue, reclaims expired leases.
+
+Every state change is one SQLite transaction (BEGIN IMMEDIATE), and every one
+first reclaims expired leases and dead waiters, so several processes on one
+state dir (the embedded `gpupool run`s of a workstation, or a server and its
+admin CLI) need nothing but the database to agree.
+
+Fairness: a claim that cannot be granted at once and may wait takes a ticket.
+While tickets exist only the oldest one (the head) may be granted, so a
+stream of small claims cannot starve a big one waiting for whole GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
+from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.placement import could_ever_fit, place
+from ..store import Store
+from ..store.tx import Tx
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 30.0
+# A waiter refreshes its ticket on every poll; one silent for this long is
+# taken for dead (its process was killed) and leaves the queue.
+TICKET_TTL_S = 5.0
+MAX_WAIT_S = 7 * 24 * 3600.0
+MAX_TTL_S = 24 * 3600.0
+POLL_MIN_S = 0.005
+POLL_MAX_S = 0.1
+
+
+@dataclass
+class Waiter:
+    """A claim waiting in the FIFO queue under ticket `ticket`."""
+
+    ticket: int
+    claim: Claim
+    holder: Holder
+    ttl_s: float
+    reason: str = ""
+    polls: int = field(default=0, compare=False)
+
+
+class Pool:
+    """The pool of one state dir, safe from several threads and several processes.
+
+    Args:
+        state_dir: where pool.db lives (created if missing).
+        devices: the devices to serve; None keeps those already stored, and
+            discovers them (env GPUPOOL_DEVICES, else NVML) when none are.
+        node: the node name reported by status (default: the host name).
+        clock: wall clock in seconds, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        state_dir: Union[str, Path],
+        devices: Optional[Sequence[Device]] = None,
+        node: str = "",
+        clock: Callable[[], float] = time.time,
+        synchronous: Optional[str] = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.store = Store(self.state_dir, synchronous=synchronous)
+        self.clock = clock
+        self.node = node or socket.gethostname()
+        self._host = socket.gethostname()
+        self._devices_cache: Tuple[int, List[Device]] = (-1, [])
+        if devices is None:
+            with self.store.read() as tx:
+                known = tx.devices()
+            if not known:
+                from ..devices import discover  # lazy: NVML probing is slow and rarely needed
+
+                devices = discover(None, self.node)
+        if devices is not None:
+            with self.store.write() as tx:
+                tx.replace_devices(list(devices))
+
+    @classmethod
+    def open(cls, state_dir: Union[str, Path], **kwargs) -> "Pool":
+        return cls(state_dir, **kwargs)
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- claims ----------------------------------------------------------------
+    def claim(self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S) -> Lease:
+        """Grant `claim` to `holder` now, or wait in the FIFO queue up to `wait_s` seconds.
+
+        Raises Unsatisfiable when no state of the pool could hold it, and
+        Unavailable (with the placement reason) when the wait runs out.
+        """
+        wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
+        deadline = time.monotonic() + wait_s
+        started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+        if isinstance(started, Lease):
+            return started
+        waiter = started
+        granted = False
+        try:
+            delay = POLL_MIN_S
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self.timed_out(waiter, wait_s)
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 1.5, POLL_MAX_S)
+                lease = self.try_grant(waiter)
+                if lease is not None:
+                    granted = True
+                    return lease
+        finally:
+            if not granted:
+                self.cancel(waiter)
+
+    def begin_claim(
+        self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S
+    ) -> Union[Lease, Waiter]:
+        """Grant now, or (when `wait_s` > 0) take a ticket and return the Waiter to poll.
+
+        The building block of `claim`; the HTTP server polls with asyncio
+        instead of holding a thread per waiting claim.
+        """
+        ttl_s = _check_seconds(ttl_s, "ttl_s", 0.05, MAX_TTL_S)
+        wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
+        if not isinstance(claim, Claim):
+            raise InvalidClaim(f"claim must be a Claim, got {type(claim).__name__}")
+        with self.store.write() as tx:
+            now = self.clock()
+            self._expire(tx, now)
+            devices = self._devices(tx)
+            ever = could_ever_fit(devices, claim)
+            if not ever.fits:
+                outcome: Union[Lease, Waiter, Exception] = Unsatisfiable(
+                    f"this pool can never grant {claim.describe()}: {ever.reason}"
+                )
+            else:
+                queued = tx.ticket_count()
+                if queued == 0:
+                    placement = place(devices, tx.allocated(), claim)
+                    if placement.fits:
+                        assert placement.slices is not None
+                        outcome = self._grant(tx, placement.slices, holder, ttl_s, now)
+                        reason = ""
+                    else:
+                        reason = placement.reason
+                else:
+                    reason = f"{queued} earlier claim(s) are waiting in the queue"
+                if reason and wait_s <= 0:
+                    outcome = Unavailable(
+                        f"no room now for {claim.describe()}: {reason}; "
+                        "wait for it with a wait time (e.g. --wait 600) or ask for less"
+                    )
+                elif reason:
+                    ticket = tx.add_ticket(
+                        claim.to_dict(), holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
+                    )
+                    outcome = Waiter(ticket, claim, holder, ttl_s, reason)
+                    log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
+        # Raised after COMMIT so the expiry done above is kept.
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def try_grant(self, waiter: Waiter) -> Optional[Lease]:
+        """One poll of a waiting claim: grant it if it heads the queue and fits now."""
+        waiter.polls += 1
+        with self.store.write() as tx:
+            now = self.clock()
+            self._expire(tx, now)
+            if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
+                # We were silent long enough to be taken for dead: queue again, at the back.
+                waiter.ticket = tx.add_ticket(
+                    waiter.claim.to_dict(), waiter.holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
+                )
+                log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
+            head = tx.head_ticket()
+            if head != waiter.ticket:
+                waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
+                return None
+            placement = place(self._devices(tx), tx.allocated(), waiter.claim)
+            if not placement.fits:
+                waiter.reason = placement.reason
+                return None
+            assert placement.slices is not None
+            tx.delete_ticket(waiter.ticket)
+            return self._grant(tx, placement.slices, waiter.holder, waiter.ttl_s, now)
+
+    def cancel(self, waiter: Waiter) -> None:
+        """Leave the queue (timeout, client gone)."""
+        with self.store.write() as tx:
+            tx.delete_ticket(waiter.ticket)
+
+    def timed_out(self, waiter: Waiter, wait_s: float) -> Unavailable:
+        return Unavailable(
+            f"no room for {waiter.claim.describe()} after waiting {wait_s:g} s: {waiter.reason}; "
+            "wait longer or ask for less"
+        )
+
+    def _grant(self, tx: Tx, slices, holder: Holder, ttl_s: float, now: float) -> Lease:
+        lease = Lease(
+            id=secrets.token_hex(8),
+            holder=holder,
+            slices=tuple(slices),
+            ttl_s=ttl_s,
+            created_at=now,
+            expires_at=now + ttl_s,
+        )
+        tx.insert_lease(lease)
+        log.info("lease %s granted to %s", lease.id, holder.describe())
+        return lease
+
+    # --- leases ----------------------------------------------------------------
+    def heartbeat(self, lease_id: str, requester: Optional[str] = None) -> Lease:
+        """Extend the lease by its TTL from now; `requester` None acts as admin."""
+        with self.store.write() as tx:
+            now = self.clock()
+            self._expire(tx, now)
+            lease = self._owned(tx, lease_id, requester, "renew")
+            lease = replace(lease, expires_at=now + lease.ttl_s)
+            tx.set_lease_expiry(lease.id, lease.expires_at)
+        return lease
+
+    def release(self, lease_id: str, requester: Optional[str] = None) -> None:
+        """Give the lease's memory back; `requester` None acts as admin."""
+        with self.store.write() as tx:
+            self._expire(tx, self.clock())
+            lease = self._owned(tx, lease_id, requester, "release")
+            tx.delete_lease(lease.id)
+        log.info("lease %s released", lease_id)
+
+    def lease(self, lease_id: str) -> Lease:
+        """One live lease; NotFound when released or expired."""
+        with self.store.read() as tx:
+            lease = tx.get_lease(str(lease_id))
+        if lease is None or lease.expires_at < self.clock():
+            raise NotFound(_gone(lease_id))
+        return lease
+
+    def expire(self) -> List[Lease]:
+        """Reclaim leases past their expiry and drop dead waiters; returns the reclaimed leases."""
+        with self.store.write() as tx:
+            return self._expire(tx, self.clock())
+
+    def status(self) -> PoolStatus:
+        """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""
+        now = self.clock()
+        with self.store.read() as tx:
+            devices = self._devices(tx)
+            leases = tx.leases("expires_at >= ?", (now,))
+            queued = sum(1 for _, _, _, exp in tx.tickets() if exp >= now)
+        return PoolStatus(tuple(devices), tuple(leases), queued, self.node)
+
+    def devices(self) -> List[Device]:
+        with self.store.read() as tx:
+            return list(self._devices(tx))
+
+    def set_device_health(self, health: Dict[str, bool]) -> None:
+        """Mark devices healthy or not (device plugin); unhealthy ones get no new slices."""
+        with self.store.write() as tx:
+            devices = tx.devices()
+            tx.replace_devices([replace(d, healthy=health.get(d.uuid, d.healthy)) for d in devices])
+
+    # --- internals -------------------------------------------------------------
+    def _devices(self, tx: Tx) -> List[Device]:
+        gen = tx.devices_generation()
+        cached_gen, cached = self._devices_cache
+        if gen != cached_gen:
+            cached = tx.devices()
+            self._devices_cache = (gen, cached)
+        return cached
+
+    def _owned(self, tx: Tx, lease_id: str, requester: Optional[str], verb: str) -> Lease:
+        lease = tx.get_lease(str(lease_id))
+        if lease is None:
+            raise NotFound(_gone(lease_id))
+        if requester is not None and requester != lease.holder.name:
+            raise Forbidden(
+                f"lease {lease.id} is held by {lease.holder.name!r}, not {requester!r}: "
+                f"only its holder or an admin token may {verb} it"
+            )
+        return lease
+
+    def _expire(self, tx: Tx, now: float) -> List[Lease]:
+        expired: List[Lease] = []
+        if tx.has_expired_leases(now):
+            expired = tx.leases("expires_at < ?", (now,))
+            for lease in expired:
+                tx.delete_lease(lease.id)
+                log.warning(
+                    "lease %s of %s expired (no heartbeat for %g s); memory reclaimed",
+                    lease.id, lease.holder.describe(), lease.ttl_s,
+                )
+        for ticket, host, pid, expires_at in tx.tickets():
+            if expires_at < now or (host == self._host and not _alive(pid)):
+                tx.delete_ticket(ticket)
+                log.info("dropped ticket %d of a waiter that is gone", ticket)
+        return expired
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _gone(lease_id: object) -> str:
+    return (
+        f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat "
+        "came within its TTL"
+    )
+
+
+def _check_seconds(value: object, what: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidClaim(f"{what} {value!r} must be a number of seconds")
+    if not low <= value <= high:
+        raise InvalidClaim(f"{what} {value!r} must be between {low:g} and {high:g} seconds")
+    return float(value)

@@ -1,0 +1,127 @@
+"""The SQLite database of one state dir: connections, pragmas and transactions.
+
+Durability: WAL with synchronous=NORMAL by default. A commit has been written
+(write(2)) to the WAL before COMMIT returns, so a kill -9 of the process - the
+crash the pool must survive - never loses an acknowledged lease; only an OS
+crash or power cut can lose the last commits (never corrupt the file). Pass
+synchronous="FULL" (env GPUPOOL_SYNC=full) to fsync every commit as well, at
+the price of one fsync per claim and per release.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional, Union
+
+from .schema import SCHEMA, SCHEMA_VERSION
+from .tx import Tx
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "pool.db"
+SYNC_ENV = "GPUPOOL_SYNC"
+
+
+class Store:
+    """The pool database under `state_dir`; one SQLite connection per thread and process.
+
+    Use `with store.write() as tx:` for every state change (BEGIN IMMEDIATE:
+    the write lock is taken up front, so the read-then-write of a placement
+    cannot race another process) and `with store.read() as tx:` for snapshots.
+    """
+
+    def __init__(
+        self,
+        state_dir: Union[str, Path],
+        synchronous: Optional[str] = None,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.state_dir / DB_NAME
+        sync = (synchronous or os.environ.get(SYNC_ENV) or "NORMAL").upper()
+        if sync not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous={sync!r}: use NORMAL or FULL")
+        self.synchronous = sync
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._all: List[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._init_schema()
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: no implicit transactions, we issue BEGIN ourselves.
+        # check_same_thread=False only so close() may close other threads' connections.
+        conn = sqlite3.connect(
+            str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (a fresh one after fork: SQLite handles must not cross it)."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            conn = self._connect()
+            local.conn, local.pid = conn, os.getpid()
+        return conn
+
+    def _init_schema(self) -> None:
+        with self.write() as tx:
+            # executescript() would COMMIT our transaction, so run statement by statement.
+            statement = ""
+            for line in SCHEMA.splitlines(keepends=True):
+                statement += line
+                if sqlite3.complete_statement(statement):
+                    tx.conn.execute(statement)
+                    statement = ""
+            version = tx.meta("schema_version")
+            if version is None:
+                tx.set_meta("schema_version", str(SCHEMA_VERSION))
+            elif int(version) > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"state dir {self.state_dir} was written by a newer gpupool (schema {version}); upgrade gpupool"
+                )
+
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        """One state change: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+        conn = self.connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield Tx(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A consistent snapshot for reads (WAL readers never block the writer)."""
+        conn = self.connection()
+        conn.execute("BEGIN")
+        try:
+            yield Tx(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this store opened, in every thread."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:  # pragma: no cover
+                log.debug("close failed", exc_info=True)
+        self._local = threading.local()

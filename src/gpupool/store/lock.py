@@ -1,0 +1,68 @@
+"""The server's exclusive lock on a state dir (fcntl), so two servers never share one.
+
+Embedded clients do not take this lock: they share the database with the
+server and coordinate through SQLite transactions.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from ..core.errors import StateLocked
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "server.lock"
+
+
+class StateLock:
+    """An exclusive, non-blocking flock on `<state_dir>/server.lock`; released on close or death."""
+
+    def __init__(self, state_dir: Union[str, Path]) -> None:
+        self.path = Path(state_dir) / LOCK_NAME
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "StateLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = _read(fd)
+            os.close(fd)
+            raise StateLocked(
+                f"another gpupool server (pid {owner or '?'}) already serves state dir {self.path.parent}: "
+                "stop it, or give this one its own --state"
+            ) from None
+        # The pid is informative only; the kernel drops the flock when the process dies (kill -9 too).
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        log.debug("locked %s", self.path)
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> "StateLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.read(fd, 32).decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,55 @@
+"""The SQLite schema, created idempotently on open.
+
+Leases keep their slices in a table of their own (not a JSON column) so the
+allocation per device is one indexed SUM instead of decoding every lease.
+"""
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    uuid       TEXT PRIMARY KEY,
+    idx        INTEGER NOT NULL,
+    name       TEXT NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    node       TEXT NOT NULL,
+    healthy    INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS leases (
+    id          TEXT PRIMARY KEY,
+    holder_name TEXT NOT NULL,
+    holder      TEXT NOT NULL,      -- Holder.to_dict() as JSON
+    ttl_s       REAL NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
+CREATE TABLE IF NOT EXISTS slices (
+    lease_id    TEXT NOT NULL REFERENCES leases (id) ON DELETE CASCADE,
+    device_uuid TEXT NOT NULL,
+    memory_mib  INTEGER NOT NULL,
+    grp         INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS slices_by_lease ON slices (lease_id);
+-- covering index: the allocation SUM never touches the table
+CREATE INDEX IF NOT EXISTS slices_by_device ON slices (device_uuid, memory_mib);
+CREATE TABLE IF NOT EXISTS tickets (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the FIFO order
+    claim       TEXT NOT NULL,      -- Claim.to_dict() as JSON, for status and debugging
+    holder      TEXT NOT NULL,
+    host        TEXT NOT NULL,      -- host and pid of the waiting process, to drop dead waiters
+    pid         INTEGER NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL       -- refreshed by the waiter while it polls
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    name       TEXT PRIMARY KEY,
+    hash       TEXT NOT NULL UNIQUE,  -- sha256 hex of the token; the token itself is never stored
+    admin      INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+"""

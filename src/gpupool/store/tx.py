@@ -1,0 +1,184 @@
+"""Typed queries inside one transaction: devices, leases and slices, tickets, tokens.
+
+Rows go in and out as core model objects; the pool decides what to do with them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..core.model import Device, Holder, Lease, Slice
+
+
+class Tx:
+    """Queries on a connection that is inside a transaction opened by `Store`."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    # --- meta -----------------------------------------------------------------
+    def meta(self, key: str) -> Optional[str]:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    # --- devices --------------------------------------------------------------
+    def devices_generation(self) -> int:
+        """Bumped by every change to the device table, so callers can cache devices."""
+        return int(self.meta("devices_gen") or 0)
+
+    def devices(self) -> List[Device]:
+        rows = self.conn.execute(
+            "SELECT uuid, idx, name, memory_mib, node, healthy FROM devices ORDER BY node, idx"
+        ).fetchall()
+        return [Device(u, i, n, m, node, bool(h)) for u, i, n, m, node, h in rows]
+
+    def replace_devices(self, devices: Sequence[Device]) -> None:
+        """Make the table hold exactly `devices`; bumps the generation when anything changed."""
+        if list(devices) == self.devices():
+            return
+        self.conn.execute("DELETE FROM devices")
+        self.conn.executemany(
+            "INSERT INTO devices (uuid, idx, name, memory_mib, node, healthy) VALUES (?, ?, ?, ?, ?, ?)",
+            [(d.uuid, d.index, d.name, d.memory_mib, d.node, int(d.healthy)) for d in devices],
+        )
+        self.set_meta("devices_gen", str(self.devices_generation() + 1))
+
+    # --- leases ---------------------------------------------------------------
+    def allocated(self) -> Dict[str, int]:
+        """MiB held per device uuid by the leases in the table."""
+        rows = self.conn.execute("SELECT device_uuid, SUM(memory_mib) FROM slices GROUP BY device_uuid")
+        return {uuid: int(total) for uuid, total in rows}
+
+    def insert_lease(self, lease: Lease) -> None:
+        self.conn.execute(
+            "INSERT INTO leases (id, holder_name, holder, ttl_s, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                lease.id,
+                lease.holder.name,
+                json.dumps(lease.holder.to_dict()),
+                lease.ttl_s,
+                lease.created_at,
+                lease.expires_at,
+            ),
+        )
+        self.conn.executemany(
+            "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)",
+            [(lease.id, s.device_uuid, s.memory_mib, s.group) for s in lease.slices],
+        )
+
+    def get_lease(self, lease_id: str) -> Optional[Lease]:
+        row = self.conn.execute(
+            "SELECT id, holder, ttl_s, created_at, expires_at FROM leases WHERE id = ?", (lease_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        slices = self.conn.execute(
+            "SELECT device_uuid, memory_mib, grp FROM slices WHERE lease_id = ? ORDER BY rowid", (lease_id,)
+        ).fetchall()
+        return _lease(row, slices)
+
+    def leases(self, where: str = "", params: Iterable = ()) -> List[Lease]:
+        """Leases in creation order, optionally filtered by a SQL condition on `leases`."""
+        rows = self.conn.execute(
+            "SELECT id, holder, ttl_s, created_at, expires_at FROM leases "
+            + (f"WHERE {where} " if where else "")
+            + "ORDER BY created_at, id",
+            tuple(params),
+        ).fetchall()
+        if not rows:
+            return []
+        by_lease: Dict[str, List[Tuple[str, int, int]]] = {}
+        if len(rows) == 1:
+            srows = self.conn.execute(
+                "SELECT lease_id, device_uuid, memory_mib, grp FROM slices WHERE lease_id = ? ORDER BY rowid",
+                (rows[0][0],),
+            )
+        else:
+            srows = self.conn.execute("SELECT lease_id, device_uuid, memory_mib, grp FROM slices ORDER BY rowid")
+        for lease_id, uuid, mib, grp in srows:
+            by_lease.setdefault(lease_id, []).append((uuid, mib, grp))
+        return [_lease(row, by_lease.get(row[0], [])) for row in rows]
+
+    def has_expired_leases(self, now: float) -> bool:
+        return self.conn.execute("SELECT 1 FROM leases WHERE expires_at < ? LIMIT 1", (now,)).fetchone() is not None
+
+    def delete_lease(self, lease_id: str) -> bool:
+        self.conn.execute("DELETE FROM slices WHERE lease_id = ?", (lease_id,))
+        return self.conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
+
+    def set_lease_expiry(self, lease_id: str, expires_at: float) -> None:
+        self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
+
+    def lease_count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0])
+
+    # --- tickets (the FIFO queue) ---------------------------------------------
+    def add_ticket(self, claim: dict, holder: dict, host: str, pid: int, now: float, expires_at: float) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at),
+        )
+        return int(cur.lastrowid)
+
+    def head_ticket(self) -> Optional[int]:
+        row = self.conn.execute("SELECT MIN(id) FROM tickets").fetchone()
+        return row[0] if row else None
+
+    def ticket_count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM tickets").fetchone()[0])
+
+    def tickets_before(self, ticket_id: int) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM tickets WHERE id < ?", (ticket_id,)).fetchone()[0])
+
+    def ticket_exists(self, ticket_id: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is not None
+
+    def refresh_ticket(self, ticket_id: int, expires_at: float) -> bool:
+        cur = self.conn.execute("UPDATE tickets SET expires_at = ? WHERE id = ?", (expires_at, ticket_id))
+        return cur.rowcount > 0
+
+    def delete_ticket(self, ticket_id: int) -> None:
+        self.conn.execute("DELETE FROM tickets WHERE id = ?", (ticket_id,))
+
+    def tickets(self) -> List[Tuple[int, str, int, float]]:
+        """(id, host, pid, expires_at) of every waiting claim, in queue order."""
+        return self.conn.execute("SELECT id, host, pid, expires_at FROM tickets ORDER BY id").fetchall()
+
+    # --- tokens ---------------------------------------------------------------
+    def put_token(self, name: str, token_hash: str, admin: bool, now: float) -> None:
+        """Create or replace the token called `name` (replacing rotates it)."""
+        self.conn.execute("DELETE FROM tokens WHERE name = ? OR hash = ?", (name, token_hash))
+        self.conn.execute(
+            "INSERT INTO tokens (name, hash, admin, created_at) VALUES (?, ?, ?, ?)",
+            (name, token_hash, int(admin), now),
+        )
+
+    def token_by_hash(self, token_hash: str) -> Optional[Tuple[str, bool]]:
+        row = self.conn.execute("SELECT name, admin FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
+        return (row[0], bool(row[1])) if row else None
+
+    def token_names(self) -> List[Tuple[str, bool, float]]:
+        return self.conn.execute("SELECT name, admin, created_at FROM tokens ORDER BY name").fetchall()
+
+    def delete_token(self, name: str) -> bool:
+        return self.conn.execute("DELETE FROM tokens WHERE name = ?", (name,)).rowcount > 0
+
+
+def _lease(row: tuple, slices: Iterable[Tuple[str, int, int]]) -> Lease:
+    lease_id, holder, ttl_s, created_at, expires_at = row
+    return Lease(
+        id=lease_id,
+        holder=Holder.from_dict(json.loads(holder)),
+        slices=tuple(Slice(u, int(m), int(g)) for u, m, g in slices),
+        ttl_s=float(ttl_s),
+        created_at=float(created_at),
+        expires_at=float(expires_at),
+    )
