@@ -1,0 +1,191 @@
+"""Scheduler extender decisions (kube-scheduler extender API v1), pure functions over node state.
+
+A node passes the filter only if its GPUs can hold the pod's exact claim:
+N distinct GPUs each with the fraction free, not just enough units in total.
+Scores follow the pod's `gpupool.io/policy`: binpack prefers full nodes,
+spread prefers empty ones. Wire shapes follow k8s.io/kube-scheduler/extender/v1,
+whose Go structs carry no json tags (keys are "Pod", "NodeNames", ...); Go
+decodes keys case-insensitively, and so does `_get` here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..core.errors import InvalidInput
+from ..core.model import Claim, Device, Lease, Policy
+from ..core.placement import place
+from . import annotations as ann
+from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask
+
+MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a node agent reports: its devices, the MiB held on each, and the pod UIDs holding leases."""
+
+    devices: Tuple[Device, ...]
+    allocated: Mapping[str, int]
+    holders: frozenset = frozenset()  # pod UIDs with a live lease on this node
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> "NodeState":
+        """From the agent's GET /v1/status body (PoolStatus.to_dict())."""
+        devices = tuple(Device.from_dict(d) for d in status.get("devices", []))
+        allocated = {d["uuid"]: int(d.get("allocated_mib", 0)) for d in status.get("devices", [])}
+        uids = set()
+        for lease in status.get("leases", []):
+            uid = pod_uid_of_label(((lease.get("holder") or {}).get("label")) or "")
+            if uid:
+                uids.add(uid)
+        return cls(devices, allocated, frozenset(uids))
+
+    def with_pending(self, pending: Iterable[Tuple[str, Claim]]) -> "NodeState":
+        """Count pods bound here whose runner has not claimed yet, so two pods are not promised one slice."""
+        allocated = dict(self.allocated)
+        for uid, claim in pending:
+            if uid in self.holders:
+                continue
+            placed = place(self.devices, allocated, claim)
+            for s in placed.slices or ():
+                allocated[s.device_uuid] = allocated.get(s.device_uuid, 0) + s.memory_mib
+        return NodeState(self.devices, allocated, self.holders)
+
+
+def pod_uid_of_label(label: str) -> str:
+    """The pod UID in a lease label written by the webhook's wrapper: 'pod:NS/NAME:UID'."""
+    if not label.startswith("pod:"):
+        return ""
+    return label.rsplit(":", 1)[-1]
+
+
+def pod_claim(pod: Mapping[str, Any]) -> Optional[Claim]:
+    """The pod's claim: one request per GPU container; None when the pod asks for no GPU.
+
+    Reads the webhook's `gpupool.io/claim` annotation; without it, the user's
+    resources, else the bare units (one GPU's share, or whole GPUs).
+    """
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    containers = (pod.get("spec") or {}).get("containers") or []
+    asks: List[GpuAsk] = []
+    recorded = ann.decode_claim(annotations.get(ann.CLAIM))
+    if recorded is not None:
+        asks = list(recorded.values())
+    else:
+        for c in containers:
+            ask, errors = read_ask(c)
+            if errors:
+                raise InvalidInput("; ".join(errors))
+            if ask is None:
+                limits = (c.get("resources") or {}).get("limits") or (c.get("resources") or {}).get("requests") or {}
+                units = parse_units(limits[UNITS]) if UNITS in limits else None
+                ask = GpuAsk.from_units(units) if units else None
+            if ask is not None:
+                asks.append(ask)
+    if not asks:
+        return None
+    return claim_of(asks, ann.read_filters(annotations), ann.read_policy(annotations))
+
+
+@dataclass
+class FilterOutcome:
+    passed: List[str] = field(default_factory=list)
+    failed: Dict[str, str] = field(default_factory=dict)  # may fit later (leases end)
+    unresolvable: Dict[str, str] = field(default_factory=dict)  # never, whatever is preempted
+
+
+def filter_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[str, NodeState]) -> FilterOutcome:
+    """Which of `names` can hold `claim` now."""
+    out = FilterOutcome()
+    if claim is None:
+        out.passed = list(names)
+        return out
+    for name in names:
+        state = states.get(name)
+        if state is None:
+            out.failed[name] = "no GPU state from the gpupool agent on this node (not installed or not answering)"
+            continue
+        placement = place(state.devices, state.allocated, claim)
+        if placement.fits:
+            out.passed.append(name)
+            continue
+        never = place(state.devices, {}, claim)
+        target = out.failed if never.fits else out.unresolvable
+        target[name] = "gpupool: " + placement.reason
+    return out
+
+
+def score_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[str, NodeState]) -> List[Tuple[str, int]]:
+    """0..10 per node: how full (binpack) or how empty (spread) its GPUs are after placing `claim`."""
+    if claim is None:
+        return [(n, 0) for n in names]
+    scores = []
+    for name in names:
+        state = states.get(name)
+        placement = place(state.devices, state.allocated, claim) if state else None
+        if state is None or not placement or not placement.fits:
+            scores.append((name, 0))
+            continue
+        total = sum(d.memory_mib for d in state.devices if d.healthy) or 1
+        used = sum(state.allocated.get(d.uuid, 0) for d in state.devices if d.healthy)
+        used += sum(s.memory_mib for s in placement.slices or ())
+        full = min(1.0, used / total)
+        share = full if claim.policy is Policy.BINPACK else 1.0 - full
+        scores.append((name, int(math.floor(share * MAX_SCORE + 1e-9))))
+    return scores
+
+
+def _get(obj: Mapping[str, Any], key: str) -> Any:
+    """A field of an extender message, matching keys case-insensitively as Go does."""
+    if key in obj:
+        return obj[key]
+    lowered = key.lower()
+    for k, v in obj.items():
+        if k.lower() == lowered:
+            return v
+    return None
+
+
+def _candidates(args: Mapping[str, Any]) -> Tuple[List[str], Optional[List[Dict[str, Any]]]]:
+    names = _get(args, "NodeNames")
+    nodes = _get(args, "Nodes")
+    items = (nodes or {}).get("items") if isinstance(nodes, dict) else None
+    if names is None and items is not None:
+        names = [((n.get("metadata") or {}).get("name")) for n in items]
+    return [str(n) for n in names or []], items
+
+
+def handle_filter(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> Dict[str, Any]:
+    """ExtenderArgs -> ExtenderFilterResult (errors go in "Error", as the protocol expects)."""
+    names, items = _candidates(args)
+    try:
+        claim = pod_claim(_get(args, "Pod") or {})
+    except InvalidInput as err:
+        return {"NodeNames": None, "FailedNodes": {}, "Error": err.message}
+    outcome = filter_nodes(claim, names, states)
+    result: Dict[str, Any] = {
+        "FailedNodes": outcome.failed,
+        "FailedAndUnresolvableNodes": outcome.unresolvable,
+        "Error": "",
+    }
+    if items is not None and _get(args, "NodeNames") is None:
+        keep = set(outcome.passed)
+        result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                           "items": [n for n in items if (n.get("metadata") or {}).get("name") in keep]}
+    else:
+        result["NodeNames"] = outcome.passed
+    return result
+
+
+def handle_prioritize(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> List[Dict[str, Any]]:
+    """ExtenderArgs -> HostPriorityList."""
+    names, _ = _candidates(args)
+    try:
+        claim = pod_claim(_get(args, "Pod") or {})
+    except InvalidInput:
+        claim = None
+    return [{"Host": n, "Score": s} for n, s in score_nodes(claim, names, states)]

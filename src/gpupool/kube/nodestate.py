@@ -1,0 +1,172 @@
+"""The cluster's GPU state, as the webhook and the extender see it: node agents polled in the background.
+
+Requests never wait on the network: a thread refreshes every node's
+GET /v1/status into a snapshot, and readers take the snapshot. A node whose
+last good answer is older than `max_age_s` counts as unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..core.model import Claim, Device
+from .extender import NodeState
+
+log = logging.getLogger(__name__)
+
+Targets = Callable[[], Mapping[str, str]]  # node name -> agent base URL
+Pending = Callable[[], Mapping[str, Sequence[Tuple[str, Claim]]]]  # node -> (pod uid, claim) bound there
+
+
+def fetch_status(url: str, token: str = "", timeout_s: float = 2.0, context: Optional[ssl.SSLContext] = None) -> dict:
+    """GET {url}/v1/status of one agent."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/status")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:  # noqa: S310 (URLs are ours)
+        return json.loads(resp.read())
+
+
+class ClusterState:
+    """Snapshots of every node agent's state, refreshed by `refresh()` (or a background thread)."""
+
+    def __init__(self, targets: Targets, token: str = "", max_age_s: float = 30.0,
+                 fetch: Callable[[str], dict] = None, pending: Optional[Pending] = None,
+                 clock: Callable[[], float] = time.monotonic, workers: int = 16) -> None:
+        self._targets = targets
+        self._fetch = fetch or (lambda url: fetch_status(url, token))
+        self._pending = pending
+        self._clock = clock
+        self._max_age_s = max_age_s
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._raw: Dict[str, Tuple[float, NodeState]] = {}
+        self._snapshot: Dict[str, NodeState] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def set_states(self, states: Mapping[str, NodeState]) -> None:
+        """Put states in directly (tests, benchmarks, a static cluster)."""
+        now = self._clock()
+        with self._lock:
+            self._raw = {n: (now, s) for n, s in states.items()}
+            self._snapshot = dict(states)
+
+    def states(self) -> Mapping[str, NodeState]:
+        """The current snapshot (a dict never mutated after publication)."""
+        return self._snapshot
+
+    def node_devices(self) -> List[Tuple[Device, ...]]:
+        return [s.devices for s in self._snapshot.values()]
+
+    def gpu_size(self, memory_mib: int) -> Optional[int]:
+        """The smallest known GPU that holds `memory_mib`, else the largest known GPU, else None."""
+        sizes = sorted({d.memory_mib for s in self._snapshot.values() for d in s.devices})
+        if not sizes:
+            return None
+        return next((m for m in sizes if m >= memory_mib), sizes[-1])
+
+    def refresh(self) -> None:
+        """Fetch every agent once (in parallel) and publish a new snapshot."""
+        targets = dict(self._targets())
+        results: Dict[str, Optional[NodeState]] = {}
+
+        def one(item):
+            node, url = item
+            try:
+                return node, NodeState.from_status(self._fetch(url))
+            except Exception as err:  # an agent down must not stop the others
+                log.debug("agent %s at %s: %s", node, url, err)
+                return node, None
+
+        if targets:
+            with ThreadPoolExecutor(max_workers=min(self._workers, len(targets))) as pool:
+                results = dict(pool.map(one, targets.items()))
+        now = self._clock()
+        pending = self._pending() if self._pending else {}
+        with self._lock:
+            raw = {n: v for n, v in self._raw.items() if n in targets}
+            for node, state in results.items():
+                if state is not None:
+                    raw[node] = (now, state)
+            self._raw = raw
+            snapshot = {}
+            for node, (seen, state) in raw.items():
+                if now - seen <= self._max_age_s:
+                    snapshot[node] = state.with_pending(pending.get(node, ())) if pending else state
+            self._snapshot = snapshot
+
+    def start(self, interval_s: float = 2.0) -> None:
+        """Refresh every `interval_s` in a daemon thread."""
+        def loop():
+            while not self._stop.is_set():
+                try:
+                    self.refresh()
+                except Exception:  # keep the last snapshot; log and go on
+                    log.exception("refreshing the cluster GPU state failed")
+                self._stop.wait(interval_s)
+
+        self._thread = threading.Thread(target=loop, name="gpupool-cluster-state", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def static_targets(spec: str) -> Targets:
+    """'node-a=http://10.0.0.1:56001,node-b=...' as a targets function."""
+    table = {}
+    for part in spec.split(","):
+        if "=" in part:
+            node, url = part.split("=", 1)
+            table[node.strip()] = url.strip()
+    return lambda: table
+
+
+def kube_targets(port: int, scheme: str = "http") -> Targets:  # pragma: no cover - needs an API server
+    """Agents at each node's InternalIP (in cluster, through the kubernetes client)."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    api = client.CoreV1Api()
+
+    def targets() -> Dict[str, str]:
+        out = {}
+        for node in api.list_node(label_selector="gpupool.io/agent=true").items:
+            for addr in node.status.addresses or []:
+                if addr.type == "InternalIP":
+                    out[node.metadata.name] = f"{scheme}://{addr.address}:{port}"
+                    break
+        return out
+
+    return targets
+
+
+def kube_pending() -> Pending:  # pragma: no cover - needs an API server
+    """Pods bound to a node with a gpupool claim (in cluster), for `NodeState.with_pending`."""
+    from kubernetes import client, config
+
+    from .extender import pod_claim
+
+    config.load_incluster_config()
+    api = client.CoreV1Api()
+
+    def pending() -> Dict[str, List[Tuple[str, Claim]]]:
+        out: Dict[str, List[Tuple[str, Claim]]] = {}
+        pods = api.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
+        for pod in pods.items:
+            if not pod.spec.node_name or not (pod.metadata.annotations or {}).get("gpupool.io/claim"):
+                continue
+            claim = pod_claim({"metadata": {"annotations": pod.metadata.annotations}, "spec": {}})
+            if claim is not None:
+                out.setdefault(pod.spec.node_name, []).append((pod.metadata.uid, claim))
+        return out
+
+    return pending

@@ -1,0 +1,177 @@
+"""The Kubernetes resource model: what a pod asks for, and what the node advertises.
+
+A node advertises `gpupool.io/gpu` in units of 1 % of one GPU (100 per GPU).
+Users write `gpupool.io/gpu-amount` + `gpu-percent` (or `gpu-memory`); the
+mutating webhook turns that into `amount x percent` units so that plain
+ResourceQuota on `requests.gpupool.io/gpu` works. Bitfusion's `bitfusion.io/*`
+names are read as aliases so its pod specs migrate unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..core.errors import InvalidInput
+from ..core.filters import Filter
+from ..core.model import Claim, GpuRequest, Policy
+
+DOMAIN = "gpupool.io"
+UNITS = f"{DOMAIN}/gpu"  # what the device plugin advertises: 1 unit = 1 % of a GPU
+UNITS_PER_GPU = 100
+AMOUNT = f"{DOMAIN}/gpu-amount"
+PERCENT = f"{DOMAIN}/gpu-percent"
+MEMORY = f"{DOMAIN}/gpu-memory"
+USER_KEYS = (AMOUNT, PERCENT, MEMORY)
+KNOWN_KEYS = (UNITS,) + USER_KEYS
+# Bitfusion's names, read as aliases of ours.
+ALIASES = {
+    "bitfusion.io/gpu-amount": AMOUNT,
+    "bitfusion.io/gpu-percent": PERCENT,
+    "bitfusion.io/gpu-memory": MEMORY,
+}
+
+_QUANTITY_RE = re.compile(r"^\s*([+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# Kubernetes quantity suffixes, as multipliers of one byte (binary and decimal).
+_BYTES = {
+    "": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+}
+
+
+@dataclass(frozen=True)
+class GpuAsk:
+    """One container's GPU ask: `amount` GPUs, each with `percent` % or `memory_mib` MiB."""
+
+    amount: int
+    percent: Optional[int] = None
+    memory_mib: Optional[int] = None
+
+    def units(self, gpu_memory_mib: Optional[int]) -> int:
+        """`gpupool.io/gpu` units: amount x percent; memory is rounded up against `gpu_memory_mib`."""
+        if self.percent is not None:
+            return self.amount * self.percent
+        if not gpu_memory_mib:
+            raise InvalidInput(
+                f"{MEMORY}: the webhook does not know the GPU size to turn {self.memory_mib}MiB into "
+                f"{UNITS} units; use {PERCENT} instead, or start the webhook with --gpu-memory"
+            )
+        per_gpu = min(UNITS_PER_GPU, math.ceil(self.memory_mib * UNITS_PER_GPU / gpu_memory_mib))  # type: ignore[operator]
+        return self.amount * per_gpu
+
+    def request(self, filters: Sequence[Filter] = ()) -> GpuRequest:
+        """The core GpuRequest this ask means."""
+        if self.percent is not None:
+            return GpuRequest(self.amount, fraction=self.percent / 100, filters=tuple(filters))
+        return GpuRequest(self.amount, memory_mib=self.memory_mib, filters=tuple(filters))
+
+    def runner_args(self) -> List[str]:
+        """`-n A -p F` or `-n A -m MiB` for gpupool-run."""
+        share = ["-p", f"{self.percent / 100:g}"] if self.percent is not None else ["-m", str(self.memory_mib)]
+        return ["-n", str(self.amount)] + share
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"amount": self.amount, "percent": self.percent, "memory_mib": self.memory_mib}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GpuAsk":
+        return cls(int(data["amount"]), data.get("percent"), data.get("memory_mib"))
+
+    @classmethod
+    def from_units(cls, units: int) -> "GpuAsk":
+        """Best reading of bare `gpupool.io/gpu` units: whole GPUs, or one GPU's share."""
+        if units > UNITS_PER_GPU and units % UNITS_PER_GPU == 0:
+            return cls(units // UNITS_PER_GPU, percent=100)
+        return cls(1, percent=min(units, UNITS_PER_GPU))
+
+
+def claim_of(asks: Sequence[GpuAsk], filters: Sequence[Filter] = (), policy: Policy = Policy.BINPACK) -> Claim:
+    """One claim for a pod: one request per GPU container, placed all together on one node."""
+    return Claim(tuple(a.request(filters) for a in asks), policy)
+
+
+def gpu_keys(resources: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The gpupool-related entries of a requests/limits map, Bitfusion aliases renamed.
+
+    Also returns unknown `gpupool.io/` keys as they are, for the validator to name.
+    """
+    out: Dict[str, Any] = {}
+    for key, value in (resources or {}).items():
+        name = ALIASES.get(key, key)
+        if name.startswith(DOMAIN + "/"):
+            out[name] = value
+    return out
+
+
+def read_ask(container: Mapping[str, Any]) -> Tuple[Optional[GpuAsk], List[str]]:
+    """The container's GPU ask (None when it asks for no GPU) and the problems found.
+
+    Limits win over requests (extended resources must be equal in both anyway).
+    Every problem names the field and the fix; the ask is None when there is one.
+    """
+    name = container.get("name", "?")
+    res = container.get("resources") or {}
+    merged = dict(gpu_keys(res.get("requests")), **gpu_keys(res.get("limits")))
+    errors: List[str] = []
+    where = f"container {name!r}"
+    for key in merged:
+        if key not in KNOWN_KEYS:
+            errors.append(
+                f"{where}: resource {key!r} is unknown; use {AMOUNT} with {PERCENT} (1-100) or {MEMORY} (e.g. 8Gi)"
+            )
+    if not any(k in merged for k in USER_KEYS):
+        return None, errors
+    if PERCENT in merged and MEMORY in merged:
+        errors.append(f"{where}: give {PERCENT} or {MEMORY}, not both; remove one of them")
+    amount = _whole(merged.get(AMOUNT, 1), f"{where}: {AMOUNT}", errors, low=1, high=None,
+                    fix="use a whole number of GPUs >= 1, e.g. 1")
+    percent = memory = None
+    if PERCENT in merged:
+        percent = _whole(merged[PERCENT], f"{where}: {PERCENT}", errors, low=1, high=100,
+                         fix="use a whole percent of each GPU from 1 to 100, e.g. 50")
+    elif MEMORY in merged:
+        memory = _memory_mib(merged[MEMORY], f"{where}: {MEMORY}", errors)
+    else:
+        percent = 100  # gpu-amount alone means whole GPUs
+    if errors:
+        return None, errors
+    return GpuAsk(amount, percent, memory), errors  # type: ignore[arg-type]
+
+
+def _whole(value: Any, what: str, errors: List[str], low: int, high: Optional[int], fix: str) -> Optional[int]:
+    text = str(value).strip()
+    if not re.fullmatch(r"\+?\d+", text):
+        errors.append(f"{what} {value!r} is not a whole number; {fix}")
+        return None
+    number = int(text)
+    if number < low or (high is not None and number > high):
+        errors.append(f"{what} {value!r} is out of range; {fix}")
+        return None
+    return number
+
+
+def _memory_mib(value: Any, what: str, errors: List[str]) -> Optional[int]:
+    """A Kubernetes quantity ('8Gi', '8192Mi', '16G', bare bytes) in whole MiB, rounded up."""
+    match = _QUANTITY_RE.match(str(value))
+    if not match or match.group(2) not in _BYTES:
+        errors.append(f"{what} {value!r} is not a memory quantity; use e.g. 8Gi or 8192Mi")
+        return None
+    size = float(match.group(1)) * _BYTES[match.group(2)]
+    if size <= 0:
+        errors.append(f"{what} {value!r} must be greater than zero; use e.g. 8Gi")
+        return None
+    return max(1, math.ceil(size / 1024**2))
+
+
+def parse_units(value: Any) -> Optional[int]:
+    """A `gpupool.io/gpu` quantity as an int, or None when it is not a whole number."""
+    text = str(value).strip()
+    return int(text) if re.fullmatch(r"\+?\d+", text) else None
+
+
+def asks_for_gpu(container: Mapping[str, Any]) -> bool:
+    """Whether any gpupool (or Bitfusion) resource appears in the container's requests or limits."""
+    res = container.get("resources") or {}
+    return bool(gpu_keys(res.get("requests")) or gpu_keys(res.get("limits")))
