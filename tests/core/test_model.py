@@ -1,0 +1,62 @@
+"""Round trips of the wire format and validation of claims."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from gpupool.core.errors import InvalidClaim, InvalidInput, Unavailable, error_from_dict
+from gpupool.core.model import Claim, GpuRequest, Holder, Lease, PoolStatus, Slice
+from gpupool.core.quantity import format_mib, parse_fraction, parse_memory_mib
+
+
+@given(st.integers(1, 8), st.floats(0.01, 1.0), st.text(max_size=5))
+def test_claim_round_trip(count, fraction, name):
+    claim = Claim.single(count, fraction=fraction)
+    assert Claim.from_dict(claim.to_dict()) == claim
+    holder = Holder(name, 12, "h", "l")
+    lease = Lease("id", holder, (Slice("G", 10, 0),), 30.0, 1.0, 31.0)
+    assert Lease.from_dict(lease.to_dict()) == lease
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"requests": []},
+        {"requests": [{"count": 0, "fraction": 0.5}]},
+        {"requests": [{"count": 1, "fraction": 1.5}]},
+        {"requests": [{"count": 1, "fraction": "x"}]},
+        {"requests": [{"count": 1}]},
+        {"requests": [{"count": 1, "fraction": 0.5, "memory_mib": 4}]},
+        {"requests": [{"count": 1, "fraction": 0.5, "filters": ["bad.key=1"]}]},
+        {"requests": [{"count": "2", "fraction": 0.5}]},
+        {"requests": [{"count": 1, "fraction": 0.5}], "policy": "random"},
+        "not a claim",
+    ],
+)
+def test_bad_claims(data):
+    with pytest.raises(InvalidClaim):
+        Claim.from_dict(data)
+
+
+def test_quantities():
+    assert parse_memory_mib("16GiB") == 16384
+    assert parse_memory_mib("512") == 512
+    assert parse_fraction("50%") == 0.5
+    assert format_mib(1536) == "1.5GiB"
+    with pytest.raises(InvalidInput):
+        parse_memory_mib("lots")
+    with pytest.raises(InvalidInput):
+        parse_fraction("2")
+
+
+def test_error_round_trip():
+    err = error_from_dict(Unavailable("full").to_dict())
+    assert isinstance(err, Unavailable) and err.message == "full"
+    assert type(error_from_dict({"x": 1})).__name__ == "GpupoolError"
+
+
+def test_status_shape():
+    status = PoolStatus((), (), 2, "n")
+    assert PoolStatus.from_dict(status.to_dict()) == status
+    assert GpuRequest(1, fraction=0.5).describe().startswith("1 GPU")

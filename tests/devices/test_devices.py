@@ -1,0 +1,70 @@
+"""Device inventory: emulated specs, NVML absence, health."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpupool.core.errors import InvalidInput
+from gpupool.devices import device_health, discover, emulated_devices, parse_spec
+from gpupool.devices.nvml import NvmlUnavailable
+
+
+def test_emulated_list_and_stable_uuids():
+    devices = discover("emulated:2x16GiB,1x80GiB", node="n1")
+    assert [d.memory_mib for d in devices] == [16384, 16384, 81920]
+    assert [d.uuid for d in devices] == ["GPU-emu-n1-0", "GPU-emu-n1-1", "GPU-emu-n1-2"]
+    assert discover("emulated:2x16GiB,1x80GiB", node="n1") == devices
+    assert emulated_devices("1x512MiB", node="my node")[0].uuid == "GPU-emu-my-node-0"
+
+
+def test_env_spec(monkeypatch):
+    monkeypatch.setenv("GPUPOOL_DEVICES", "emulated:3x8GiB")
+    assert len(discover(node="n")) == 3
+
+
+@pytest.mark.parametrize("spec", ["emulated:", "emulated:2xlots", "gpus:2", "emulated:0x16GiB"])
+def test_bad_specs(spec):
+    with pytest.raises(InvalidInput):
+        discover(spec, node="n")
+
+
+def test_parse_spec():
+    assert parse_spec("auto") == ("nvml", None)
+    assert parse_spec(None) == ("nvml", None)
+    assert parse_spec("auto,emulated:1x8GiB") == ("nvml", "emulated:1x8GiB")
+    assert parse_spec("emulated:1x8GiB") == ("emulated:1x8GiB", None)
+
+
+def _has_gpu() -> bool:
+    try:
+        discover("nvml", node="n")
+        return True
+    except NvmlUnavailable:
+        return False
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has NVIDIA GPUs")
+def test_auto_without_gpus_is_a_clear_error_or_falls_back():
+    with pytest.raises(NvmlUnavailable, match="emulated"):
+        discover("auto", node="n")
+    assert len(discover("auto,emulated:1x8GiB", node="n")) == 1
+
+
+def test_health():
+    assert device_health(["GPU-emu-n-0"]) == {"GPU-emu-n-0": True}
+    if not _has_gpu():
+        assert device_health(["GPU-1234"]) == {"GPU-1234": False}
+
+
+def test_devices_import_with_stdlib_only():
+    """devices/ must not pull in third-party modules at import time."""
+    code = (
+        "import sys; import gpupool.devices, gpupool.pool, gpupool.store; "
+        "bad = [m for m in ('pynvml', 'fastapi', 'pydantic', 'uvicorn', 'yaml') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,85 @@
+"""The SQLite store: schema, transactions, durability settings, the state-dir lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpupool.core.errors import StateLocked
+from gpupool.core.model import Device, Holder, Lease, Slice
+from gpupool.store import StateLock, Store
+
+
+def _lease(lease_id: str, uuid: str = "G0", mib: int = 100) -> Lease:
+    return Lease(lease_id, Holder("a", 1, "h"), (Slice(uuid, mib, 0), Slice("G1", 5, 1)), 30.0, 1.0, 31.0)
+
+
+def test_pragmas_and_round_trip(tmp_path):
+    store = Store(tmp_path)
+    conn = store.connection()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with store.write() as tx:
+        tx.replace_devices([Device("G0", 0, "T4", 1000), Device("G1", 1, "T4", 1000)])
+        tx.insert_lease(_lease("a"))
+        tx.insert_lease(_lease("b", mib=50))
+    with store.read() as tx:
+        assert tx.allocated() == {"G0": 150, "G1": 10}
+        assert tx.get_lease("a") == _lease("a")
+        assert [x.id for x in tx.leases()] == ["a", "b"]
+        assert tx.devices_generation() == 1
+    store.close()
+    reopened = Store(tmp_path, synchronous="FULL")
+    assert reopened.connection().execute("PRAGMA synchronous").fetchone()[0] == 2
+    with reopened.write() as tx:
+        assert tx.delete_lease("a")
+        assert not tx.delete_lease("a")
+        assert tx.allocated() == {"G0": 50, "G1": 5}
+
+
+def test_failed_transaction_rolls_back(tmp_path):
+    store = Store(tmp_path)
+    with pytest.raises(RuntimeError):
+        with store.write() as tx:
+            tx.insert_lease(_lease("a"))
+            raise RuntimeError("boom")
+    with store.read() as tx:
+        assert tx.leases() == []
+
+
+def test_tokens_store_only_hashes(tmp_path):
+    store = Store(tmp_path)
+    with store.write() as tx:
+        tx.put_token("alice", "h1", False, 1.0)
+        tx.put_token("alice", "h2", True, 2.0)  # rotation replaces
+    with store.read() as tx:
+        assert tx.token_by_hash("h1") is None
+        assert tx.token_by_hash("h2") == ("alice", True)
+
+
+def test_state_lock_is_exclusive_across_processes(tmp_path):
+    with StateLock(tmp_path):
+        code = textwrap.dedent(
+            f"""
+            from gpupool.store import StateLock
+            from gpupool.core.errors import StateLocked
+            try:
+                StateLock({str(tmp_path)!r}).acquire()
+            except StateLocked as err:
+                print("LOCKED", err.message)
+            """
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+        assert out.startswith("LOCKED") and str(tmp_path) in out
+    # released: a new holder gets it
+    StateLock(tmp_path).acquire().release()
+
+
+def test_state_lock_in_one_process(tmp_path):
+    first = StateLock(tmp_path).acquire()
+    with pytest.raises(StateLocked):
+        StateLock(tmp_path).acquire()
+    first.release()
