@@ -19,6 +19,11 @@ from ..core.errors import GpupoolError
 
 # Order here is the order of `gpupool --help`.
 VERB_MODULES: List[str] = [
+    "run",
+    "status",
+    "train",
+    "predict",
+    "data",
 ]
 
 

@@ -1,0 +1,276 @@
+"""Class-folder datasets, the seeded train/val/test split, and the DataLoaders.
+
+Layout: DIR/<class>/*.{jpg,jpeg,png}. Images are decoded and resized inside DataLoader
+workers and leave them as uint8 tensors: a quarter of the bytes of float32 through the
+worker pipe and the host-to-device copy; conversion and normalisation happen on the
+device (see `Normalizer`). A file that cannot be decoded becomes a blank image with
+label -1, which the loss ignores and the trainer counts: one bad JPEG among a million
+must not end a three-day run, and keeping the batch shape keeps DDP ranks in step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from gpupool.core.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# ImageNet statistics: right for the torchvision backbones, harmless for the rest.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+BAD_LABEL = -1
+SPLIT_FILE = "split.json"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which files train, validate and test; paths are relative to the data dir."""
+
+    classes: Tuple[str, ...]
+    train: Tuple[Tuple[str, int], ...]
+    val: Tuple[Tuple[str, int], ...]
+    test: Tuple[Tuple[str, int], ...]
+    seed: int
+
+    def to_json(self) -> Dict[str, object]:
+        """JSON form written to RUN/split.json."""
+        return {
+            "classes": list(self.classes),
+            "seed": self.seed,
+            "train": [list(s) for s in self.train],
+            "val": [list(s) for s in self.val],
+            "test": [list(s) for s in self.test],
+        }
+
+    @staticmethod
+    def from_json(d: Dict[str, object]) -> "Split":
+        """Inverse of to_json."""
+
+        def _rows(key: str) -> Tuple[Tuple[str, int], ...]:
+            return tuple((str(p), int(c)) for p, c in d[key])  # type: ignore[union-attr]
+
+        return Split(tuple(d["classes"]), _rows("train"), _rows("val"), _rows("test"), int(d["seed"]))  # type: ignore[arg-type]
+
+
+def scan_class_folders(root: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
+    """List classes (sorted sub-folder names) and (relative path, class index) samples.
+
+    Raises:
+        InvalidInput: the folder is missing, empty, or holds fewer than two classes.
+    """
+    if not root.is_dir():
+        raise InvalidInput(f"data folder {root} does not exist; expected {root}/<class>/*.jpg")
+    classes: List[str] = []
+    samples: List[Tuple[str, int]] = []
+    for class_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        files = sorted(
+            f for f in class_dir.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()
+        )
+        if not files:
+            continue
+        idx = len(classes)
+        classes.append(class_dir.name)
+        samples.extend((f.relative_to(root).as_posix(), idx) for f in files)
+    if not classes:
+        raise InvalidInput(
+            f"data folder {root} holds no images; expected {root}/<class>/*.{{jpg,jpeg,png}} "
+            "(try `gpupool data digits --to DIR` for a small offline data set)"
+        )
+    if len(classes) < 2:
+        raise InvalidInput(
+            f"data folder {root} holds a single class ({classes[0]!r}); a classifier needs at least two "
+            "class folders"
+        )
+    return classes, samples
+
+
+def make_split(
+    classes: Sequence[str], samples: Sequence[Tuple[str, int]], fractions: Tuple[float, float, float], seed: int
+) -> Split:
+    """Stratified, seeded split: every class is shuffled on its own and cut by the fractions,
+    so small classes still appear in val and test and the result does not depend on the
+    order the file system lists files in."""
+    rng = random.Random(seed)
+    _, f_val, f_test = fractions
+    train: List[Tuple[str, int]] = []
+    val: List[Tuple[str, int]] = []
+    test: List[Tuple[str, int]] = []
+    by_class: Dict[int, List[Tuple[str, int]]] = {i: [] for i in range(len(classes))}
+    for sample in samples:
+        by_class[sample[1]].append(sample)
+    for idx in range(len(classes)):
+        members = sorted(by_class[idx])
+        rng.shuffle(members)
+        n = len(members)
+        n_val = int(round(n * f_val))
+        n_test = int(round(n * f_test))
+        # Keep at least one image per class in each part when the class allows it.
+        if n >= 3:
+            n_val, n_test = max(1, n_val), max(1, n_test)
+        n_val = min(n_val, max(0, n - 1))
+        n_test = min(n_test, max(0, n - 1 - n_val))
+        val.extend(members[:n_val])
+        test.extend(members[n_val : n_val + n_test])
+        train.extend(members[n_val + n_test :])
+    return Split(tuple(classes), tuple(sorted(train)), tuple(sorted(val)), tuple(sorted(test)), seed)
+
+
+def load_or_make_split(
+    root: Path, run_dir: Path, fractions: Tuple[float, float, float], seed: int, write: bool
+) -> Split:
+    """The run's split: RUN/split.json when it exists (a resumed or re-run job keeps its
+    split even if files were added since), else a fresh one, written when `write` (rank 0)."""
+    path = run_dir / SPLIT_FILE
+    if path.exists():
+        split = Split.from_json(json.loads(path.read_text()))
+        missing = [p for p, _ in split.train[:5] if not (root / p).exists()]
+        if missing:
+            raise InvalidInput(
+                f"{path} names files missing under {root} (e.g. {missing[0]}); use the same --data "
+                "or a new --out"
+            )
+        return split
+    classes, samples = scan_class_folders(root)
+    split = make_split(classes, samples, fractions, seed)
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(split.to_json()) + "\n")
+        os.replace(tmp, path)
+    return split
+
+
+def decode_resized(data: bytes, size: int) -> torch.Tensor:
+    """Decode JPEG/PNG bytes to a 3x`size`x`size` uint8 tensor (RGB, antialiased resize).
+
+    torchvision's libjpeg-turbo/libpng decoders first, PIL as the fallback for the odd
+    formats they refuse (CMYK JPEGs, palette tricks). Raises on undecodable bytes.
+    """
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2.functional import resize
+
+    try:
+        img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError:
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as pil:
+            arr = np.asarray(pil.convert("RGB"))
+        img = torch.from_numpy(arr.copy()).permute(2, 0, 1)
+    if img.shape[-2:] != (size, size):
+        img = resize(img, [size, size], antialias=True)
+    return img.contiguous()
+
+
+class ImageFiles(Dataset):
+    """(uint8 image, label, index) triples from a list of relative paths; a file that
+    fails to read or decode yields a blank image and BAD_LABEL instead of raising."""
+
+    def __init__(self, root: Path, samples: Sequence[Tuple[str, int]], size: int, hflip: bool = False) -> None:
+        self.root = str(root)
+        self.paths = [p for p, _ in samples]
+        self.labels = [c for _, c in samples]
+        self.size = size
+        self.hflip = hflip
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
+        try:
+            with open(os.path.join(self.root, self.paths[i]), "rb") as f:
+                img = decode_resized(f.read(), self.size)
+            label = self.labels[i]
+        except Exception as err:  # any decoder or I/O failure: skip and count, never crash
+            log.debug("unreadable image %s: %s", self.paths[i], err)
+            img = torch.zeros(3, self.size, self.size, dtype=torch.uint8)
+            label = BAD_LABEL
+        if self.hflip and label != BAD_LABEL and torch.rand(()) < 0.5:
+            img = img.flip(-1)
+        return img, label, i
+
+
+def collate(batch: List[Tuple[torch.Tensor, int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack a batch; a module-level function so it pickles for spawn/forkserver workers."""
+    images = torch.stack([b[0] for b in batch])
+    labels = torch.tensor([b[1] for b in batch], dtype=torch.long)
+    index = torch.tensor([b[2] for b in batch], dtype=torch.long)
+    return images, labels, index
+
+
+class Normalizer(torch.nn.Module):
+    """uint8 NCHW on the device -> normalised float, optionally channels_last."""
+
+    def __init__(self, channels_last: bool = False) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1) * 255.0, persistent=False)
+        self.register_buffer("inv_std", 1.0 / (torch.tensor(STD).view(1, 3, 1, 1) * 255.0), persistent=False)
+        self.channels_last = channels_last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Convert and normalise in one fused elementwise pass."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x.float() - self.mean) * self.inv_std
+
+
+def default_workers(device_type: str, local_world_size: int) -> int:
+    """Workers per process: CPUs left after the training threads. On a CPU-only box the
+    training itself needs the cores, so tiny machines get 0 (decode in the main process)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_proc = max(1, cpus // max(1, local_world_size))
+    if device_type == "cuda":
+        return max(1, min(8, per_proc - 1))
+    return max(0, min(4, per_proc - 1))
+
+
+def make_loader(
+    dataset: ImageFiles,
+    batch_size: int,
+    workers: int,
+    pin_memory: bool,
+    shuffle: bool,
+    seed: int,
+    rank: int,
+    world_size: int,
+    persistent: bool = True,
+) -> Tuple[DataLoader, Optional[DistributedSampler]]:
+    """A DataLoader over the rank's shard.
+
+    Training uses DistributedSampler even for one process: its shuffle is a pure function
+    of (seed, epoch), so a resumed run sees exactly the batches the unbroken run would.
+    Evaluation shards by striding without padding, so no image is counted twice.
+    """
+    sampler: Optional[DistributedSampler] = None
+    if shuffle:
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        source: Dataset = dataset
+    else:
+        source = torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world_size)))
+    loader = DataLoader(
+        source,
+        batch_size=batch_size,
+        sampler=sampler,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent and workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        collate_fn=collate,
+        drop_last=False,
+    )
+    return loader, sampler

@@ -1,0 +1,220 @@
+"""One training epoch and one evaluation pass.
+
+Per-step work stays on the device: losses and counts accumulate in a device tensor and
+are read (a host sync) only when the progress bar refreshes and at the end of the epoch,
+so a fast GPU is never stalled by bookkeeping. Counts are reduced across ranks at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
+
+import torch
+import torch.nn.functional as F
+
+from gpupool.train import distributed
+from gpupool.train.data import BAD_LABEL
+
+PROGRESS_REFRESH_S = 1.0
+
+
+@dataclass
+class Engine:
+    """What a step needs: the model to train (maybe DDP- and compile-wrapped), the plain
+    model for evaluation, the input normaliser, optimiser, scaler and autocast settings."""
+
+    model: torch.nn.Module
+    raw_model: torch.nn.Module
+    normalizer: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    device: torch.device
+    amp_dtype: Optional[torch.dtype]
+
+    def autocast(self) -> Any:
+        """bf16/fp16 autocast on the device, or nothing."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def sync(self) -> None:
+        """Wait for queued device work (timing needs it; CPU work is already done)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+@dataclass
+class EpochResult:
+    """Reduced over all ranks."""
+
+    loss: float
+    accuracy: float
+    images: int
+    steady_images: int = 0
+    steady_seconds: float = 0.0
+    bad_indices: Set[int] = field(default_factory=set)
+    confusion: Optional[List[List[int]]] = None
+
+    @property
+    def images_per_second(self) -> float:
+        """Steady-state throughput (after the epoch's first batch)."""
+        return self.steady_images / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True, mininterval=0.5)
+
+
+def train_epoch(
+    eng: Engine,
+    loader: Iterable,
+    steps: int,
+    desc: str,
+    show_progress: bool,
+    max_steps: Optional[int] = None,
+    on_step: Optional[Callable[[int], None]] = None,
+) -> EpochResult:
+    """Train for one pass over this rank's shard; returns metrics summed over all ranks.
+
+    Throughput is timed from the end of the first step (worker start-up, autotuning and
+    compilation excluded) to the end of the epoch, images counted over that span.
+    """
+    eng.model.train()
+    dev = eng.device
+    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, valid count
+    bad: Set[int] = set()
+    bar = _progress(min(steps, max_steps or steps), desc, show_progress)
+    t0 = last_refresh = time.perf_counter()
+    t_steady: Optional[float] = None
+    steady_images = 0
+    for step, (images, labels, index) in enumerate(loader):
+        if max_steps is not None and step >= max_steps:
+            break
+        bad_mask = labels == BAD_LABEL
+        if bool(bad_mask.any()):
+            bad.update(index[bad_mask].tolist())
+        x = eng.normalizer(images.to(dev, non_blocking=True))
+        y = labels.to(dev, non_blocking=True)
+        with eng.autocast():
+            logits = eng.model(x)
+        # The loss in fp32 whatever autocast did; ignored (unreadable) images weigh nothing.
+        loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
+        valid = (y != BAD_LABEL).sum()
+        loss = loss_sum / valid.clamp(min=1)
+        eng.optimizer.zero_grad(set_to_none=True)
+        eng.scaler.scale(loss).backward()
+        eng.scaler.step(eng.optimizer)
+        eng.scaler.update()
+        with torch.no_grad():
+            correct = (logits.argmax(1) == y).sum()
+            sums += torch.stack([loss_sum.detach().double(), correct.double(), valid.double()])
+        if step == 0:
+            eng.sync()
+            t_steady = time.perf_counter()
+        else:
+            steady_images += images.shape[0]
+        if on_step is not None:
+            on_step(step)
+        if bar is not None:
+            bar.update(1)
+            now = time.perf_counter()
+            if now - last_refresh >= PROGRESS_REFRESH_S:
+                last_refresh = now
+                s = sums.tolist()
+                rate = steady_images / (now - t_steady) if t_steady and now > t_steady else 0.0
+                bar.set_postfix(
+                    loss=f"{s[0] / max(s[2], 1):.4f}",
+                    acc=f"{s[1] / max(s[2], 1):.3f}",
+                    img_s=f"{rate * distributed_world():.0f}",
+                )
+    eng.sync()
+    t_end = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    if steady_images == 0:  # a one-batch epoch: no steady state to speak of, use it all
+        steady_images = int(sums[2].item()) + len(bad)
+        t_steady = t0
+    distributed.all_reduce_sum(sums)
+    images = torch.tensor([float(steady_images)], dtype=torch.float64, device=dev)
+    seconds = torch.tensor([t_end - (t_steady or t0)], dtype=torch.float64, device=dev)
+    distributed.all_reduce_sum(images)
+    distributed.all_reduce_max(seconds)  # the slowest rank sets the pace
+    s = sums.tolist()
+    return EpochResult(
+        loss=s[0] / max(s[2], 1),
+        accuracy=s[1] / max(s[2], 1),
+        images=int(s[2]),
+        steady_images=int(images.item()),
+        steady_seconds=float(seconds.item()),
+        bad_indices=bad,
+    )
+
+
+def distributed_world() -> int:
+    """World size for the progress bar's global images/second estimate."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@torch.no_grad()
+def evaluate(eng: Engine, loader: Iterable, num_classes: int, max_steps: Optional[int] = None) -> EpochResult:
+    """Loss, accuracy and confusion matrix over this rank's shard, summed over all ranks.
+
+    Uses the plain model, not the DDP wrapper: ranks hold shards of different sizes here,
+    and DDP's per-forward buffer broadcast would pair up mismatched calls.
+    """
+    model = eng.raw_model
+    was_training = model.training
+    model.eval()
+    dev = eng.device
+    sums = torch.zeros(3, device=dev, dtype=torch.float64)
+    confusion = torch.zeros(num_classes * num_classes, device=dev, dtype=torch.long)
+    bad: Set[int] = set()
+    for step, (images, labels, index) in enumerate(loader):
+        if max_steps is not None and step >= max_steps:
+            break
+        bad_mask = labels == BAD_LABEL
+        if bool(bad_mask.any()):
+            bad.update(index[bad_mask].tolist())
+        x = eng.normalizer(images.to(dev, non_blocking=True))
+        y = labels.to(dev, non_blocking=True)
+        with eng.autocast():
+            logits = model(x)
+        loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
+        keep = y != BAD_LABEL
+        pred = logits.argmax(1)
+        sums += torch.stack(
+            [loss_sum.double(), (pred == y).sum().double(), keep.sum().double()]
+        )
+        confusion += torch.bincount(y[keep] * num_classes + pred[keep], minlength=num_classes * num_classes)
+    distributed.all_reduce_sum(sums)
+    distributed.all_reduce_sum(confusion)
+    model.train(was_training)
+    s = sums.tolist()
+    matrix = confusion.view(num_classes, num_classes).tolist()
+    return EpochResult(loss=s[0] / max(s[2], 1), accuracy=s[1] / max(s[2], 1), images=int(s[2]), bad_indices=bad, confusion=matrix)
+
+
+def epoch_row(epoch: int, train: EpochResult, val: EpochResult, lr: float, seconds: float) -> Dict[str, Any]:
+    """One metrics.jsonl row."""
+    return {
+        "epoch": epoch,
+        "train_loss": round(train.loss, 6),
+        "train_accuracy": round(train.accuracy, 6),
+        "val_loss": round(val.loss, 6),
+        "val_accuracy": round(val.accuracy, 6),
+        "images_per_second": round(train.images_per_second, 2),
+        "steady_images": train.steady_images,
+        "steady_seconds": round(train.steady_seconds, 6),
+        "lr": lr,
+        "epoch_seconds": round(seconds, 3),
+    }

@@ -1,0 +1,70 @@
+"""Classify image files with a trained run's model (RUN/model.pt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from gpupool.core.errors import InvalidInput
+from gpupool.train.data import Normalizer, decode_resized
+from gpupool.train.export import load_serving
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The top classes for one file, or why it could not be read."""
+
+    file: str
+    top: Tuple[Tuple[str, float], ...] = ()
+    error: Optional[str] = None
+
+    def to_json(self) -> dict:
+        """Machine form for --json."""
+        if self.error:
+            return {"file": self.file, "error": self.error}
+        label, prob = self.top[0]
+        return {
+            "file": self.file,
+            "class": label,
+            "probability": round(prob, 6),
+            "top": [{"class": c, "probability": round(p, 6)} for c, p in self.top],
+        }
+
+
+def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_size: int = 32,
+                  device: Optional[str] = None) -> List[Prediction]:
+    """Predict each file; an unreadable image yields a Prediction with `error`, not an exception.
+
+    Raises:
+        InvalidInput: no model there, or a file does not exist.
+    """
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise InvalidInput(f"image file {missing[0]} does not exist")
+    model, payload = load_serving(model_path)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev)
+    normalize = Normalizer().to(dev)
+    classes: List[str] = payload["classes"]
+    size = int(payload["preprocess"]["image_size"])
+    k = max(1, min(top, len(classes)))
+    results: List[Prediction] = []
+    ok: List[Tuple[str, torch.Tensor]] = []
+    for f in files:
+        try:
+            ok.append((f, decode_resized(Path(f).read_bytes(), size)))
+        except Exception as err:
+            results.append(Prediction(file=f, error=f"cannot decode image: {err}"))
+    with torch.no_grad():
+        for start in range(0, len(ok), batch_size):
+            chunk = ok[start : start + batch_size]
+            x = normalize(torch.stack([t for _, t in chunk]).to(dev))
+            probs = torch.softmax(model(x).float(), dim=1).cpu()
+            values, indices = probs.topk(k, dim=1)
+            for (f, _), vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
+                results.append(Prediction(file=f, top=tuple((classes[i], v) for i, v in zip(idxs, vals))))
+    order = {f: i for i, f in enumerate(files)}
+    return sorted(results, key=lambda p: order[p.file])
