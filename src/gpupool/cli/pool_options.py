@@ -1,0 +1,39 @@
+"""The flags that choose a pool, shared by `run`, `status`, `list-gpus` and `release`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Optional
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """--server (repeatable), --state and --devices."""
+    group = parser.add_argument_group("pool selection")
+    group.add_argument(
+        "--server",
+        action="append",
+        metavar="URL",
+        help="pool server (repeatable; http://, https:// or embedded:DIR). "
+        "Default: $GPUPOOL_SERVER, then ~/.gpupool/client.yaml, then the embedded pool",
+    )
+    group.add_argument(
+        "--state",
+        metavar="DIR",
+        help="state dir of the embedded pool (default: $GPUPOOL_STATE or ~/.local/state/gpupool)",
+    )
+    group.add_argument(
+        "--devices",
+        metavar="SPEC",
+        help="devices of the embedded pool, e.g. emulated:2x16GiB (default: $GPUPOOL_DEVICES, else NVML)",
+    )
+
+
+def pool_kwargs(args: argparse.Namespace) -> dict:
+    """Keyword arguments of `client.resolve.connect_all` from the parsed flags."""
+    servers: Optional[List[str]] = args.server or None
+    return {
+        "servers": servers,
+        "state_dir": Path(args.state).expanduser() if args.state else None,
+        "devices_spec": args.devices,
+    }

@@ -1,0 +1,71 @@
+"""`gpupool run -n N (-p FRACTION | -m MiB) ... -- CMD`: run a command on a share of the pool."""
+
+from __future__ import annotations
+
+import argparse
+
+from .pool_options import add_pool_arguments, pool_kwargs
+
+EXAMPLES = """examples:
+  gpupool run -n 1 -p 0.5 -- python train.py
+  gpupool run -n 2 -m 8GiB --filter 'device.name=*A100*' --wait 600 -- python train.py
+"""
+
+
+def register(subparsers) -> None:
+    """Add `run`."""
+    p = subparsers.add_parser(
+        "run",
+        help="run a command on N GPUs, each a fraction or a memory size",
+        description="Claim GPUs from the pool, run CMD with them, release them when CMD ends.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-n", "--num-gpus", type=int, default=1, metavar="N", help="number of GPUs (default 1)")
+    share = p.add_mutually_exclusive_group()
+    share.add_argument("-p", "--partial", metavar="FRACTION", help="share of each GPU's memory in (0, 1], e.g. 0.5")
+    share.add_argument("-m", "--memory", metavar="MiB", help="memory per GPU: MiB or a size such as 8GiB")
+    p.add_argument(
+        "--filter", action="append", default=[], metavar="KEY=VALUE",
+        help="device.name=GLOB, device.uuid=ID, device.index=I, device.memory>=SIZE, server.addr=HOST (repeatable)",
+    )
+    p.add_argument("--policy", default="binpack", help="binpack (default: keep whole GPUs free) or spread")
+    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to queue when the pool is full (default 0: fail at once, exit 3)")
+    p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="lease TTL; heartbeats every TTL/3 (default 30)")
+    p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
+    add_pool_arguments(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..core.errors import InvalidInput
+    from ..core.filters import Filter
+    from ..core.model import Claim, Policy
+    from ..core.quantity import parse_fraction, parse_memory_mib
+    from ..runner import RunOptions, progress, run
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InvalidInput("no command to run: put it after --, e.g. gpupool run -n 1 -p 0.5 -- python train.py")
+    if args.wait < 0:
+        raise InvalidInput(f"--wait {args.wait:g} must be >= 0 seconds")
+    if not args.ttl > 0:
+        raise InvalidInput(f"--ttl {args.ttl:g} must be > 0 seconds, e.g. --ttl 30")
+    fraction = parse_fraction(args.partial, what="-p") if args.partial is not None else None
+    memory = parse_memory_mib(args.memory, what="-m") if args.memory is not None else None
+    if fraction is None and memory is None:
+        fraction = 1.0  # a whole GPU, as Bitfusion's default
+    claim = Claim.single(
+        args.num_gpus,
+        fraction=fraction,
+        memory_mib=memory,
+        filters=[Filter.parse(f) for f in args.filter],
+        policy=Policy.parse(args.policy),
+    )
+    say = progress(args.quiet)
+    options = RunOptions(claim=claim, wait_s=args.wait, ttl_s=args.ttl, label=args.label, quiet=args.quiet, say=say, **pool_kwargs(args))
+    return run(command, options)

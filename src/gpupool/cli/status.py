@@ -1,0 +1,119 @@
+"""`gpupool status`, `gpupool list-gpus`, `gpupool release LEASE_ID`: look at and tidy the pool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+from .pool_options import add_pool_arguments, pool_kwargs
+
+
+def register(subparsers) -> None:
+    """Add `status`, `list-gpus` and `release`."""
+    p = subparsers.add_parser("status", help="devices, their allocation and the live leases")
+    p.add_argument("--json", action="store_true", help='one JSON object {"devices": [...], "leases": [...]}')
+    add_pool_arguments(p)
+    p.set_defaults(func=handle_status)
+
+    p = subparsers.add_parser("list-gpus", help="the pool's GPUs")
+    p.add_argument("--json", action="store_true", help='one JSON object {"devices": [...]}')
+    add_pool_arguments(p)
+    p.set_defaults(func=handle_list_gpus)
+
+    p = subparsers.add_parser("release", help="release a lease now (yours, or any as admin)")
+    p.add_argument("lease_id", metavar="LEASE_ID")
+    add_pool_arguments(p)
+    p.set_defaults(func=handle_release)
+
+
+def _status(args: argparse.Namespace):
+    from ..client.resolve import connect_all, merged_status
+    from ..runner import progress
+
+    clients = connect_all(**pool_kwargs(args))
+    try:
+        return merged_status(clients, progress(False))
+    finally:
+        for c in clients:
+            c.close()
+
+
+def handle_status(args: argparse.Namespace) -> int:
+    status = _status(args)
+    if args.json:
+        print(json.dumps(status.to_dict()))
+        return 0
+    data = status.to_dict()
+    print(_table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], _device_rows(data["devices"])))
+    print()
+    if data["leases"]:
+        now = time.time()
+        rows = []
+        for lease in data["leases"]:
+            holder = lease["holder"]
+            who = f"{holder['name'] or '?'}@{holder['host']}:{holder['pid']}" if holder["host"] else holder["name"]
+            gpus = ", ".join(f"{d['uuid']}={_mib(d['memory_mib'])}" for d in lease["devices"])
+            rows.append([lease["id"], who, holder.get("label", ""), gpus, f"{max(lease['expires_at'] - now, 0):.0f}s"])
+        print(_table(["LEASE", "HOLDER", "LABEL", "GPUS", "EXPIRES IN"], rows))
+    else:
+        print("no leases")
+    print(f"queued claims: {data['queued']}")
+    return 0
+
+
+def handle_list_gpus(args: argparse.Namespace) -> int:
+    data = _status(args).to_dict()
+    if args.json:
+        print(json.dumps({"devices": data["devices"]}))
+        return 0
+    print(_table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], _device_rows(data["devices"])))
+    return 0
+
+
+def handle_release(args: argparse.Namespace) -> int:
+    from ..client.resolve import connect_all
+    from ..core.errors import NotFound, ServerUnreachable
+
+    clients = connect_all(**pool_kwargs(args))
+    try:
+        last: Exception = NotFound(f"lease {args.lease_id!r} not found: see `gpupool status` for live leases")
+        for client in clients:  # the lease lives on one of them; ask each
+            try:
+                client.release(args.lease_id)
+            except (NotFound, ServerUnreachable) as err:
+                last = err
+                continue
+            print(f"gpupool: released lease {args.lease_id} on {client.address}", file=sys.stderr)
+            return 0
+        raise last
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _device_rows(devices: Sequence[Dict[str, Any]]) -> List[List[str]]:
+    rows = []
+    for d in devices:
+        total, used = d["memory_mib"], d["allocated_mib"]
+        pct = f" ({used * 100 // total}%)" if total else ""
+        health = "" if d.get("healthy", True) else " UNHEALTHY"
+        rows.append([
+            str(d["index"]), d.get("node", ""), d["uuid"], d["name"] + health,
+            _mib(total), _mib(used) + pct, _mib(max(total - used, 0)),
+        ])
+    return rows
+
+
+def _mib(mib: int) -> str:
+    from ..core.quantity import format_mib
+
+    return format_mib(int(mib))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [list(header), *rows]]
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""The embedded pool client: the Pool service of gpupool.pool, in-process, on a state dir.
+
+No server needed: several `gpupool run` processes on one machine share the
+pool through the SQLite store in the state dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from .base import PoolClient
+
+log = logging.getLogger(__name__)
+
+STATE_ENV = "GPUPOOL_STATE"
+
+
+def default_state_dir() -> Path:
+    """`$GPUPOOL_STATE`, else `$XDG_STATE_HOME/gpupool`, else `~/.local/state/gpupool`."""
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "gpupool"
+
+
+class EmbeddedPoolClient(PoolClient):
+    """Calls `gpupool.pool.Pool` directly; the local user is the admin of their own state dir."""
+
+    def __init__(
+        self,
+        state_dir: Optional[Path] = None,
+        devices: Optional[Sequence[Device]] = None,
+        node: str = "",
+    ) -> None:
+        from ..pool import Pool  # imported here: the pool is only needed without a server
+
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.address = f"embedded:{self.state_dir}"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._pool = Pool.open(self.state_dir, devices=list(devices) if devices is not None else None, node=node)
+
+    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0) -> Lease:
+        return self._pool.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+
+    def heartbeat(self, lease_id: str) -> Lease:
+        return self._pool.heartbeat(lease_id)
+
+    def release(self, lease_id: str) -> None:
+        self._pool.release(lease_id)
+
+    def status(self) -> PoolStatus:
+        # The pool leaves expired leases out of its status and reclaims them on
+        # the next write, so no reaper is needed without a server.
+        return self._pool.status()
+
+    def get_lease(self, lease_id: str) -> Lease:
+        """One lease by id (NotFound when it expired or was released)."""
+        return self._pool.lease(lease_id)
+
+    def close(self) -> None:
+        close = getattr(self._pool, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,192 @@
+"""Choose the pool(s) to talk to, and for several servers the one that takes a claim.
+
+Order: `--server URL` flags > `GPUPOOL_SERVER` (comma separated) > client
+config (client.yaml + servers.conf) > the embedded pool on the state dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
+from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..core.placement import could_ever_fit, place
+from .base import PoolClient
+from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
+
+log = logging.getLogger(__name__)
+
+SERVER_ENV = "GPUPOOL_SERVER"
+CA_ENV = "GPUPOOL_CA"
+EMBEDDED = "embedded:"
+
+Progress = Callable[[str], None]
+
+
+def server_addresses(servers: Optional[Sequence[str]] = None, config: Optional[ClientConfig] = None) -> List[str]:
+    """The pool addresses to use, by precedence; [] means the embedded pool."""
+    if servers:
+        return [_check_address(s) for s in servers]
+    env = os.environ.get(SERVER_ENV, "").strip()
+    if env:
+        return [_check_address(s) for s in env.split(",") if s.strip()]
+    config = config if config is not None else load_client_config()
+    return [entry.url for entry in config.servers]
+
+
+def _check_address(text: str) -> str:
+    text = str(text).strip()
+    if text.lower().startswith(EMBEDDED):
+        return text
+    if not text.lower().startswith(SCHEMES):
+        raise InvalidInput(
+            f"--server {text!r} has an unknown scheme: use http://HOST:PORT, https://HOST:PORT "
+            "or embedded:/path/to/state-dir"
+        )
+    return normalize_url(text)
+
+
+def connect_all(
+    servers: Optional[Sequence[str]] = None,
+    state_dir: Optional[Path] = None,
+    devices_spec: Optional[str] = None,
+) -> List[PoolClient]:
+    """One client per pool to use (at least one: the embedded pool when no server is named)."""
+    config: Optional[ClientConfig] = None
+    if not servers and not os.environ.get(SERVER_ENV, "").strip():
+        config = load_client_config()
+    addresses = server_addresses(servers, config)
+    if not addresses:
+        return [_embedded(state_dir, devices_spec)]
+    if config is None:
+        try:
+            config = load_client_config()
+        except InvalidInput as err:  # a broken config must not block an explicit --server
+            log.warning("ignoring client config: %s", err.message)
+            config = ClientConfig()
+    clients: List[PoolClient] = []
+    for address in addresses:
+        if address.lower().startswith(EMBEDDED):
+            path = address[len(EMBEDDED):]
+            clients.append(_embedded(Path(path) if path else state_dir, devices_spec))
+            continue
+        from .http import HttpPoolClient
+
+        entry = config.entry_for(address)
+        token = os.environ.get(TOKEN_ENV) or (entry.token if entry else "")
+        ca = (entry.ca if entry and entry.ca else "") or os.environ.get(CA_ENV, "")
+        clients.append(HttpPoolClient(address, token=token, ca=ca))
+    return clients
+
+
+def connect(
+    servers: Optional[Sequence[str]] = None,
+    state_dir: Optional[Path] = None,
+    devices_spec: Optional[str] = None,
+) -> PoolClient:
+    """The first pool of `connect_all` (for verbs that talk to one pool)."""
+    clients = connect_all(servers, state_dir, devices_spec)
+    for extra in clients[1:]:
+        extra.close()
+    return clients[0]
+
+
+def _embedded(state_dir: Optional[Path], devices_spec: Optional[str]) -> PoolClient:
+    from .embedded import EmbeddedPoolClient
+
+    devices = None
+    if devices_spec or os.environ.get("GPUPOOL_DEVICES"):
+        from ..devices import discover
+
+        devices = discover(devices_spec)
+    return EmbeddedPoolClient(state_dir, devices=devices)
+
+
+def choose_and_claim(
+    clients: Sequence[PoolClient],
+    claim: Claim,
+    holder: Holder,
+    *,
+    wait_s: float = 0.0,
+    ttl_s: float = 30.0,
+    progress: Progress = lambda line: None,
+) -> Tuple[PoolClient, Lease]:
+    """Claim on the first pool that can hold `claim` now, else wait on the first that ever could.
+
+    `server.addr=` filters of the claim choose among `clients`; unreachable
+    servers are skipped with a warning.
+    """
+    server_filters = [f for r in claim.requests for f in r.filters if f.is_server_filter]
+    eligible = [c for c in clients if all(f.matches_server(c.address) for f in server_filters)]
+    if not eligible:
+        wanted = ", ".join(f.to_text() for f in server_filters)
+        known = ", ".join(c.address for c in clients)
+        raise InvalidClaim(f"no pool server matches {wanted}: the servers are {known}")
+    if len(eligible) == 1:
+        client = eligible[0]
+        return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress)
+
+    reachable: List[Tuple[PoolClient, PoolStatus]] = []
+    for client in eligible:
+        try:
+            reachable.append((client, client.status()))
+        except ServerUnreachable as err:
+            progress(f"warning: skipping {client.address}: {err.message}")
+    if not reachable:
+        raise ServerUnreachable(
+            "none of the pool servers answered (" + ", ".join(c.address for c in eligible) + "): "
+            "check that they run and the URLs in --server / the client config"
+        )
+    for client, status in reachable:
+        if place(status.devices, status.allocated(), claim).fits:
+            try:
+                return client, client.claim(claim, holder, wait_s=0.0, ttl_s=ttl_s)
+            except Unavailable:  # someone else took it since the status; try the next
+                continue
+            except ServerUnreachable as err:
+                progress(f"warning: skipping {client.address}: {err.message}")
+    reasons = []
+    for client, status in reachable:
+        ever = could_ever_fit(status.devices, claim)
+        if ever.fits:
+            return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress)
+        reasons.append(f"{client.address}: {ever.reason}")
+    raise Unsatisfiable("no pool server could ever hold this claim: " + "; ".join(reasons))
+
+
+def _claim_one(
+    client: PoolClient, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, progress: Progress
+) -> Lease:
+    """Try at once; when it does not fit and a wait is allowed, say so and queue."""
+    try:
+        return client.claim(claim, holder, wait_s=0.0, ttl_s=ttl_s)
+    except Unavailable as err:
+        if wait_s <= 0:
+            raise Unavailable(f"{err.message} (pass --wait SECONDS to queue for it)") from None
+        progress(f"Waiting up to {wait_s:g}s in the queue of {client.address}: {err.message}")
+    return client.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+
+
+def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda line: None) -> PoolStatus:
+    """One PoolStatus over several pools (unreachable ones skipped with a warning)."""
+    if len(clients) == 1:
+        return clients[0].status()
+    devices, leases, queued, nodes = [], [], 0, []
+    errors: List[GpupoolError] = []
+    for client in clients:
+        try:
+            status = client.status()
+        except ServerUnreachable as err:
+            progress(f"warning: skipping {client.address}: {err.message}")
+            errors.append(err)
+            continue
+        devices.extend(status.devices)
+        leases.extend(status.leases)
+        queued += status.queued
+        nodes.append(status.node)
+    if len(errors) == len(clients):
+        raise errors[0]
+    return PoolStatus(tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n))

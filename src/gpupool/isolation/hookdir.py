@@ -1,0 +1,28 @@
+"""Materialise the post-import hook folder that goes first on the child's PYTHONPATH."""
+
+from __future__ import annotations
+
+import pkgutil
+from pathlib import Path
+
+HOOK_RESOURCE = "hook/sitecustomize.py"
+
+
+def hook_source() -> bytes:
+    """The hook's source; read as package data so it also works from inside the zipapp."""
+    data = pkgutil.get_data(__package__, HOOK_RESOURCE)
+    if data is None:  # pragma: no cover - only with an exotic loader
+        raise FileNotFoundError(f"{__package__}/{HOOK_RESOURCE} is missing from the installation")
+    return data
+
+
+def write_hook_dir(directory: Path) -> Path:
+    """Write `sitecustomize.py` into `directory` (created) and return the folder.
+
+    A real folder rather than a path into the package, because the child may
+    run a different Python that cannot see gpupool (or read the zipapp).
+    """
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "sitecustomize.py").write_bytes(hook_source())
+    return target

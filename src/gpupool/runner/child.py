@@ -1,0 +1,133 @@
+"""Start the workload in its own process group, forward signals to it, and map its exit status."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from ..core.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# After this many forwarded signals the child is killed: the user means it.
+KILL_AFTER = 3
+
+
+class Interrupted(Exception):
+    """A forwarded signal arrived before there was a child to forward it to."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+def exit_code(returncode: int) -> int:
+    """The shell convention: 128+N when the child died of signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class SignalRelay:
+    """Forwards SIGINT/SIGTERM/SIGHUP to the child's process group while installed.
+
+    Before the child starts, a signal raises `Interrupted` so the runner's
+    `finally` releases whatever it claimed.
+    """
+
+    def __init__(self) -> None:
+        self.child: Optional[subprocess.Popen] = None
+        self.received: List[int] = []
+        self._previous: Dict[int, object] = {}
+
+    def install(self) -> "SignalRelay":
+        for signum in FORWARDED:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def quiet(self) -> None:
+        """Record but ignore signals (while releasing: finish the release first)."""
+        self.child = None
+        for signum in FORWARDED:
+            signal.signal(signum, lambda s, f: self.received.append(s))
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        child = self.child
+        if child is None:
+            raise Interrupted(signum)
+        if child.poll() is not None:
+            return
+        sig = signal.SIGKILL if len(self.received) >= KILL_AFTER else signum
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # the group is gone and its id reused: signal the child only
+            child.send_signal(sig)
+
+
+def start(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start `command` as the leader of a new process group (so signals reach its whole tree)."""
+    kwargs: Dict[str, object] = {}
+    if sys.version_info >= (3, 11):
+        kwargs["process_group"] = 0
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        kwargs["preexec_fn"] = os.setpgrp
+    try:
+        return subprocess.Popen(list(command), env=dict(env), **kwargs)  # type: ignore[call-overload]
+    except FileNotFoundError:
+        raise InvalidInput(f"command {command[0]!r} was not found: check the name or give a full path") from None
+    except PermissionError:
+        raise InvalidInput(f"command {command[0]!r} is not executable: check its permissions") from None
+
+
+class Terminal:
+    """Hands the controlling terminal's foreground to the child, so Ctrl-C, Ctrl-\\ and reads from
+    the terminal reach it as if it ran directly; gives it back afterwards."""
+
+    def __init__(self) -> None:
+        self._fd: Optional[int] = None
+
+    def give(self, pgid: int) -> None:
+        try:
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+                return  # not interactive, or we are a background job ourselves
+            with _ignored(signal.SIGTTOU):
+                os.tcsetpgrp(fd, pgid)
+            self._fd = fd
+        except (OSError, ValueError, AttributeError):
+            self._fd = None
+
+    def take_back(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            with _ignored(signal.SIGTTOU):
+                os.tcsetpgrp(self._fd, os.getpgrp())
+        except OSError:
+            pass
+        self._fd = None
+
+
+class _ignored:
+    """Ignore one signal inside a with-block (tcsetpgrp from a background group raises SIGTTOU)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.previous: object = None
+
+    def __enter__(self) -> None:
+        self.previous = signal.signal(self.signum, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(self.signum, self.previous)  # type: ignore[arg-type]

@@ -1,0 +1,60 @@
+"""Keep a lease alive from a background thread while the workload runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from ..client.base import PoolClient
+from ..core.errors import GpupoolError, NotFound
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat(threading.Thread):
+    """Heartbeats `lease_id` every `interval_s`; warns on failures and loudly when the lease is lost."""
+
+    def __init__(
+        self, client: PoolClient, lease_id: str, interval_s: float, warn: Callable[[str], None]
+    ) -> None:
+        super().__init__(name=f"gpupool-heartbeat-{lease_id[:8]}", daemon=True)
+        self.client = client
+        self.lease_id = lease_id
+        self.interval_s = max(interval_s, 0.05)
+        self.warn = warn
+        self.lost = False
+        self.beats = 0
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=self.interval_s + 5)
+
+    def run(self) -> None:
+        failing = False
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                self.client.heartbeat(self.lease_id)
+                self.beats += 1
+                if failing:
+                    self.warn(f"heartbeat to {self.client.address} works again")
+                failing = False
+            except NotFound:
+                self.lost = True
+                self.warn(
+                    f"WARNING: lease {self.lease_id} is LOST (expired or released on {self.client.address}); "
+                    "the GPUs may be given to someone else while this command still runs. "
+                    "Use a longer --ttl if the pool was unreachable for a while."
+                )
+                return
+            except GpupoolError as err:
+                if not failing:
+                    self.warn(f"warning: heartbeat failed, retrying: {err.message}")
+                failing = True
+            except Exception as err:  # keep beating whatever a transport throws
+                log.exception("heartbeat error")
+                if not failing:
+                    self.warn(f"warning: heartbeat failed, retrying: {err!r}")
+                failing = True

@@ -1,0 +1,166 @@
+"""`gpupool run`: claim, isolate, supervise the child, release on every exit path."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from ..client.base import PoolClient
+from ..client.resolve import choose_and_claim, connect_all
+from ..core.errors import GpupoolError, NotFound
+from ..core.model import Claim, Holder, Lease
+from ..core.quantity import format_mib
+from ..isolation import child_env, isolation_env, shares, write_hook_dir
+from .child import Interrupted, SignalRelay, Terminal, exit_code, start
+from .heartbeat import Heartbeat
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    """Everything `gpupool run` needs besides the command."""
+
+    claim: Claim
+    wait_s: float = 0.0
+    ttl_s: float = 30.0
+    label: str = ""
+    servers: Optional[List[str]] = None
+    state_dir: Optional[Path] = None
+    devices_spec: Optional[str] = None
+    quiet: bool = False
+    say: Callable[[str], None] = field(default=lambda line: None)
+
+
+def progress(quiet: bool) -> Callable[[str], None]:
+    """A printer of 'gpupool: ...' lines on stderr; warnings are shown even when quiet."""
+
+    def say(line: str) -> None:
+        if quiet and not line.lower().startswith("warning"):
+            return
+        print(f"gpupool: {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def current_holder(label: str = "") -> Holder:
+    """This process as a lease holder (a server replaces the name with its token's name)."""
+    try:
+        import getpass
+
+        name = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        name = os.environ.get("USER", "") or f"uid{os.getuid()}"
+    return Holder(name=name, pid=os.getpid(), host=socket.gethostname(), label=label)
+
+
+def run(command: Sequence[str], options: RunOptions) -> int:
+    """Run `command` on a share of the pool; returns the exit code for the runner to exit with."""
+    say = options.say
+    claim = options.claim
+    relay = SignalRelay().install()
+    terminal = Terminal()
+    clients: List[PoolClient] = []
+    client: Optional[PoolClient] = None
+    lease: Optional[Lease] = None
+    workdir: Optional[Path] = None
+    heartbeat: Optional[Heartbeat] = None
+    child = None
+    try:
+        clients = connect_all(options.servers, options.state_dir, options.devices_spec)
+        addresses = ", ".join(c.address for c in clients)
+        say(
+            f"Requested resources: {claim.describe()} ({claim.policy.value}); "
+            f"lease TTL {options.ttl_s:g}s, queue wait {options.wait_s:g}s"
+        )
+        say(f"Choosing GPUs from server list [{addresses}]")
+        client, lease = choose_and_claim(
+            clients, claim, current_holder(options.label), wait_s=options.wait_s, ttl_s=options.ttl_s, progress=say
+        )
+        gpus = shares(lease, client.status().devices)
+        workdir = _workdir(lease.id)
+        contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")))
+        config_file = workdir / "lease.json"
+        config_file.write_text(
+            json.dumps({"server": client.address, "lease": lease.to_dict(), "env": contract}, indent=2)
+        )
+        sizes = ", ".join(f"{format_mib(g.memory_mib)} ({g.fraction:g})" for g in gpus)
+        say(
+            f"Locked {len(gpus)} GPUs with partial memory [{sizes}] on {client.address} as lease {lease.id}, "
+            f"configuration saved to {config_file}"
+        )
+        heartbeat = Heartbeat(client, lease.id, options.ttl_s / 3, say)
+        heartbeat.start()
+        say(f"Running client command '{_join(command)}' on GPUs [{contract['CUDA_VISIBLE_DEVICES']}]")
+        child = start(command, child_env(os.environ, contract))
+        relay.child = child
+        terminal.give(child.pid)
+        returncode = child.wait()
+        terminal.take_back()
+        if heartbeat.lost:
+            say(f"warning: the command finished, but lease {lease.id} had been lost while it ran")
+        code = exit_code(returncode)
+        if returncode < 0:
+            say(f"Client command was killed by signal {-returncode} (exit code {code})")
+        return code
+    except Interrupted as interrupt:
+        if child is not None and child.poll() is None:  # the signal beat `relay.child = child`
+            os.killpg(child.pid, interrupt.signum)
+            return exit_code(child.wait())
+        say(f"Interrupted by signal {interrupt.signum} before the command started")
+        return 128 + interrupt.signum
+    finally:
+        relay.quiet()
+        terminal.take_back()
+        if heartbeat is not None:
+            heartbeat.stop()
+        _release(client, lease, workdir, say)
+        for c in clients:
+            try:
+                c.close()
+            except Exception:  # closing must not hide the real outcome
+                log.debug("close failed", exc_info=True)
+        relay.restore()
+
+
+def _release(
+    client: Optional[PoolClient], lease: Optional[Lease], workdir: Optional[Path], say: Callable[[str], None]
+) -> None:
+    if client is None or lease is None:
+        return
+    where = workdir / "lease.json" if workdir is not None else lease.id
+    say(f"Releasing GPUs from config file {where}")
+    released = 0
+    try:
+        client.release(lease.id)
+        released = 1
+    except NotFound:
+        say(f"warning: lease {lease.id} was already gone (expired or released by an admin)")
+    except GpupoolError as err:
+        say(f"warning: could not release lease {lease.id} ({err.message}); it expires after {lease.ttl_s:g}s")
+    except Exception as err:  # the lease expires anyway; the user must hear why it lingers
+        say(f"warning: could not release lease {lease.id} ({err!r}); it expires after {lease.ttl_s:g}s")
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    say(f"Released GPUs on {released} servers and removed generated config file")
+
+
+def _workdir(lease_id: str) -> Path:
+    """A private folder for the lease file and the hook (removed at release)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    parent = base if base and os.access(base, os.W_OK) else None
+    safe = "".join(ch for ch in lease_id if ch.isalnum() or ch in "-_")[:16]
+    return Path(tempfile.mkdtemp(prefix=f"gpupool-run-{safe}-", dir=parent))
+
+
+def _join(command: Sequence[str]) -> str:
+    return " ".join(shlex.quote(c) for c in command)
