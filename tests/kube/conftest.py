@@ -1,0 +1,128 @@
+"""Shared fixtures: TLS material, a running webhook server, a JSONPatch applier."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import ssl
+import uuid
+from typing import Any, Dict, List
+
+import pytest
+
+from gpupool.core.model import Device
+from gpupool.kube.admission import WebhookApp, serve
+from gpupool.kube.certs import write_certs
+from gpupool.kube.extender import NodeState
+from gpupool.kube.mutate import MutateConfig
+from gpupool.kube.nodestate import ClusterState
+
+
+def gpus(node: str, count: int, mib: int = 16384) -> tuple:
+    return tuple(Device(f"GPU-{node}-{i}", i, "Test GPU", mib, node) for i in range(count))
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tls")
+    ca, crt, key = write_certs(str(out), ["localhost"], ip_addresses=["127.0.0.1"])
+    return {"ca": str(ca), "crt": str(crt), "key": str(key)}
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    state = ClusterState(lambda: {})
+    state.set_states({
+        "node-a": NodeState(gpus("a", 2), {}),
+        "node-b": NodeState(gpus("b", 4, 40960), {}),
+    })
+    return state
+
+
+@pytest.fixture(scope="session")
+def webhook(tls, cluster):
+    server = serve("127.0.0.1:0", WebhookApp(MutateConfig(), cluster), tls["crt"], tls["key"])
+    yield {"port": server.server_address[1], "ca": tls["ca"]}
+    server.shutdown()
+
+
+class Client:
+    """A keep-alive HTTPS client, as the API server is."""
+
+    def __init__(self, port: int, ca: str) -> None:
+        ctx = ssl.create_default_context(cafile=ca)
+        self.conn = http.client.HTTPSConnection("localhost", port, context=ctx, timeout=10)
+
+    def post(self, path: str, body: Any):
+        self.conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        return resp.status, json.loads(resp.read())
+
+    def get(self, path: str):
+        self.conn.request("GET", path)
+        resp = self.conn.getresponse()
+        return resp.status, json.loads(resp.read())
+
+
+@pytest.fixture
+def client(webhook):
+    c = Client(webhook["port"], webhook["ca"])
+    yield c
+    c.conn.close()
+
+
+def review(pod: Dict[str, Any], operation: str = "CREATE") -> Dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "team-a",
+            "operation": operation,
+            "object": pod,
+        },
+    }
+
+
+def _tokens(path: str) -> List[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+def apply_patch(doc: Any, patch: List[Dict[str, Any]]) -> Any:
+    """RFC 6902 add/replace/remove, enough for the webhook's patches (strict: bad paths raise)."""
+    doc = copy.deepcopy(doc)
+    for op in patch:
+        *parents, last = _tokens(op["path"])
+        target = doc
+        for t in parents:
+            target = target[int(t)] if isinstance(target, list) else target[t]
+        if op["op"] == "add":
+            if isinstance(target, list):
+                if last == "-":
+                    target.append(op["value"])
+                else:
+                    assert 0 <= int(last) <= len(target)
+                    target.insert(int(last), op["value"])
+            else:
+                target[last] = op["value"]
+        elif op["op"] == "replace":
+            if isinstance(target, list):
+                target[int(last)] = op["value"]
+            else:
+                assert last in target, op["path"]
+                target[last] = op["value"]
+        elif op["op"] == "remove":
+            del target[int(last) if isinstance(target, list) else last]
+        else:
+            raise AssertionError(f"unexpected op {op}")
+    return doc
+
+
+def to_v1pod(pod: Dict[str, Any]):
+    """Load a pod dict into the kubernetes client's V1Pod model (fails on wrong shapes)."""
+    from kubernetes.client import ApiClient
+
+    return ApiClient()._ApiClient__deserialize(pod, "V1Pod")
