@@ -24,6 +24,8 @@ VERB_MODULES: List[str] = [
     "train",
     "predict",
     "data",
+    "submit",
+    "jobs",
 ]
 
 

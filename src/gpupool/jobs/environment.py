@@ -1,0 +1,70 @@
+"""The env each replica gets, and Kubernetes-style `$(VAR)` expansion of its command.
+
+Order matters: the spec's env first, then gpupool's own variables, the GPU
+share and last the rendezvous variables, because a user value for RANK or
+TF_CONFIG would silently break the rendezvous every other replica relies on.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from .plan import Endpoints, Replica, role_of
+from .rendezvous import rendezvous_env
+from .spec import JobSpec
+
+_VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def replica_env(
+    spec: JobSpec,
+    reps: Tuple[Replica, ...],
+    endpoints: Endpoints,
+    replica: Replica,
+    job_dir: str,
+    gpu_env: Optional[Mapping[str, str]] = None,
+    attempt: int = 0,
+) -> Dict[str, str]:
+    """The variables gpupool sets for `replica` (on top of the inherited environment).
+
+    Args:
+        job_dir: where the job keeps its files (state dir locally, a volume on Kubernetes).
+        gpu_env: the isolation env of its GPU share; None for a replica without GPUs,
+            which then sees no GPU at all rather than every GPU of the machine.
+        attempt: how many times the replica was restarted (0 on the first run).
+    """
+    # Unbuffered by default so followed logs show lines as they are printed.
+    env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    env.update(spec.env)
+    env.update(role_of(spec, replica).env)
+    env.update(
+        {
+            "GPUPOOL_JOB_NAME": spec.name,
+            "GPUPOOL_JOB_DIR": job_dir,
+            "GPUPOOL_REPLICA": replica.name,
+            "GPUPOOL_ROLE": replica.role,
+            "GPUPOOL_REPLICA_INDEX": str(replica.index),
+            "GPUPOOL_RESTART_COUNT": str(attempt),
+        }
+    )
+    env.update(gpu_env if gpu_env is not None else {"CUDA_VISIBLE_DEVICES": ""})
+    env.update(rendezvous_env(spec, reps, endpoints, replica))
+    return env
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Expand `$(VAR)` as Kubernetes does in command and args: unknown names stay
+    as written and `$$` is a literal `$`, so one spec means the same on both targets."""
+
+    def sub(match: "re.Match[str]") -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR_RE.sub(sub, text)
+
+
+def expand_command(command: Sequence[str], env: Mapping[str, str]) -> Tuple[str, ...]:
+    return tuple(expand(arg, env) for arg in command)

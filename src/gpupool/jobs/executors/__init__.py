@@ -1,0 +1,26 @@
+"""Executors: where a job spec runs. One small ABC (base.Executor), one module per target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.errors import InvalidInput
+from .base import DryRunInfo, Executor, JobDescription, ReplicaDescription
+
+TARGETS = ("local", "kubernetes", "kubeflow")
+
+
+def get_executor(target: str, **options: Any) -> Executor:
+    """The executor for `target`; heavy clients (kubernetes) are imported only when chosen."""
+    if target == "local":
+        from .local import LocalExecutor
+
+        return LocalExecutor(**{k: v for k, v in options.items() if k in ("state_dir", "servers", "ttl_s")})
+    if target in ("kubernetes", "kubeflow"):
+        from .kubernetes import KubernetesExecutor
+
+        return KubernetesExecutor(flavour=target, namespace=options.get("namespace"))
+    raise InvalidInput(f"target {target!r} is unknown: use one of {', '.join(TARGETS)}")
+
+
+__all__ = ["DryRunInfo", "Executor", "JobDescription", "ReplicaDescription", "TARGETS", "get_executor"]

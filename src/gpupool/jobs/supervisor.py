@@ -1,0 +1,346 @@
+"""The job supervisor: one process per local job, owning its gang lease and its replicas.
+
+`python -m gpupool.jobs.supervisor STATE_DIR NAME` runs setup, claims every
+replica's GPUs as one gang claim (queued whole), starts the replicas with
+their rendezvous and isolation env, heartbeats the lease, applies the restart
+and success policies, and in every exit path stops the replicas and releases
+the lease and ports. SIGTERM (what `gpupool cancel` sends) cancels the job.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import IO, Dict, List, Optional
+
+from ..core.errors import GpupoolError, Unavailable
+from ..core.model import Holder, Lease
+from . import ports, processes
+from .environment import expand_command, replica_env
+from .lifecycle import Action, backoff_delay, decide, exit_code_of
+from .plan import Endpoints, Replica, gang_claim, local_endpoints, replicas, role_of
+from .spec import Framework, JobSpec, parse_spec
+from .state import JobState, JobStatus, JobStore, ReplicaState
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2
+TRAINER_GRACE_S = 30.0  # after success, how long other workers may take to finish on their own
+
+
+class Cancelled(Exception):
+    """Cancel was asked (SIGTERM or the cancel marker)."""
+
+
+class JobFailed(Exception):
+    """The job failed for a reason already worded for the user."""
+
+
+class Supervisor:
+    """Runs one job to a terminal state; `run()` returns the process exit code."""
+
+    def __init__(self, store: JobStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.job_dir = store.job_dir(name)
+        self.spec: JobSpec = parse_spec(store.load_spec(name))
+        self.state: JobState = store.load(name)
+        self.reps = replicas(self.spec)
+        self.procs: Dict[str, "processes.subprocess.Popen"] = {}
+        self.exits: Dict[str, Optional[int]] = {}
+        self.logs: List[IO[bytes]] = []
+        self.client = None
+        self.lease: Optional[Lease] = None
+        self.heartbeat = None
+        self.kvstore = None
+        self.endpoints: Optional[Endpoints] = None
+        self.gpu_envs: Dict[str, Dict[str, str]] = {}
+        self._cancel = False
+        self._interruptible = False
+
+    # --- entry -----------------------------------------------------------------
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self.state.supervisor_pid = os.getpid()
+        self._save()
+        try:
+            self._run()
+        except Cancelled:
+            self._finish(JobStatus.CANCELLED, "cancelled")
+        except JobFailed as err:
+            self._finish(JobStatus.FAILED, str(err))
+        except GpupoolError as err:
+            self._finish(JobStatus.FAILED, err.message)
+        except Exception as err:  # the job must still end in a state and free its GPUs
+            log.exception("supervisor error")
+            self._finish(JobStatus.FAILED, f"supervisor error: {err!r}")
+        finally:
+            self._cleanup()
+        return 0 if self.state.status == JobStatus.SUCCEEDED.value else 1
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        log.info("signal %d: cancelling", signum)
+        self._cancel = True
+        if self._interruptible:
+            raise Cancelled()
+
+    def _check_cancel(self) -> None:
+        if self._cancel or self.store.cancel_requested(self.name):
+            raise Cancelled()
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while True:
+            self._check_cancel()
+            self._check_deadline()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(POLL_S, left))
+
+    def _check_deadline(self) -> None:
+        limit = self.spec.active_deadline_seconds
+        if limit is not None and time.time() - self.state.submitted_at > limit:
+            raise JobFailed(f"activeDeadlineSeconds {limit:g} exceeded")
+
+    # --- phases ----------------------------------------------------------------
+    def _run(self) -> None:
+        self._check_cancel()
+        if self.spec.setup:
+            self._run_setup()
+        host = "127.0.0.1"
+        if self.spec.framework is Framework.HOROVOD:
+            from .rendezvous.kvstore import KVStoreServer
+
+            self.kvstore = KVStoreServer(host).start()
+        self.state.ports = ports.reserve(self.store.root, self.name, len(self.reps), self._job_live, host)
+        base = local_endpoints(self.reps, self.state.ports, host)
+        self.endpoints = Endpoints(
+            base.hosts, base.ports, (host, self.kvstore.port) if self.kvstore is not None else None
+        )
+        self._save()
+        self._claim()
+        self.state.status, self.state.message = JobStatus.RUNNING.value, ""
+        self.state.started_at = time.time()
+        for rep in self.reps:
+            self._start(rep)
+        self._save()
+        self._watch()
+
+    def _run_setup(self) -> None:
+        """The spec's setup command, once, before any GPU is claimed (downloads, exports)."""
+        env = dict(os.environ, GPUPOOL_JOB_NAME=self.name, GPUPOOL_JOB_DIR=str(self.job_dir), CUDA_VISIBLE_DEVICES="")
+        env.update(self.spec.env)
+        self.state.message = "running setup"
+        self._save()
+        with open(self.job_dir / "logs" / "setup.log", "ab") as out:
+            proc = processes.start(expand_command(self.spec.setup, env), dict(env), out, self.state.workdir)
+            try:
+                while proc.poll() is None:
+                    self._sleep(POLL_S)
+            finally:
+                if proc.poll() is None:
+                    processes.stop_groups([proc.pid], children=[proc])
+        if proc.returncode != 0:
+            raise JobFailed(f"setup exited with {exit_code_of(proc.returncode)}; see gpupool logs {self.name} --replica setup")
+
+    def _claim(self) -> None:
+        """One gang claim for every replica's GPUs: granted whole or queued whole."""
+        claim = gang_claim(self.spec)
+        if claim is None:
+            return
+        from ..client.resolve import connect
+
+        self.client = connect(self.state.servers or None, self.store.state_dir)
+        holder = Holder(getpass.getuser(), os.getpid(), socket.gethostname(), f"job/{self.name}")
+        try:
+            self.lease = self.client.claim(claim, holder, wait_s=0.0, ttl_s=self.state.ttl_s)
+        except Unavailable as err:
+            self.state.status, self.state.message = JobStatus.QUEUED.value, err.message
+            self._save()
+            limit = self.spec.active_deadline_seconds
+            wait = 7 * 24 * 3600.0 if limit is None else max(0.0, limit - (time.time() - self.state.submitted_at))
+            self._interruptible = True
+            try:
+                self._check_cancel()
+                self.lease = self.client.claim(claim, holder, wait_s=wait, ttl_s=self.state.ttl_s)
+            except Unavailable:
+                raise JobFailed(f"activeDeadlineSeconds {limit:g} exceeded while queued for GPUs") from None
+            finally:
+                self._interruptible = False
+        self.state.lease_id = self.lease.id
+        self._save()
+        from ..isolation import isolation_env, shares, write_hook_dir
+        from ..runner.heartbeat import Heartbeat
+
+        devices = self.client.status().devices
+        hook_dir = str(write_hook_dir(self.job_dir / "hook"))
+        for rep in self.reps:
+            if rep.group is not None:
+                self.gpu_envs[rep.name] = isolation_env(self.lease.id, shares(self.lease, devices, rep.group), hook_dir)
+        self.heartbeat = Heartbeat(self.client, self.lease.id, self.state.ttl_s / 3, log.warning)
+        self.heartbeat.start()
+
+    def _start(self, rep: Replica) -> None:
+        """Start (or restart) one replica, appending to its log."""
+        assert self.endpoints is not None
+        attempt = self.state.replicas[rep.name].restarts
+        extra = replica_env(
+            self.spec, self.reps, self.endpoints, rep, str(self.job_dir), self.gpu_envs.get(rep.name), attempt
+        )
+        env = dict(os.environ)
+        env.update(extra)
+        hook = extra.get("GPUPOOL_HOOK_DIR")
+        if hook:
+            from ..isolation import child_env
+
+            env = child_env(os.environ, extra)
+        command = expand_command(role_of(self.spec, rep).command, env)
+        out = open(self.store.log_path(self.name, rep.name), "ab")
+        self.logs.append(out)
+        out.write(f"=== gpupool: {rep.name} attempt {attempt + 1}: {' '.join(command)}\n".encode())
+        out.flush()
+        try:
+            proc = processes.start(command, env, out, self.state.workdir)
+        except OSError as err:
+            raise JobFailed(f"cannot start {rep.name}: {err.strerror}: {command[0]!r}; check roles.{rep.role}.command")
+        self.procs[rep.name] = proc
+        self.exits[rep.name] = None
+        rs = self.state.replicas[rep.name]
+        rs.status, rs.pid, rs.exit_code = "Running", proc.pid, None
+        rs.devices = extra.get("CUDA_VISIBLE_DEVICES", "")
+
+    def _watch(self) -> None:
+        """Poll replicas until the job succeeds, fails or is cancelled."""
+        while True:
+            self._check_cancel()
+            self._check_deadline()
+            if self.heartbeat is not None and self.heartbeat.lost:
+                raise JobFailed(f"lease {self.state.lease_id} was lost (no heartbeat reached the pool in time)")
+            changed = False
+            for rep in self.reps:
+                proc = self.procs.get(rep.name)
+                if proc is None or self.exits.get(rep.name) is not None or proc.poll() is None:
+                    continue
+                code = exit_code_of(proc.returncode)
+                self.exits[rep.name] = code
+                rs = self.state.replicas[rep.name]
+                rs.exit_code, rs.status = code, "Succeeded" if code == 0 else "Failed"
+                log.info("%s exited with %d", rep.name, code)
+                changed = True
+            if changed:
+                self._save()
+                decision = decide(self.spec, self.reps, self.exits, self.state.restarts)
+                if decision.action is Action.SUCCEED:
+                    self._wind_down()
+                    self._finish(JobStatus.SUCCEEDED, decision.message)
+                    return
+                if decision.action is Action.FAIL:
+                    raise JobFailed(decision.message)
+                if decision.action is Action.RESTART:
+                    self._restart(decision.replicas, decision.message)
+            time.sleep(POLL_S)
+
+    def _restart(self, targets, message: str) -> None:
+        delay = backoff_delay(self.spec, self.state.restarts)
+        self.state.restarts += 1
+        self.state.status = JobStatus.RESTARTING.value
+        self.state.message = f"{message} in {delay:g}s (restart {self.state.restarts}/{self.spec.backoff_limit})"
+        log.warning(self.state.message)
+        self._stop([r.name for r in targets])
+        for rep in targets:
+            rs = self.state.replicas[rep.name]
+            rs.restarts += 1
+            rs.status = "Pending"
+        self._save()
+        self._sleep(delay)
+        for rep in targets:
+            self._start(rep)
+        self.state.status, self.state.message = JobStatus.RUNNING.value, ""
+        self._save()
+
+    def _wind_down(self) -> None:
+        """After success: give unfinished workers a grace period, then stop everyone left."""
+        end = time.monotonic() + TRAINER_GRACE_S
+        waiting = [r for r in self.reps if not r.is_service and self.exits.get(r.name) is None]
+        while waiting and time.monotonic() < end:
+            time.sleep(POLL_S)
+            waiting = [r for r in waiting if self.procs[r.name].poll() is None]
+        self._stop([r.name for r in self.reps])
+
+    def _stop(self, names: List[str]) -> None:
+        procs = [self.procs[n] for n in names if n in self.procs]
+        processes.stop_groups([p.pid for p in procs], children=procs)
+        for n in names:
+            proc = self.procs.get(n)
+            if proc is None:
+                continue
+            rs = self.state.replicas[n]
+            if self.exits.get(n) is None and proc.returncode is not None:
+                self.exits[n] = exit_code_of(proc.returncode)
+                rs.exit_code, rs.status = self.exits[n], "Stopped"
+
+    # --- end -------------------------------------------------------------------
+    def _finish(self, status: JobStatus, message: str) -> None:
+        self.state.status, self.state.message = status.value, message
+        self.state.finished_at = time.time()
+        log.info("job %s %s: %s", self.name, status.value, message)
+
+    def _cleanup(self) -> None:
+        """Every exit path: no replica left running, lease and ports given back."""
+        try:
+            self._stop(list(self.procs))
+            processes.sweep(self.job_dir)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            if self.lease is not None and self.client is not None:
+                try:
+                    self.client.release(self.lease.id)
+                except GpupoolError as err:  # expired already: nothing is held
+                    log.warning("release of lease %s: %s", self.lease.id, err.message)
+            if self.client is not None:
+                self.client.close()
+            if self.kvstore is not None:
+                self.kvstore.stop()
+            ports.release(self.store.root, self.name)
+            for f in self.logs:
+                f.close()
+            if not JobStatus(self.state.status).terminal:
+                self._finish(JobStatus.FAILED, self.state.message or "supervisor stopped")
+            self._save()
+
+    def _save(self) -> None:
+        self.store.save(self.state)
+
+    def _job_live(self, name: str) -> bool:
+        """Whether job `name` may still use its ports (used to drop stale reservations)."""
+        try:
+            other = self.store.load(name)
+        except GpupoolError:
+            return False
+        return not other.job_status.terminal and processes.pid_alive(other.supervisor_pid)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m gpupool.jobs.supervisor STATE_DIR JOB_NAME", file=sys.stderr)
+        return 2
+    store = JobStore(Path(args[0]))
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        filename=str(store.job_dir(args[1]) / "logs" / "supervisor.log"),
+    )
+    return Supervisor(store, args[1]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
