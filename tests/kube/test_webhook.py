@@ -12,7 +12,7 @@ from gpupool.kube import annotations as ann
 from .conftest import apply_patch, review, to_v1pod
 
 RUNNER = ["python3", "/gpupool/gpupool-run.pyz", "run"]
-TAIL = ["--server", "$(GPUPOOL_SERVER)", "--label", "pod:$(GPUPOOL_POD_NAMESPACE)/$(GPUPOOL_POD_NAME):$(GPUPOOL_POD_UID)", "--"]
+TAIL = ["--wait", "300", "--server", "$(GPUPOOL_SERVER)", "--label", "pod:$(GPUPOOL_POD_NAMESPACE)/$(GPUPOOL_POD_NAME):$(GPUPOOL_POD_UID)", "--"]
 
 
 def pod(containers, annotations=None, init=None, volumes=None, name="p"):

@@ -36,6 +36,7 @@ class MutateConfig:
     token_path: str = "/etc/gpupool"
     lib_dir: str = "/gpupool/lib"
     gpu_memory_mib: Optional[int] = None  # fallback GPU size for gpu-memory asks
+    wait_s: float = 300.0  # the runner queues this long if a just-ended pod's lease is not yet released
 
     @property
     def runner_path(self) -> str:
@@ -143,7 +144,7 @@ def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateCo
     runner = [config.python, config.runner_path, "run", *ask.runner_args()]
     for f in filters:
         runner += ["--filter", f.to_text()]
-    runner += ["--server", "$(GPUPOOL_SERVER)", "--label", POD_LABEL, "--"]
+    runner += ["--wait", f"{config.wait_s:g}", "--server", "$(GPUPOOL_SERVER)", "--label", POD_LABEL, "--"]
     if not command:
         warnings.append(f"container {name!r} has args but no command: its args run as the command under "
                         "gpupool-run and the image's ENTRYPOINT is bypassed; set command to keep it")
@@ -172,8 +173,12 @@ def _env(env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warn
         ("GPUPOOL_NODE_NAME", field_ref("spec.nodeName")),
         ("GPUPOOL_NODE_IP", field_ref("status.hostIP")),
         ("GPUPOOL_SERVER", {"value": f"{config.agent_scheme}://$(GPUPOOL_NODE_IP):{config.agent_port}"}),
-        ("GPUPOOL_CONFIG", {"value": f"{config.token_path}/client.yaml"}),
+        # The node agent's token, from the namespace's Secret; optional so pods without it still start.
+        ("GPUPOOL_TOKEN", {"valueFrom": {"secretKeyRef": {"name": config.token_secret, "key": "token",
+                                                          "optional": True}}}),
     ]
+    if config.agent_scheme == "https":
+        wanted.append(("GPUPOOL_CA", {"value": f"{config.token_path}/ca.crt"}))
     for var, source in wanted:
         if var not in have:
             out.append(dict({"name": var}, **source))

@@ -1,0 +1,242 @@
+"""The device plugin: gRPC on a unix socket, registration with the kubelet, re-registration
+when the kubelet restarts, health-driven ListAndWatch.
+
+Allocate binds nothing: it hands the container the node agent's address, and
+the runner in the container claims the real GPU share by pod identity when the
+container starts (no Allocate-time binding, so no allocation races).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import grpc
+
+from ...core.model import Device
+from ..resources import UNITS
+from . import api_pb2 as pb
+from . import api_pb2_grpc as rpc
+from .units import unit_ids
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+@dataclass
+class PluginConfig:
+    kubelet_dir: str = "/var/lib/kubelet/device-plugins"
+    endpoint: str = "gpupool.sock"
+    resource: str = UNITS
+    agent_url: str = ""  # handed to containers as GPUPOOL_SERVER
+    envs: Dict[str, str] = field(default_factory=dict)  # extra env for every allocation
+    mounts: Sequence[Tuple[str, str, bool]] = ()  # (container path, host path, read only), if the host path exists
+    watch_interval_s: float = 0.5
+
+
+class _Service(rpc.DevicePluginServicer):
+    def __init__(self, plugin: "DevicePlugin") -> None:
+        self.plugin = plugin
+
+    def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+
+    def ListAndWatch(self, request, context) -> Iterator[pb.ListAndWatchResponse]:
+        # Wait on a condition with a timeout, so a gone kubelet or a stopping server ends the stream.
+        version = -1
+        while context.is_active() and not self.plugin.stopping.is_set():
+            with self.plugin.changed:
+                if version == self.plugin.version:
+                    self.plugin.changed.wait(timeout=1.0)
+                if version == self.plugin.version:
+                    continue
+                version = self.plugin.version
+                response = self.plugin.list_response()
+            yield response
+
+    def GetPreferredAllocation(self, request, context):
+        return pb.PreferredAllocationResponse(container_responses=[
+            pb.ContainerPreferredAllocationResponse(deviceIDs=list(r.must_include_deviceIDs)
+                                                    + [i for i in r.available_deviceIDs
+                                                       if i not in r.must_include_deviceIDs]
+                                                    [: max(0, r.allocation_size - len(r.must_include_deviceIDs))])
+            for r in request.container_requests
+        ])
+
+    def Allocate(self, request, context):
+        responses = []
+        for creq in request.container_requests:
+            unknown = [i for i in creq.devices_ids if i not in self.plugin.table]
+            if unknown:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"unknown {self.plugin.config.resource} device IDs {unknown[:3]}; "
+                              "the plugin restarted with other GPUs: recreate the pod")
+            responses.append(self.plugin.container_response(len(creq.devices_ids)))
+        return pb.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+
+
+class DevicePlugin:
+    """Serves the DevicePlugin service and keeps it registered with the kubelet."""
+
+    def __init__(self, devices: Sequence[Device], config: PluginConfig) -> None:
+        self.config = config
+        self.devices = list(devices)
+        self.units = unit_ids(self.devices)
+        self.table = {uid: d for uid, d in self.units}
+        self.unhealthy: Set[str] = set()
+        self.changed = threading.Condition()
+        self.version = 0
+        self.stopping = threading.Event()
+        self.registrations = 0
+        self._server: Optional[grpc.Server] = None
+        self._watch: Optional[threading.Thread] = None
+        self._kubelet_stamp: Optional[Tuple[int, int]] = None
+
+    # -- state -------------------------------------------------------------
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.config.kubelet_dir, self.config.endpoint)
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.config.kubelet_dir, KUBELET_SOCKET)
+
+    def set_unhealthy(self, uuids: Set[str]) -> None:
+        """Mark GPUs unhealthy (from NVML XID events); ListAndWatch streams the change."""
+        with self.changed:
+            if set(uuids) != self.unhealthy:
+                self.unhealthy = set(uuids)
+                self.version += 1
+                self.changed.notify_all()
+
+    def list_response(self) -> pb.ListAndWatchResponse:
+        return pb.ListAndWatchResponse(devices=[
+            pb.Device(ID=uid, health=UNHEALTHY if (d.uuid in self.unhealthy or not d.healthy) else HEALTHY)
+            for uid, d in self.units
+        ])
+
+    def container_response(self, units: int) -> pb.ContainerAllocateResponse:
+        envs = dict(self.config.envs)
+        if self.config.agent_url:
+            envs.setdefault("GPUPOOL_SERVER", self.config.agent_url)
+            envs.setdefault("GPUPOOL_NODE_AGENT", self.config.agent_url)
+        envs["GPUPOOL_UNITS"] = str(units)
+        mounts = [pb.Mount(container_path=c, host_path=h, read_only=ro)
+                  for c, h, ro in self.config.mounts if os.path.exists(h)]
+        return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        """Serve, register, and watch for kubelet restarts (re-serving and re-registering)."""
+        self._serve()
+        self._register_quietly()
+        self._watch = threading.Thread(target=self._watch_kubelet, name="gpupool-deviceplugin-watch", daemon=True)
+        self._watch.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self.changed:
+            self.changed.notify_all()
+        if self._server is not None:
+            self._server.stop(grace=1).wait()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+    def _serve(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=0).wait()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-dp"))
+        rpc.add_DevicePluginServicer_to_server(_Service(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+        log.info("device plugin serving %d %s units on %s", len(self.units), self.config.resource, self.socket_path)
+
+    def register(self) -> None:
+        """Register with the kubelet (raises grpc.RpcError when it refuses or is absent)."""
+        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            rpc.RegistrationStub(channel).Register(
+                pb.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.config.endpoint,
+                    resource_name=self.config.resource,
+                    options=pb.DevicePluginOptions(pre_start_required=False,
+                                                   get_preferred_allocation_available=False),
+                ),
+                timeout=5,
+            )
+        self._kubelet_stamp = self._stamp(self.kubelet_socket)
+        self.registrations += 1
+        log.info("registered %s with the kubelet", self.config.resource)
+
+    def _register_quietly(self) -> bool:
+        try:
+            self.register()
+            return True
+        except grpc.RpcError as err:
+            log.warning("kubelet registration failed (will retry): %s", getattr(err, "details", lambda: err)())
+            self._kubelet_stamp = None
+            return False
+
+    @staticmethod
+    def _stamp(path: str) -> Optional[Tuple[int, int]]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _watch_kubelet(self) -> None:
+        """A restarted kubelet recreates kubelet.sock and wipes plugin sockets: serve again, register again."""
+        while not self.stopping.wait(self.config.watch_interval_s):
+            stamp = self._stamp(self.kubelet_socket)
+            ours = os.path.exists(self.socket_path)
+            if stamp is None:
+                continue  # kubelet down: wait for its socket to come back
+            if stamp != self._kubelet_stamp or not ours:
+                if not ours:
+                    self._serve()
+                if not self._register_quietly():
+                    time.sleep(self.config.watch_interval_s)
+
+
+def watch_health(plugin: DevicePlugin, watcher_factory: Callable[[List[str]], object]) -> Optional[threading.Thread]:
+    """Feed NVML XID events into the plugin (only when there are real GPUs; emulated ones stay healthy)."""
+    from ...devices.health import is_emulated
+
+    real = [d.uuid for d in plugin.devices if not is_emulated(d.uuid)]
+    if not real:
+        return None
+
+    def loop() -> None:
+        try:
+            watcher = watcher_factory(real)
+        except Exception as err:
+            log.warning("no NVML health events: %s", err)
+            return
+        try:
+            while not plugin.stopping.is_set():
+                plugin.set_unhealthy(watcher.poll(5000))  # type: ignore[attr-defined]
+        finally:
+            watcher.close()  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=loop, name="gpupool-health", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,138 @@
+"""Device plugin against a kubelet stand-in over real gRPC on unix sockets."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from gpupool.core.model import Device
+from gpupool.kube.deviceplugin import api_pb2 as pb
+from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
+from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpupool.kube.deviceplugin.units import gpu_key
+
+DEVICES = [Device("GPU-emu-node-0", 0, "Emulated GPU 16GiB", 16384, "node"),
+           Device("GPU-emu-node-1", 1, "Emulated GPU 16GiB", 16384, "node")]
+
+
+class Kubelet(rpc.RegistrationServicer):
+    """Serves Registration on kubelet.sock, as the kubelet does; records every request."""
+
+    def __init__(self, directory: str) -> None:
+        self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
+        self.path = os.path.join(directory, "kubelet.sock")
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.path}")
+        self.server.start()
+
+    def Register(self, request, context):
+        self.requests.put(request)
+        return pb.Empty()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+@pytest.fixture
+def kubelet_dir(tmp_path):
+    d = tmp_path / "dp"
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture
+def plugin(kubelet_dir):
+    p = DevicePlugin(DEVICES, PluginConfig(kubelet_dir=kubelet_dir, agent_url="http://10.0.0.5:56001",
+                                           watch_interval_s=0.1,
+                                           mounts=[("/var/run/host", kubelet_dir, True), ("/nope", "/does/not/exist", True)]))
+    yield p
+    p.stop()
+
+
+def stub(plugin):
+    channel = grpc.insecure_channel(f"unix://{plugin.socket_path}")
+    return channel, rpc.DevicePluginStub(channel)
+
+
+def test_registers_streams_units_and_allocates(kubelet_dir, plugin):
+    kubelet = Kubelet(kubelet_dir)
+    try:
+        plugin.start()
+        req = kubelet.requests.get(timeout=5)
+        assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpupool.sock", "gpupool.io/gpu")
+        channel, dp = stub(plugin)
+        with channel:
+            assert not dp.GetDevicePluginOptions(pb.Empty(), timeout=5).pre_start_required
+            stream = dp.ListAndWatch(pb.Empty(), timeout=10)
+            first = next(stream)
+            assert len(first.devices) == 200
+            assert all(d.health == "Healthy" and len(d.ID) <= 63 for d in first.devices)
+            assert len({d.ID for d in first.devices}) == 200
+            # An XID on GPU 1: its 100 units turn unhealthy in the stream.
+            plugin.set_unhealthy({"GPU-emu-node-1"})
+            second = next(stream)
+            bad = [d.ID for d in second.devices if d.health == "Unhealthy"]
+            assert len(bad) == 100 and all(i.startswith(gpu_key("GPU-emu-node-1")) for i in bad)
+            stream.cancel()
+
+            ids = [d.ID for d in first.devices[:50]]
+            resp = dp.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=ids),
+                pb.ContainerAllocateRequest(devices_ids=ids[:5])]), timeout=5)
+            a, b = resp.container_responses
+            assert a.envs["GPUPOOL_SERVER"] == "http://10.0.0.5:56001"
+            assert a.envs["GPUPOOL_UNITS"] == "50" and b.envs["GPUPOOL_UNITS"] == "5"
+            assert [(m.container_path, m.read_only) for m in a.mounts] == [("/var/run/host", True)]
+            with pytest.raises(grpc.RpcError) as err:
+                dp.Allocate(pb.AllocateRequest(container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=["GPU-nope-00"])]), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        kubelet.stop()
+
+
+def test_reregisters_when_the_kubelet_restarts(kubelet_dir, plugin):
+    kubelet = Kubelet(kubelet_dir)
+    plugin.start()
+    kubelet.requests.get(timeout=5)
+    # The kubelet restarts: its socket goes away, and it wipes the plugin sockets.
+    kubelet.stop()
+    os.unlink(plugin.socket_path)
+    time.sleep(0.3)
+    kubelet = Kubelet(kubelet_dir)
+    try:
+        again = kubelet.requests.get(timeout=5)
+        assert again.resource_name == "gpupool.io/gpu"
+        deadline = time.time() + 5
+        while (plugin.registrations < 2 or not os.path.exists(plugin.socket_path)) and time.time() < deadline:
+            time.sleep(0.05)
+        assert plugin.registrations >= 2
+        channel, dp = stub(plugin)
+        with channel:
+            assert len(next(dp.ListAndWatch(pb.Empty(), timeout=5)).devices) == 200
+    finally:
+        kubelet.stop()
+
+
+def test_starts_before_the_kubelet_and_registers_when_it_appears(kubelet_dir, plugin):
+    plugin.start()  # no kubelet yet: must not block or fail
+    assert plugin.registrations == 0
+    kubelet = Kubelet(kubelet_dir)
+    try:
+        assert kubelet.requests.get(timeout=5).endpoint == "gpupool.sock"
+    finally:
+        kubelet.stop()
+
+
+def test_long_device_ids_are_shortened():
+    long_uuid = "GPU-emu-" + "n" * 70 + "-0"
+    assert len(gpu_key(long_uuid)) + 3 <= 63
+    assert gpu_key("GPU-fef8089b-4820-abfc-e83e-94318197576e") == "GPU-fef8089b-4820-abfc-e83e-94318197576e"
