@@ -221,3 +221,13 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="needs torch (CPU build is enough)"
+)
+def test_hook_reaches_torch_in_the_child(pool):
+    env = dict(pool.env, GPUPOOL_HOOK_DEBUG="1")
+    done = pool.run("run", "-p", "0.5", "-q", "--", sys.executable, "-c", "import torch", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "gpupool-hook: torch: skipped (no CUDA); would set memory fraction 0.5" in done.stderr
