@@ -79,3 +79,19 @@ class KVStoreServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+def main() -> None:
+    """`python -m gpupool.jobs.rendezvous.kvstore --port 29400`: serve until killed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Horovod gloo rendezvous key-value store")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=29400)
+    args = parser.parse_args()
+    server = KVStoreServer(args.host, args.port)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

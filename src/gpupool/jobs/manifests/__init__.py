@@ -1,0 +1,6 @@
+"""Kubernetes manifests for a job spec: native Indexed Jobs, or Kubeflow training-operator kinds."""
+
+from .indexed import render as render_indexed
+from .kubeflow import render as render_kubeflow
+
+__all__ = ["render_indexed", "render_kubeflow"]

@@ -1,0 +1,208 @@
+"""Kubernetes manifests the native way: one Indexed Job per role plus one headless Service.
+
+No operator needed. Pods of an Indexed Job get the hostname
+`<job>-<role>-<index>` and, with `subdomain: <job>` and a headless Service of
+that name, the DNS name `<job>-<role>-<index>.<job>`; those names make the
+rendezvous env (TF_CONFIG, MASTER_ADDR, Horovod's store) static. What depends
+on the index comes from the completion index through `$(VAR)` expansion, or,
+where a rank needs arithmetic, from a tiny `/bin/sh -c` wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from typing import Any, Dict, List, Tuple
+
+from ..environment import replica_env
+from ..plan import Endpoints, Replica, replicas
+from ..spec import Framework, JobSpec, RestartPolicy, RoleSpec, SuccessPolicy
+
+DOMAIN = "gpupool.io"
+JOB_LABEL = f"{DOMAIN}/job-name"
+ROLE_LABEL = f"{DOMAIN}/replica-role"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOB_DIR = "/gpupool/job"  # an emptyDir per pod; mount a PVC there to share checkpoints
+PORTS = {Framework.TENSORFLOW: 2222, Framework.PYTORCH: 23456, Framework.HOROVOD: 2222, Framework.NONE: 2222}
+KVSTORE_PORT = 29400
+_INDEX = "$(GPUPOOL_REPLICA_INDEX)"
+_RANK = "$(GPUPOOL_RANK)"
+
+
+def job_labels(spec: JobSpec, role: str = "") -> Dict[str, str]:
+    labels = {JOB_LABEL: spec.name, "app.kubernetes.io/managed-by": "gpupool"}
+    if role:
+        labels[ROLE_LABEL] = role
+    return labels
+
+
+def gpu_resources(role: RoleSpec) -> Dict[str, Any]:
+    """`gpupool.io/gpu-amount` + `gpu-percent` (or `gpu-memory`): what the mutating webhook reads."""
+    if role.gpu is None:
+        return {}
+    limits = {f"{DOMAIN}/gpu-amount": str(role.gpu.count)}
+    if role.gpu.fraction is not None:
+        # Whole percent, rounded up: the webhook's unit is 1 % of a GPU.
+        limits[f"{DOMAIN}/gpu-percent"] = str(max(1, math.ceil(role.gpu.fraction * 100 - 1e-9)))
+    else:
+        limits[f"{DOMAIN}/gpu-memory"] = f"{role.gpu.memory_mib}Mi"
+    return {"limits": limits}
+
+
+def pod_annotations(spec: JobSpec, role: RoleSpec) -> Dict[str, str]:
+    out = dict(spec.annotations)
+    if role.gpu is not None:
+        out[f"{DOMAIN}/policy"] = spec.placement.value
+        if role.gpu.filters:
+            out[f"{DOMAIN}/filter"] = ",".join(f.to_text() for f in role.gpu.filters)
+    return out
+
+
+def cluster_endpoints(spec: JobSpec, reps: Tuple[Replica, ...]) -> Endpoints:
+    """Stable DNS names of every replica, the framework's port, Horovod's store on worker 0."""
+    hosts = {r.name: f"{spec.name}-{r.role}-{r.index}.{spec.name}" for r in reps}
+    port = PORTS[spec.framework]
+    rendezvous = None
+    if spec.framework is Framework.HOROVOD:
+        rendezvous = (hosts[reps[0].name], KVSTORE_PORT)
+    return Endpoints(hosts, {r.name: port for r in reps}, rendezvous)
+
+
+def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str, Any]], Dict[str, str]]:
+    """Env list of one role's pod template, and the variables the shell wrapper must export.
+
+    The env is rendered for a symbolic replica whose index and rank are
+    `$(GPUPOOL_REPLICA_INDEX)` and `$(GPUPOOL_RANK)`; the kubelet expands them
+    per pod. A rank offset (workers after a master or chief) needs arithmetic,
+    so then the variables holding the rank move into the wrapper.
+    """
+    reps = replicas(spec)
+    symbolic = Replica(role.name, _INDEX, _RANK, None)  # type: ignore[arg-type]
+    env = replica_env(spec, reps, cluster_endpoints(spec, reps), symbolic, JOB_DIR, {})
+    env["GPUPOOL_REPLICA"] = f"{role.name}-{_INDEX}"
+    if "TF_CONFIG" in env:
+        # The index must be a JSON number in TF_CONFIG, so unquote the placeholder.
+        env["TF_CONFIG"] = env["TF_CONFIG"].replace(json.dumps(_INDEX), _INDEX)
+    env.pop("GPUPOOL_REPLICA_INDEX", None)
+    items: List[Dict[str, Any]] = [
+        {"name": "GPUPOOL_REPLICA_INDEX",
+         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
+    ]
+    wrapped: Dict[str, str] = {}
+    if offset == 0:
+        items.append({"name": "GPUPOOL_RANK", "value": _INDEX})
+    for name, value in env.items():
+        if offset and _RANK in value:
+            wrapped[name] = value
+        else:
+            items.append({"name": name, "value": value})
+    return items, wrapped
+
+
+def wrap_command(command: Tuple[str, ...], offset: int, wrapped: Dict[str, str]) -> List[str]:
+    """The role's command, behind `/bin/sh -c` when ranks need `index + offset`."""
+    if not wrapped:
+        return list(command)
+    exports = [f"export GPUPOOL_RANK=$((GPUPOOL_REPLICA_INDEX + {offset}))"]
+    for name, value in wrapped.items():
+        parts = value.split(_RANK)
+        exports.append(f"export {name}=" + '"${GPUPOOL_RANK}"'.join(shlex.quote(p) if p else "" for p in parts))
+    return ["/bin/sh", "-c", "; ".join(exports) + '; exec "$@"', "gpupool-rank"] + list(command)
+
+
+def headless_service(spec: JobSpec) -> Dict[str, Any]:
+    """Gives every replica pod a stable DNS name; published before ready so rendezvous can start."""
+    port = PORTS[spec.framework]
+    ports = [{"name": "rendezvous", "port": port, "targetPort": port}]
+    if spec.framework is Framework.HOROVOD:
+        ports.append({"name": "kvstore", "port": KVSTORE_PORT, "targetPort": KVSTORE_PORT})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(spec)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: spec.name},
+            "publishNotReadyAddresses": True,
+            "ports": ports,
+        },
+    }
+
+
+def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
+    """One role as an Indexed Job with the spec's restart, success and deadline policies."""
+    env, wrapped = role_env(spec, role, offset)
+    command = wrap_command(role.command, offset, wrapped)
+    if spec.framework is Framework.HOROVOD and offset == 0:
+        command = _with_kvstore(command)
+    container: Dict[str, Any] = {
+        "name": role.name,
+        "image": role.image or spec.image,
+        "command": command,
+        "env": env,
+        "ports": [{"containerPort": PORTS[spec.framework], "name": "rendezvous"}],
+        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+    }
+    if spec.working_dir:
+        container["workingDir"] = spec.working_dir
+    resources = gpu_resources(role)
+    if resources:
+        container["resources"] = resources
+    pod_spec: Dict[str, Any] = {
+        "subdomain": spec.name,
+        "restartPolicy": "OnFailure" if spec.restart_policy is RestartPolicy.ON_FAILURE else "Never",
+        "containers": [container],
+        "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
+    }
+    job_spec: Dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": role.replicas,
+        "parallelism": role.replicas,
+        "backoffLimit": 0 if spec.restart_policy is RestartPolicy.NEVER else spec.backoff_limit,
+        "template": {
+            "metadata": {"labels": job_labels(spec, role.name), "annotations": pod_annotations(spec, role)},
+            "spec": pod_spec,
+        },
+    }
+    if spec.restart_policy is RestartPolicy.EXIT_CODE:
+        # 1-127 are the program's own verdict: fail at once; signals (>=128) count against backoffLimit.
+        job_spec["podFailurePolicy"] = {
+            "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": list(range(1, 128))}}]
+        }
+    if spec.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = int(math.ceil(spec.active_deadline_seconds))
+    if spec.success_policy is SuccessPolicy.CHIEF and role.name in ("worker",) and spec.role("chief") is None \
+            and spec.role("master") is None and role.replicas > 1:
+        # Worker 0 is the chief: the Job succeeds when index 0 does (Job successPolicy, Kubernetes >= 1.31).
+        job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{spec.name}-{role.name}",
+            "namespace": spec.namespace,
+            "labels": job_labels(spec, role.name),
+            "annotations": {f"{DOMAIN}/framework": spec.framework.value},
+        },
+        "spec": job_spec,
+    }
+
+
+def _with_kvstore(command: List[str]) -> List[str]:
+    """Worker 0 also serves Horovod's rendezvous store (needs gpupool in the image)."""
+    start = (
+        f'if [ "$GPUPOOL_REPLICA_INDEX" = 0 ]; then python3 -m gpupool.jobs.rendezvous.kvstore '
+        f"--port {KVSTORE_PORT} & fi; exec \"$@\""
+    )
+    return ["/bin/sh", "-c", start, "gpupool-kvstore"] + command
+
+
+def render(spec: JobSpec) -> List[Dict[str, Any]]:
+    """The headless Service first (DNS before pods), then one Indexed Job per role in rank order."""
+    out = [headless_service(spec)]
+    offset = 0
+    for role in spec.roles:
+        out.append(indexed_job(spec, role, offset))
+        offset += role.replicas
+    return out
