@@ -19,6 +19,8 @@ from ..core.errors import GpupoolError
 
 # Order here is the order of `gpupool --help`.
 VERB_MODULES: List[str] = [
+    "server",
+    "token",
     "run",
     "status",
     "train",

@@ -1,0 +1,19 @@
+"""HTTP API over the pool (FastAPI): auth, TLS, metrics, OpenAPI.
+
+`create_app(pool, auth=...)` builds the ASGI app; `serve(ServerConfig(...))`
+runs it with uvicorn (the kube node agent reuses both). FastAPI is imported
+by `app` and `serve` only; `auth` and `tls` helpers stay light.
+"""
+
+from .serve import Prepared, ServerConfig, prepare, run, serve  # noqa: E402  (light: FastAPI loads in prepare)
+
+__all__ = ["ServerConfig", "Prepared", "prepare", "run", "serve"]
+
+
+def __getattr__(name: str):
+    # create_app pulls in FastAPI: load it only when asked for.
+    if name == "create_app":
+        from .app import create_app
+
+        return create_app
+    raise AttributeError(name)

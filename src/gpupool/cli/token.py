@@ -1,0 +1,130 @@
+"""`gpupool token create`: a named token and a client bundle (client.yaml, servers.conf, ca.crt) as a tar."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import io
+import json
+import os
+import ssl
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import List, Optional
+
+from ..core.errors import InvalidInput, ServerUnreachable, error_from_dict
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("token", help="create client tokens and bundles")
+    sub = p.add_subparsers(dest="token_command", metavar="SUBCOMMAND")
+    c = sub.add_parser(
+        "create",
+        help="create a named token and write a client bundle tar",
+        description="Create a token named NAME (through the server with the admin token, or directly in "
+        "--state) and write a tar with client.yaml, servers.conf and, with TLS, ca.crt.",
+    )
+    c.add_argument("--server", action="append", required=True, metavar="URL", help="server URL (repeatable)")
+    c.add_argument("--name", default=None, help="token name = lease holder name (default: your user name)")
+    c.add_argument("--admin", action="store_true", help="an admin token (may release any lease, create tokens)")
+    c.add_argument(
+        "--admin-token-file", default="/etc/gpupool/token", metavar="FILE", help="admin token to ask the server with"
+    )
+    c.add_argument("--state", metavar="DIR", help="create the token directly in this state dir (no server call)")
+    c.add_argument("--ca", metavar="PEM", help="CA certificate to bundle (default: STATE/tls/ca.crt when present)")
+    c.add_argument("--out", required=True, metavar="TAR", help="bundle to write (e.g. bundle.tar)")
+    c.set_defaults(func=handle_create)
+    p.set_defaults(func=lambda _args: (p.print_help(sys.stderr), 2)[1])
+
+
+def handle_create(args: argparse.Namespace) -> int:
+    from ..client.config import client_bundle, normalize_url
+
+    urls = [normalize_url(u) for u in args.server]
+    name = args.name or getpass.getuser()
+    ca_pem = _ca_pem(args.ca, args.state)
+    if args.state:
+        from ..server.auth import create_token
+        from ..store import Store
+
+        store = Store(Path(args.state).expanduser())
+        try:
+            token = create_token(store, name, args.admin)
+        finally:
+            store.close()
+    else:
+        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem)
+    if any(u.startswith("https://") for u in urls) and not ca_pem:
+        print("gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr)
+    files = client_bundle(urls, token, ca_pem)
+    _write_tar(Path(args.out), files)
+    print(f"token {name!r} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)
+    print(f"install: mkdir -p ~/.gpupool && tar -xf {args.out} -C ~/.gpupool", file=sys.stderr)
+    return 0
+
+
+def _ca_pem(ca: Optional[str], state: Optional[str]) -> Optional[str]:
+    if ca:
+        path = Path(ca).expanduser()
+        if not path.is_file():
+            raise InvalidInput(f"--ca {ca}: no such file")
+        return path.read_text(encoding="utf-8")
+    if state:
+        from ..server.tls import ca_path
+
+        path = ca_path(Path(state).expanduser())
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    return None
+
+
+def _admin_token(path: str) -> str:
+    file = Path(path).expanduser()
+    try:
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise InvalidInput(
+            f"cannot read the admin token file {file}: {err.strerror}; pass --admin-token-file or --state"
+        ) from None
+    if not token:
+        raise InvalidInput(f"admin token file {file} is empty")
+    return token
+
+
+def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_pem: Optional[str]) -> str:
+    body = json.dumps({"name": name, "admin": admin}).encode()
+    request = urllib.request.Request(
+        url + "/v1/tokens",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"},
+    )
+    context = ssl.create_default_context(cadata=ca_pem) if ca_pem and url.startswith("https://") else None
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return str(json.loads(response.read())["token"])
+    except urllib.error.HTTPError as err:
+        try:
+            raise error_from_dict(json.loads(err.read()), err.code) from None
+        except ValueError:
+            raise ServerUnreachable(f"{url} answered HTTP {err.code} without a JSON error") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise ServerUnreachable(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
+
+
+def _write_tar(out: Path, files: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(out), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a token
+    with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
+        for name, content in sorted(files.items()):
+            data = content.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+
+
+__all__: List[str] = ["register", "handle_create"]

@@ -1,0 +1,149 @@
+"""Bearer tokens: the admin token file, named tokens stored as hashes, and request identity.
+
+Only the sha256 of a token is stored or kept in memory; tokens are compared
+as hashes with `hmac.compare_digest`, so neither a DB dump nor response
+timing gives a usable token away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+from ..core.errors import Forbidden, InvalidInput, Unauthorized
+from ..store import Store
+
+log = logging.getLogger(__name__)
+
+ADMIN_NAME = "admin"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+# How long a named-token lookup is trusted before the database is asked again:
+# tokens created or revoked by another process take effect within this time.
+CACHE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who sent a request: a token name, and whether it may act on every lease."""
+
+    name: str
+    admin: bool
+
+    @property
+    def requester(self) -> Optional[str]:
+        """The `requester` argument of Pool.heartbeat/release: None means admin."""
+        return None if self.admin else self.name
+
+
+ANONYMOUS = Identity(ADMIN_NAME, True)
+
+
+def new_token() -> str:
+    return "gp_" + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name == ADMIN_NAME:
+        raise InvalidInput(
+            f"token name {name!r} is not allowed: use 1-64 letters, digits, '_.@-', and not {ADMIN_NAME!r}"
+        )
+    return name
+
+
+def load_or_create_token_file(path: Union[str, Path]) -> str:
+    """The admin token in `path`, created (mode 0600, parent dirs too) when absent."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        token = path.read_text(encoding="utf-8").strip()
+        if len(token) < 16:
+            raise InvalidInput(f"token file {path} holds no token of at least 16 characters: delete it to regenerate")
+        if path.stat().st_mode & 0o077:
+            log.warning("token file %s is readable by others: chmod 600 %s", path, path)
+        return token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = new_token()
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(token + "\n")
+    log.warning("created admin token file %s", path)
+    return token
+
+
+def create_token(store: Store, name: str, admin: bool = False) -> str:
+    """Create (or rotate) the named token; returns the token, whose hash alone is stored."""
+    check_name(name)
+    token = new_token()
+    with store.write() as tx:
+        tx.put_token(name, token_hash(token), admin, time.time())
+    log.info("created %stoken %r", "admin " if admin else "", name)
+    return token
+
+
+class Authenticator:
+    """Turns an `Authorization` header into an Identity, or raises Unauthorized.
+
+    Args:
+        admin_token: the token of the token file (None: no admin token).
+        store: where named tokens live (hashes only).
+    """
+
+    def __init__(self, admin_token: Optional[str], store: Optional[Store]) -> None:
+        self._admin_hash = token_hash(admin_token) if admin_token else None
+        self._store = store
+        self._cache: Dict[str, Tuple[Optional[Identity], float]] = {}
+        self._lock = threading.Lock()
+
+    def identify(self, authorization: Optional[str]) -> Identity:
+        if not authorization:
+            raise Unauthorized("this pool needs a token: send 'Authorization: Bearer <token>' (gpupool token create)")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+        digest = token_hash(token)
+        if self._admin_hash is not None and hmac.compare_digest(digest, self._admin_hash):
+            return ANONYMOUS
+        identity = self._named(digest)
+        if identity is None:
+            raise Unauthorized("the token is not valid for this pool: ask its admin for a new one (gpupool token create)")
+        return identity
+
+    def forget(self) -> None:
+        """Drop cached lookups (after a token was created or rotated here)."""
+        with self._lock:
+            self._cache.clear()
+
+    def _named(self, digest: str) -> Optional[Identity]:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and now - hit[1] < CACHE_S:
+            return hit[0]
+        identity = None
+        if self._store is not None:
+            with self._store.read() as tx:
+                row = tx.token_by_hash(digest)
+            identity = Identity(row[0], row[1]) if row else None
+        with self._lock:
+            if len(self._cache) > 10000:  # bounded: random bad tokens must not grow memory
+                self._cache.clear()
+            self._cache[digest] = (identity, now)
+        return identity
+
+
+def require_admin(identity: Identity, what: str) -> None:
+    if not identity.admin:
+        raise Forbidden(f"{what} needs an admin token; token {identity.name!r} is not one")

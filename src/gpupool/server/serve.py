@@ -1,0 +1,182 @@
+"""Run the API with uvicorn: state-dir lock, devices, auth rules, TLS, the listening socket.
+
+`serve(config)` is what `gpupool server` runs; the kube node agent calls
+`prepare(config)` to get the app and pool, adds its own parts, then `run(prepared)`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ..core.errors import InvalidInput
+from ..core.model import Device
+from ..pool import DEFAULT_TTL_S, Pool
+from ..store import StateLock
+from .auth import Authenticator, load_or_create_token_file
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 56001
+
+
+@dataclass
+class ServerConfig:
+    """Everything `gpupool server` takes from its flags."""
+
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    state_dir: str = "/var/lib/gpupool"
+    token_file: Optional[str] = None
+    devices: Optional[str] = None  # spec for devices.discover; None = env GPUPOOL_DEVICES, else NVML
+    device_list: Optional[Sequence[Device]] = None  # given devices win over the spec
+    node: str = ""
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_auto: bool = False
+    tls_names: List[str] = field(default_factory=list)
+    ttl_s: float = DEFAULT_TTL_S
+    expire_interval_s: float = 1.0
+    log_level: str = "warning"
+
+
+@dataclass
+class Prepared:
+    """A server ready to run: its app, pool, lock, bound socket and TLS files."""
+
+    app: Any
+    pool: Pool
+    lock: StateLock
+    sock: socket.socket
+    url: str
+    ssl_certfile: Optional[str]
+    ssl_keyfile: Optional[str]
+    auth: bool
+    config: ServerConfig
+
+
+def parse_listen(listen: str) -> Tuple[str, int]:
+    """'0.0.0.0:56001', '[::1]:56001', ':56001' or 'host' -> (host, port)."""
+    text = listen.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif ":" in text:  # a bare IPv6 address
+        host, port_text = text, ""
+    else:
+        host, port_text = text, ""
+    host = host or "0.0.0.0"
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        raise InvalidInput(f"--listen {listen!r}: the port must be a number, e.g. 0.0.0.0:{DEFAULT_PORT}") from None
+    if not 0 <= port <= 65535:
+        raise InvalidInput(f"--listen {listen!r}: port {port} is out of range")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def prepare(config: ServerConfig) -> Prepared:
+    """Lock the state dir, open the pool, set up auth and TLS, and bind the socket."""
+    host, port = parse_listen(config.listen)
+    if not is_loopback(host) and not config.token_file:
+        raise InvalidInput(
+            f"listening on {host} (not loopback) needs authentication: add --token-file /etc/gpupool/token "
+            "(created with a new admin token if absent), or listen on 127.0.0.1"
+        )
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise InvalidInput("give both --tls-cert and --tls-key, or --tls auto")
+    if config.tls_auto and config.tls_cert:
+        raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
+    state = Path(config.state_dir).expanduser()
+    lock = StateLock(state).acquire()
+    try:
+        devices = config.device_list
+        if devices is None and config.devices is not None:
+            from ..devices import discover
+
+            devices = discover(config.devices, config.node or None)
+        pool = Pool(state, devices=devices, node=config.node)
+        admin_token = load_or_create_token_file(config.token_file) if config.token_file else None
+        authenticator = Authenticator(admin_token, pool.store) if admin_token else None
+        certfile, keyfile = config.tls_cert, config.tls_key
+        if config.tls_auto:
+            from .tls import ensure_self_signed
+
+            _, cert_path, key_path = ensure_self_signed(state, [host, *config.tls_names])
+            certfile, keyfile = str(cert_path), str(key_path)
+        from .app import create_app
+
+        app = create_app(
+            pool, authenticator, default_ttl_s=config.ttl_s, expire_interval_s=config.expire_interval_s
+        )
+        sock = _bind(host, port)
+    except BaseException:
+        lock.release()
+        raise
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{'https' if certfile else 'http'}://{shown}:{bound_port}"
+    return Prepared(app, pool, lock, sock, url, certfile, keyfile, authenticator is not None, config)
+
+
+def run(prepared: Prepared) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then release the lock."""
+    import uvicorn
+
+    config = prepared.config
+    uv = uvicorn.Config(
+        prepared.app,
+        log_level=config.log_level,
+        access_log=False,  # one log line per request costs more than the request
+        ssl_certfile=prepared.ssl_certfile,
+        ssl_keyfile=prepared.ssl_keyfile,
+        timeout_keep_alive=30,
+        server_header=False,
+    )
+    server = uvicorn.Server(uv)
+    devices = prepared.pool.devices()
+    print(
+        f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
+        f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.run(sockets=[prepared.sock])
+    finally:
+        prepared.pool.close()
+        prepared.lock.release()
+
+
+def serve(config: ServerConfig) -> None:
+    """prepare + run: the whole `gpupool server`."""
+    run(prepare(config))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise InvalidInput(f"cannot listen on {host}:{port}: {err.strerror}; pick another --listen port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
