@@ -28,6 +28,7 @@ VERB_MODULES: List[str] = [
     "data",
     "submit",
     "jobs",
+    "kube",
 ]
 
 

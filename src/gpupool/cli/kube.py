@@ -1,0 +1,145 @@
+"""`gpupool kube ...`: the Kubernetes side (what the deploy manifests run).
+
+  gpupool kube webhook --listen 0.0.0.0:8443 --tls-cert tls.crt --tls-key tls.key
+  gpupool kube agent --kubelet-dir /var/lib/kubelet/device-plugins --devices auto --listen 0.0.0.0:56001 --state /var/lib/gpupool
+  gpupool kube certs --out deploy/tls            # webhook CA + serving cert (again with --ca-* to rotate)
+  gpupool kube secret team-a --namespace team-a  # a user token: the two kubectl commands that install it
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..core.errors import InvalidInput
+
+
+def register(subparsers) -> None:
+    kube = subparsers.add_parser("kube", help="Kubernetes: webhooks + scheduler extender, node agent, certificates")
+    verbs = kube.add_subparsers(dest="kube_command", metavar="KUBE_COMMAND")
+    kube.set_defaults(func=lambda args: (kube.print_help(sys.stderr), 2)[1])
+
+    p = verbs.add_parser("webhook", help="serve /mutate, /validate, /healthz and the scheduler extender")
+    p.add_argument("--listen", default="0.0.0.0:8443", metavar="HOST:PORT")
+    p.add_argument("--tls-cert", help="serving certificate (re-read when it changes)")
+    p.add_argument("--tls-key", help="its private key")
+    p.add_argument("--agents", default="kube", metavar="kube|NODE=URL,...",
+                   help="where node agents are: 'kube' (each node's InternalIP, in cluster) or a fixed map")
+    p.add_argument("--agent-port", type=int, default=56001)
+    p.add_argument("--agent-token-file", help="admin token to read the agents' /v1/status")
+    p.add_argument("--runner-image", default="ghcr.io/gpupool/gpupool:0.1.0", help="image of the runner init container")
+    p.add_argument("--token-secret", default="gpupool-client", help="Secret (in each pod's namespace) with key 'token'")
+    p.add_argument("--gpu-memory", help="GPU size for gpu-memory asks while no agent has reported (e.g. 80GiB)")
+    p.add_argument("--wait", type=float, default=300.0, help="seconds the runner queues for its share (default 300)")
+    p.add_argument("--refresh", type=float, default=2.0, help="seconds between agent polls (default 2)")
+    p.set_defaults(func=handle_webhook)
+
+    p = verbs.add_parser("agent", help="node agent: device plugin + the node's pool server")
+    p.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins")
+    p.add_argument("--devices", default="auto", help="auto (NVML), or emulated:2x16GiB for nodes without GPUs")
+    p.add_argument("--listen", default="0.0.0.0:56001")
+    p.add_argument("--state", default="/var/lib/gpupool", help="state dir of the node's pool")
+    p.add_argument("--token-file", default="/etc/gpupool-agent/token", help="admin token file")
+    p.add_argument("--tokens-dir", default="/etc/gpupool-tokens", help="user tokens, one file per name")
+    p.add_argument("--node", default="", help="node name (default: env NODE_NAME)")
+    p.add_argument("--advertise", default="", help="agent URL for containers (default http://$NODE_IP:PORT)")
+    p.add_argument("--no-reap", action="store_true", help="do not release leases of gone pods (outside a cluster)")
+    p.set_defaults(func=handle_agent)
+
+    p = verbs.add_parser("certs", help="write the webhook's CA and serving certificate")
+    p.add_argument("--out", default="deploy/tls")
+    p.add_argument("--service", default="gpupool-webhook")
+    p.add_argument("--namespace", default="gpupool-system")
+    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--ca-cert", help="existing CA to renew with (rotation keeps caBundle valid)")
+    p.add_argument("--ca-key")
+    p.set_defaults(func=handle_certs)
+
+    p = verbs.add_parser("secret", help="print the kubectl commands that install a user token for a namespace")
+    p.add_argument("name", help="token name (shown as the lease holder)")
+    p.add_argument("--namespace", required=True, help="namespace of the pods that use it")
+    p.add_argument("--token", help="the token (default: a new one; or a bundle's token, see --from-bundle)")
+    p.add_argument("--from-bundle", metavar="CLIENT_YAML", help="take the token from a client bundle's client.yaml")
+    p.add_argument("--system-namespace", default="gpupool-system")
+    p.set_defaults(func=handle_secret)
+
+
+def handle_webhook(args: argparse.Namespace) -> int:
+    import threading
+
+    from ..core.quantity import parse_memory_mib
+    from ..kube.admission import WebhookApp, serve
+    from ..kube.mutate import MutateConfig
+    from ..kube.nodestate import ClusterState, kube_pending, kube_targets, static_targets
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
+    token = open(args.agent_token_file).read().strip() if args.agent_token_file else ""
+    in_cluster = args.agents == "kube"
+    targets = kube_targets(args.agent_port) if in_cluster else static_targets(args.agents)
+    cluster = ClusterState(targets, token=token, pending=kube_pending() if in_cluster else None)
+    cluster.start(args.refresh)
+    config = MutateConfig(
+        runner_image=args.runner_image, agent_port=args.agent_port, token_secret=args.token_secret,
+        gpu_memory_mib=parse_memory_mib(args.gpu_memory, "--gpu-memory") if args.gpu_memory else None,
+        wait_s=args.wait,
+    )
+    server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
+    print(f"gpupool webhook listening on {args.listen} ({'TLS' if args.tls_cert else 'plain HTTP'})",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+    cluster.stop()
+    return 0
+
+
+def handle_agent(args: argparse.Namespace) -> int:
+    from ..kube.agent import AgentConfig, run_agent
+
+    run_agent(AgentConfig(kubelet_dir=args.kubelet_dir, devices=args.devices, listen=args.listen,
+                          state_dir=args.state, token_file=args.token_file, tokens_dir=args.tokens_dir,
+                          node=args.node, advertise=args.advertise, in_cluster=not args.no_reap))
+    return 0
+
+
+def handle_certs(args: argparse.Namespace) -> int:
+    from ..kube.certs import service_names, write_certs
+    from ..kube.manifests import write_ca_patch
+
+    if bool(args.ca_cert) != bool(args.ca_key):
+        raise InvalidInput("give both --ca-cert and --ca-key to renew with an existing CA, or neither")
+    ca, crt, key = write_certs(args.out, service_names(args.service, args.namespace), args.days,
+                               args.ca_cert, args.ca_key)
+    patch = write_ca_patch(args.out, ca.read_bytes())
+    print(f"wrote {ca}, {crt}, {key} and {patch}", file=sys.stderr)
+    return 0
+
+
+def handle_secret(args: argparse.Namespace) -> int:
+    import json
+    import secrets
+    import shlex
+
+    from ..server.auth import check_name
+
+    name = check_name(args.name)
+    token = args.token
+    if args.from_bundle:
+        with open(args.from_bundle, encoding="utf-8") as f:
+            servers = json.load(f).get("servers") or []
+        token = next((s.get("token") for s in servers if s.get("token")), None)
+        if not token:
+            raise InvalidInput(f"{args.from_bundle} holds no server token: write the bundle with a token")
+    token = token or secrets.token_urlsafe(32)
+    patch = json.dumps({"stringData": {name: token}})
+    print(f"kubectl -n {args.system_namespace} patch secret gpupool-tokens --type merge -p {shlex.quote(patch)}")
+    print(f"kubectl -n {shlex.quote(args.namespace)} create secret generic gpupool-client "
+          f"--from-literal=token={shlex.quote(token)}")
+    return 0

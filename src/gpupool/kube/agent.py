@@ -1,0 +1,169 @@
+"""The node agent (DaemonSet): the node's pool server plus the device plugin.
+
+The runner in a pod claims its GPU share from this agent, labelled with the
+pod's UID, when the container starts. The agent also releases leases of pods
+that no longer exist, and keeps the cluster's user tokens (a mounted Secret)
+in its pool's token table, so one token works on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Set
+
+from ..core.model import Lease
+from .extender import pod_uid_of_label
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    kubelet_dir: str = "/var/lib/kubelet/device-plugins"
+    devices: str = "auto"
+    listen: str = "0.0.0.0:56001"
+    state_dir: str = "/var/lib/gpupool"
+    token_file: Optional[str] = "/etc/gpupool-agent/token"  # admin token (Secret gpupool-agent-token)
+    tokens_dir: Optional[str] = "/etc/gpupool-tokens"  # user tokens: one file per name (Secret gpupool-tokens)
+    node: str = ""  # default: env NODE_NAME, else the host name
+    advertise: str = ""  # agent URL handed to containers; default http://$NODE_IP:port
+    reap_interval_s: float = 30.0
+    in_cluster: bool = True
+
+
+def release_orphans(pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
+    """Release leases of pods missing from `live_uids`.
+
+    Only leases older than `listed_at` (when the pod list was read) are
+    candidates: a pod created after the list was read is not in it yet.
+    Leases without a pod label (plain `gpupool run` on the node) are kept.
+    """
+    released = []
+    for lease in pool.status().leases:
+        uid = pod_uid_of_label(lease.holder.label)
+        if uid and uid not in live_uids and lease.created_at < listed_at:
+            try:
+                pool.release(lease.id)
+            except Exception as err:  # released meanwhile: fine
+                log.debug("releasing %s: %s", lease.id, err)
+                continue
+            log.info("released lease %s of pod %s, which no longer exists", lease.id, uid)
+            released.append(lease)
+    return released
+
+
+def sync_tokens(store, tokens_dir: str) -> int:
+    """Put every token of `tokens_dir` (file name = token name) into the pool's token table."""
+    from ..server.auth import check_name, token_hash
+
+    count = 0
+    for path in sorted(Path(tokens_dir).glob("*")):
+        if path.name.startswith(".") or not path.is_file():
+            continue  # Secret volumes keep their data in ..data symlinks
+        token = path.read_text(encoding="utf-8").strip()
+        if len(token) < 16:
+            log.warning("token %s is shorter than 16 characters: ignored", path.name)
+            continue
+        name = check_name(path.name)
+        with store.read() as tx:
+            known = tx.token_by_hash(token_hash(token))
+        if known and known[0] == name:
+            continue
+        with store.write() as tx:
+            tx.put_token(name, token_hash(token), False, time.time())
+        count += 1
+    return count
+
+
+def kube_live_pods(node: str) -> Callable[[], Set[str]]:  # pragma: no cover - needs an API server
+    """UIDs of the pods on `node`, through the kubernetes client (in cluster)."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    api = client.CoreV1Api()
+
+    def live() -> Set[str]:
+        pods = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        return {p.metadata.uid for p in pods.items}
+
+    return live
+
+
+def every(interval_s: float, work: Callable[[], object], stop: threading.Event, name: str) -> threading.Thread:
+    """Run `work` every `interval_s` in a daemon thread, logging (not raising) its failures."""
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                work()
+            except Exception:
+                log.exception("%s failed", name)
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_agent(config: AgentConfig) -> None:  # pragma: no cover - composition of tested parts, runs until killed
+    """Start the device plugin and the reapers, then serve the pool until SIGTERM."""
+    from ..devices import discover
+    from ..server.serve import ServerConfig, parse_listen, prepare, run
+    from .deviceplugin.plugin import DevicePlugin, PluginConfig, watch_health
+
+    node = config.node or os.environ.get("NODE_NAME", "") or os.uname().nodename
+    devices = discover(config.devices, node)
+    prepared = prepare(ServerConfig(listen=config.listen, state_dir=config.state_dir, token_file=config.token_file,
+                                    device_list=devices, node=node))
+    _, port = parse_listen(config.listen)
+    advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
+    stop = threading.Event()
+    if config.tokens_dir and os.path.isdir(config.tokens_dir):
+        sync_tokens(prepared.pool.store, config.tokens_dir)
+        every(30.0, lambda: sync_tokens(prepared.pool.store, config.tokens_dir), stop, "gpupool-token-sync")
+    plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise,
+                                                mounts=[("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]))
+
+    def health_watcher(uuids):
+        from ..devices.health import HealthWatcher
+
+        return _PoolHealth(HealthWatcher(uuids), prepared.pool)
+
+    plugin.start()
+    watch_health(plugin, health_watcher)
+    if config.in_cluster:
+        live = kube_live_pods(node)
+
+        def reap() -> None:
+            listed_at = time.time()
+            release_orphans(prepared.pool, live(), listed_at)
+
+        every(config.reap_interval_s, reap, stop, "gpupool-reaper")
+    try:
+        run(prepared)
+    finally:
+        stop.set()
+        plugin.stop()
+
+
+class _PoolHealth:
+    """A HealthWatcher that also tells the pool, so unhealthy GPUs get no new slices."""
+
+    def __init__(self, watcher, pool) -> None:
+        self.watcher, self.pool = watcher, pool
+        self.last: Set[str] = set()
+
+    def poll(self, timeout_ms: int) -> Set[str]:
+        bad = self.watcher.poll(timeout_ms)
+        if bad != self.last:  # write only on change: the pool's store is on the node's disk
+            self.pool.set_device_health({d.uuid: d.uuid not in bad for d in self.pool.devices()})
+            self.last = set(bad)
+        return bad
+
+    def close(self) -> None:
+        self.watcher.close()
+
+
