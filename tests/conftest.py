@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 
     if url is None:
         proc.kill()
         raise RuntimeError(f"server did not start:\n{log.read_text(errors='replace')}")
-    verify = str(state / "tls" / "ca.crt") if url.startswith("https") else True
+    verify = ssl.create_default_context(cafile=str(state / "tls" / "ca.crt")) if url.startswith("https") else True
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz", timeout=1, verify=verify).status_code == 200:
