@@ -135,7 +135,7 @@ class Supervisor:
 
     def _run_setup(self) -> None:
         """The spec's setup command, once, before any GPU is claimed (downloads, exports)."""
-        env = dict(os.environ, GPUPOOL_JOB_NAME=self.name, GPUPOOL_JOB_DIR=str(self.job_dir), CUDA_VISIBLE_DEVICES="")
+        env = dict(_base_env(), GPUPOOL_JOB_NAME=self.name, GPUPOOL_JOB_DIR=str(self.job_dir), CUDA_VISIBLE_DEVICES="")
         env.update(self.spec.env)
         self.state.message = "running setup"
         self._save()
@@ -194,13 +194,13 @@ class Supervisor:
         extra = replica_env(
             self.spec, self.reps, self.endpoints, rep, str(self.job_dir), self.gpu_envs.get(rep.name), attempt
         )
-        env = dict(os.environ)
+        env = _base_env()
         env.update(extra)
         hook = extra.get("GPUPOOL_HOOK_DIR")
         if hook:
             from ..isolation import child_env
 
-            env = child_env(os.environ, extra)
+            env = child_env(_base_env(), extra)
         command = expand_command(role_of(self.spec, rep).command, env)
         out = open(self.store.log_path(self.name, rep.name), "ab")
         self.logs.append(out)
@@ -326,6 +326,17 @@ class Supervisor:
         except GpupoolError:
             return False
         return not other.job_status.terminal and processes.pid_alive(other.supervisor_pid)
+
+
+def _base_env() -> Dict[str, str]:
+    """The supervisor's env, with this Python's bin dir first on PATH: `python` and
+    `gpupool` in a spec mean the installation that runs the job, venv or not."""
+    env = dict(os.environ)
+    bindir = os.path.dirname(sys.executable)
+    path = env.get("PATH", "").split(os.pathsep)
+    if bindir not in path:
+        env["PATH"] = os.pathsep.join([bindir] + [p for p in path if p])
+    return env
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -149,12 +149,15 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
     resources = gpu_resources(role)
     if resources:
         container["resources"] = resources
-    pod_spec: Dict[str, Any] = {
+    pod_spec: Dict[str, Any] = {  # initContainers dropped below when empty
         "subdomain": spec.name,
         "restartPolicy": "OnFailure" if spec.restart_policy is RestartPolicy.ON_FAILURE else "Never",
+        "initContainers": setup_containers(spec, container["image"]),
         "containers": [container],
         "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
     }
+    if not pod_spec["initContainers"]:
+        del pod_spec["initContainers"]
     job_spec: Dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": role.replicas,
@@ -196,6 +199,21 @@ def _with_kvstore(command: List[str]) -> List[str]:
         f"--port {KVSTORE_PORT} & fi; exec \"$@\""
     )
     return ["/bin/sh", "-c", start, "gpupool-kvstore"] + command
+
+
+def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
+    """The spec's setup command as an init container: each pod prepares its own job dir."""
+    if not spec.setup:
+        return []
+    env = [{"name": k, "value": v} for k, v in spec.env]
+    env += [{"name": "GPUPOOL_JOB_NAME", "value": spec.name}, {"name": "GPUPOOL_JOB_DIR", "value": JOB_DIR}]
+    return [{
+        "name": "setup",
+        "image": image,
+        "command": list(spec.setup),
+        "env": env,
+        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+    }]
 
 
 def render(spec: JobSpec) -> List[Dict[str, Any]]:

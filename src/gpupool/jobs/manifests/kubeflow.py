@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 
 from ...core.errors import InvalidInput
 from ..spec import Framework, JobSpec, RoleSpec, SuccessPolicy
-from .indexed import JOB_DIR, PORTS, gpu_resources, job_labels, pod_annotations
+from .indexed import JOB_DIR, PORTS, gpu_resources, job_labels, pod_annotations, setup_containers
 
 # Our role names -> the operator's replica types.
 TF_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -43,15 +43,19 @@ def _container(spec: JobSpec, role: RoleSpec, name: str, port_name: str) -> Dict
 
 
 def _replica_spec(spec: JobSpec, role: RoleSpec, replicas: int, container: str, port: str) -> Dict[str, Any]:
+    pod: Dict[str, Any] = {
+        "containers": [_container(spec, role, container, port)],
+        "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
+    }
+    init = setup_containers(spec, role.image or spec.image)
+    if init:
+        pod["initContainers"] = init
     return {
         "replicas": replicas,
         "restartPolicy": spec.restart_policy.value,  # Never | OnFailure | ExitCode, as the operator names them
         "template": {
             "metadata": {"labels": job_labels(spec, role.name), "annotations": pod_annotations(spec, role)},
-            "spec": {
-                "containers": [_container(spec, role, container, port)],
-                "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
-            },
+            "spec": pod,
         },
     }
 

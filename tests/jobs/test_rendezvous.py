@@ -1,0 +1,96 @@
+"""Rendezvous env per framework, against the layouts TensorFlow, torchrun and Horovod document."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from gpupool.jobs.plan import gang_claim, local_endpoints, replicas
+from gpupool.jobs.rendezvous import horovod_env, hostfile, rendezvous_env, tf_config, torch_env
+from gpupool.jobs.rendezvous.kvstore import KVStoreServer
+from gpupool.jobs.spec import parse_spec
+
+
+def tf_spec(**roles):
+    return parse_spec({"name": "tf", "framework": "tensorflow", "roles": roles})
+
+
+def test_tf_config_ps_layout():
+    spec = tf_spec(chief={"command": ["c"]}, worker={"replicas": 2, "command": ["w"]},
+                   ps={"replicas": 1, "command": ["p"]}, evaluator={"command": ["e"]})
+    reps = replicas(spec)
+    ep = local_endpoints(reps, [2000, 2001, 2002, 2003, 2004])
+    configs = {r.name: tf_config(reps, ep, r) for r in reps}
+    cluster = {"chief": ["127.0.0.1:2000"], "worker": ["127.0.0.1:2001", "127.0.0.1:2002"], "ps": ["127.0.0.1:2003"]}
+    for name, cfg in configs.items():
+        assert cfg["cluster"] == cluster  # the same cluster in every process, evaluator left out
+    assert configs["chief-0"]["task"] == {"type": "chief", "index": 0}
+    assert configs["worker-1"]["task"] == {"type": "worker", "index": 1}
+    assert configs["ps-0"]["task"] == {"type": "ps", "index": 0}
+    assert configs["evaluator-0"]["task"] == {"type": "evaluator", "index": 0}
+    env = rendezvous_env(spec, reps, ep, reps[1])
+    assert json.loads(env["TF_CONFIG"]) == configs["worker-0"]
+
+
+def test_tf_config_mwms_has_no_chief():
+    spec = tf_spec(worker={"replicas": 2, "command": ["w"]})
+    reps = replicas(spec)
+    cfg = tf_config(reps, local_endpoints(reps, [3000, 3001]), reps[0])
+    assert cfg == {"cluster": {"worker": ["127.0.0.1:3000", "127.0.0.1:3001"]}, "task": {"type": "worker", "index": 0}}
+
+
+def test_torch_env_master_and_workers():
+    spec = parse_spec({"name": "pt", "framework": "pytorch",
+                       "roles": {"master": {"command": ["m"]}, "worker": {"replicas": 2, "command": ["w"]}}})
+    reps = replicas(spec)
+    ep = local_endpoints(reps, [4000, 4001, 4002])
+    envs = [torch_env(reps, ep, r) for r in reps]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"]
+    for e in envs:
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] == "4000"
+        assert e["WORLD_SIZE"] == "3" and e["LOCAL_RANK"] == "0" and e["LOCAL_WORLD_SIZE"] == "1"
+        assert e["PET_NNODES"] == "3" and e["PET_NPROC_PER_NODE"] == "1"
+        assert e["PET_MASTER_ADDR"] == e["MASTER_ADDR"] and e["PET_MASTER_PORT"] == e["MASTER_PORT"]
+        assert e["PET_NODE_RANK"] == e["RANK"] == e["GROUP_RANK"]
+    assert envs[2]["ROLE_NAME"] == "worker" and envs[2]["ROLE_RANK"] == "1" and envs[2]["ROLE_WORLD_SIZE"] == "2"
+
+
+def test_horovod_env_and_hostfile():
+    spec = parse_spec({"name": "hvd", "framework": "horovod", "roles": {"worker": {"replicas": 3, "command": ["w"]}}})
+    reps = replicas(spec)
+    ep = local_endpoints(reps, [5000, 5001, 5002])
+    with pytest.raises(ValueError):
+        horovod_env(reps, ep, reps[0])
+    ep = type(ep)(ep.hosts, ep.ports, ("127.0.0.1", 5999))
+    env = horovod_env(reps, ep, reps[2])
+    assert env["HOROVOD_RANK"] == "2" and env["HOROVOD_SIZE"] == "3"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "5999"
+    assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert env["HOROVOD_LOCAL_RANK"] == "0" and env["HOROVOD_CROSS_RANK"] == "2" and env["HOROVOD_CROSS_SIZE"] == "3"
+    assert hostfile(reps, ep) == "127.0.0.1 slots=1\n" * 3
+
+
+def test_kvstore_put_get_delete():
+    server = KVStoreServer().start()
+    try:
+        base = f"http://127.0.0.1:{server.port}/global"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + "/rank0")
+        assert err.value.code == 404
+        urllib.request.urlopen(urllib.request.Request(base + "/rank0", data=b"addr", method="PUT"))
+        assert urllib.request.urlopen(base + "/rank0").read() == b"addr"
+        urllib.request.urlopen(urllib.request.Request(base, method="DELETE"))
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(base + "/rank0")
+    finally:
+        server.stop()
+
+
+def test_gang_claim_skips_replicas_without_gpu():
+    spec = tf_spec(worker={"replicas": 2, "command": ["w"], "gpu": {"fraction": 0.5}}, ps={"command": ["p"]})
+    claim = gang_claim(spec)
+    assert len(claim.requests) == 2
+    reps = replicas(spec)
+    assert [r.group for r in reps] == [0, 1, None]
+    assert gang_claim(tf_spec(worker={"command": ["w"]})) is None
