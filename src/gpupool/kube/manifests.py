@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import pathlib
+import secrets
 from typing import Any, Dict, List
 
 import yaml
@@ -39,17 +40,28 @@ def ca_patch(ca_pem: bytes) -> List[Dict[str, Any]]:
 
 
 def write_ca_patch(out_dir: str, ca_pem: bytes) -> pathlib.Path:
-    """Write `kustomization.yaml` beside the certs: a component adding the TLS Secret and caBundle."""
+    """Write `kustomization.yaml` beside the certs: a component with the TLS and agent-token Secrets and caBundle."""
     out = pathlib.Path(out_dir)
+    token = out / "agent-token"
+    if not token.exists():  # the admin token the agents share and the extender reads them with
+        token.write_text(secrets.token_urlsafe(32) + "\n", encoding="utf-8")
+        token.chmod(0o600)
     component = {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
-        "secretGenerator": [{
-            "name": "gpupool-webhook-tls",
-            "type": "kubernetes.io/tls",
-            "files": ["tls.crt", "tls.key", "ca.crt"],
-            "options": {"disableNameSuffixHash": True},
-        }],
+        "secretGenerator": [
+            {
+                "name": "gpupool-webhook-tls",
+                "type": "kubernetes.io/tls",
+                "files": ["tls.crt", "tls.key", "ca.crt"],
+                "options": {"disableNameSuffixHash": True},
+            },
+            {
+                "name": "gpupool-agent-token",
+                "files": ["token=agent-token"],
+                "options": {"disableNameSuffixHash": True},
+            },
+        ],
         "patches": ca_patch(ca_pem),
     }
     path = out / "kustomization.yaml"

@@ -1,0 +1,107 @@
+"""deploy/: every object loads into the kubernetes client's models; the wiring is consistent."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from gpupool.cli.main import main
+from gpupool.kube.manifests import load_manifests
+
+DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
+MODELS = {
+    "Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",
+    "ClusterRoleBinding": "V1ClusterRoleBinding", "Secret": "V1Secret", "DaemonSet": "V1DaemonSet",
+    "Deployment": "V1Deployment", "Service": "V1Service", "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "MutatingWebhookConfiguration": "V1MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration": "V1ValidatingWebhookConfiguration",
+    "ResourceQuota": "V1ResourceQuota", "Pod": "V1Pod",
+}
+
+
+def load(obj, model):
+    from kubernetes.client import ApiClient
+
+    return ApiClient()._ApiClient__deserialize(obj, model)
+
+
+@pytest.fixture(scope="module")
+def objects():
+    return load_manifests(str(DEPLOY))
+
+
+def test_every_object_loads_into_its_model(objects):
+    kinds = set()
+    for obj in objects:
+        if obj["kind"] == "KubeSchedulerConfiguration":
+            continue  # a file for the control plane, not an API object
+        model = MODELS[obj["kind"]]
+        loaded = load(obj, model)
+        assert loaded.metadata.name == obj["metadata"]["name"]
+        kinds.add(obj["kind"])
+    assert {"DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
+
+
+def test_kustomization_lists_existing_files():
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    for name in kust["resources"]:
+        assert (DEPLOY / name).is_file(), name
+
+
+def test_no_cluster_admin_and_read_only_rbac(objects):
+    for obj in objects:
+        if obj["kind"] == "ClusterRoleBinding":
+            assert obj["roleRef"]["name"] != "cluster-admin"
+        if obj["kind"] == "ClusterRole":
+            for rule in obj["rules"]:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+                assert "*" not in rule["resources"]
+
+
+def test_webhooks_are_fail_safe_and_scoped(objects):
+    configs = [o for o in objects if o["kind"].endswith("WebhookConfiguration")]
+    assert len(configs) == 2
+    for cfg in configs:
+        for hook in cfg["webhooks"]:
+            assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+            assert hook["timeoutSeconds"] <= 10
+            excluded = [e for e in hook["namespaceSelector"]["matchExpressions"]
+                        if e["key"] == "kubernetes.io/metadata.name"][0]
+            assert excluded["operator"] == "NotIn"
+            assert {"kube-system", "gpupool-system"} <= set(excluded["values"])
+
+
+def test_deployment_has_two_replicas_and_probes(objects):
+    deploy = load(next(o for o in objects if o["kind"] == "Deployment"), "V1Deployment")
+    assert deploy.spec.replicas == 2
+    c = deploy.spec.template.spec.containers[0]
+    assert c.readiness_probe.http_get.path == "/healthz" and c.liveness_probe is not None
+    agent = load(next(o for o in objects if o["kind"] == "DaemonSet"), "V1DaemonSet")
+    mounts = {m.mount_path for m in agent.spec.template.spec.containers[0].volume_mounts}
+    assert "/var/lib/kubelet/device-plugins" in mounts
+    assert agent.spec.template.spec.containers[0].command[:3] == ["gpupool", "kube", "agent"]
+
+
+def test_scheduler_config_points_at_the_extender(objects):
+    cfg = next(o for o in objects if o["kind"] == "KubeSchedulerConfiguration")
+    ext = cfg["extenders"][0]
+    assert ext["urlPrefix"].endswith("/extender") and ext["filterVerb"] == "filter"
+    assert ext["prioritizeVerb"] == "prioritize" and ext["managedResources"][0]["name"] == "gpupool.io/gpu"
+
+
+def test_certs_command_writes_a_component(tmp_path):
+    out = tmp_path / "tls"
+    assert main(["kube", "certs", "--out", str(out)]) == 0
+    comp = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert comp["kind"] == "Component"
+    assert [g["name"] for g in comp["secretGenerator"]] == ["gpupool-webhook-tls", "gpupool-agent-token"]
+    patch = yaml.safe_load(comp["patches"][0]["patch"])
+    assert patch[0]["path"] == "/webhooks/0/clientConfig/caBundle"
+    first_ca = (out / "ca.crt").read_bytes()
+    # Rotation: same CA, new serving certificate.
+    old = (out / "tls.crt").read_bytes()
+    assert main(["kube", "certs", "--out", str(out), "--ca-cert", str(out / "ca.crt"),
+                 "--ca-key", str(out / "ca.key")]) == 0
+    assert (out / "ca.crt").read_bytes() == first_ca and (out / "tls.crt").read_bytes() != old
