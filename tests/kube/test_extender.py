@@ -36,7 +36,7 @@ def test_fragmented_node_is_filtered_out():
     claim = Claim.single(1, fraction=0.5)
     out = filter_nodes(claim, ["node-frag", "node-ok", "node-unknown"], states)
     assert out.passed == ["node-ok"]
-    assert "node-frag" in out.failed and "most free" in out.failed["node-frag"]
+    assert "node-frag" in out.failed and "0 of the node's 4 GPUs have that much free" in out.failed["node-frag"]
     assert "agent" in out.failed["node-unknown"]
 
 
