@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 MODEL_NAMES: Tuple[str, ...] = ("convnet", "resnet18", "resnet50", "vgg16", "vgg19")
 HEAD_NAMES: Tuple[str, ...] = ("linear", "mlp")
 SCHEDULES: Tuple[str, ...] = ("constant", "cosine")
+MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {"convnet": {"lr": 3e-3}}
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,10 @@ def build_config(
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value
+    # Per-model defaults fill what neither the preset nor a flag set: a ConvNet trained
+    # from scratch wants a larger step than a pretrained backbone being fine-tuned.
+    for key, value in MODEL_DEFAULTS.get(values.get("model", TrainConfig.model), {}).items():
+        values.setdefault(key, value)
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(values) - known
     if unknown:

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,6 +32,10 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 BAD_LABEL = -1
 SPLIT_FILE = "split.json"
+# torchvision 0.29 marks its decoders deprecated in favour of TorchCodec; they remain the
+# fastest libjpeg-turbo path available here, and PIL is the fallback when they go.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                        category=DeprecationWarning)
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,9 @@ def decode_resized(data: bytes, size: int) -> torch.Tensor:
     from torchvision.transforms.v2.functional import resize
 
     try:
-        img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     except RuntimeError:
         import io
 

@@ -187,7 +187,7 @@ def feature_count(backbone: nn.Module, image_size: int) -> int:
     which costs no memory or compute even for VGG at 224 px)."""
     import copy
 
-    probe = copy.deepcopy(backbone).to("meta")
+    probe = copy.deepcopy(backbone).to("meta").eval()
     with torch.no_grad():
         out = probe(torch.empty(1, 3, image_size, image_size, device="meta"))
     return int(out[0].numel())

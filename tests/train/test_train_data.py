@@ -1,0 +1,106 @@
+"""Class-folder scanning, the seeded split, decoding and the skip-and-count of bad files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytestmark = pytest.mark.torch
+
+from gpupool.core.errors import InvalidInput  # noqa: E402
+from gpupool.train.data import (  # noqa: E402
+    BAD_LABEL, SPLIT_FILE, ImageFiles, load_or_make_split, make_loader, make_split, scan_class_folders,
+)
+
+
+def _png(path: Path, value: int = 128, size: int = 12) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (size, size), (value, value, value)).save(path)
+
+
+def test_empty_and_single_class_folders_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="does not exist"):
+        scan_class_folders(tmp_path / "missing")
+    (tmp_path / "a").mkdir()
+    with pytest.raises(InvalidInput, match="no images"):
+        scan_class_folders(tmp_path)
+    _png(tmp_path / "a" / "1.png")
+    with pytest.raises(InvalidInput, match="single class"):
+        scan_class_folders(tmp_path)
+
+
+def test_scan_accepts_jpg_jpeg_png_any_case(tmp_path: Path) -> None:
+    for name in ("a/x.jpg", "a/y.JPEG", "b/z.png", "b/notes.txt"):
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    classes, samples = scan_class_folders(tmp_path)
+    assert classes == ["a", "b"]
+    assert sorted(p for p, _ in samples) == ["a/x.jpg", "a/y.JPEG", "b/z.png"]
+
+
+def test_split_is_seeded_stratified_and_complete() -> None:
+    samples = [(f"c{c}/{i}.png", c) for c in range(3) for i in range(100)]
+    a = make_split(["c0", "c1", "c2"], samples, (0.7, 0.15, 0.15), seed=7)
+    b = make_split(["c0", "c1", "c2"], list(reversed(samples)), (0.7, 0.15, 0.15), seed=7)
+    c = make_split(["c0", "c1", "c2"], samples, (0.7, 0.15, 0.15), seed=8)
+    assert a == b  # listing order does not matter
+    assert a.train != c.train  # the seed does
+    assert (len(a.train), len(a.val), len(a.test)) == (210, 45, 45)
+    assert sorted(a.train + a.val + a.test) == sorted(samples)
+    for part in (a.val, a.test):
+        assert {cls for _, cls in part} == {0, 1, 2}
+
+
+def test_split_is_written_and_reused(small_digits_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = load_or_make_split(small_digits_dir, run, (0.7, 0.15, 0.15), 0, write=True)
+    assert (run / SPLIT_FILE).exists()
+    # A different seed on re-run still gets the recorded split: the run dir owns it.
+    again = load_or_make_split(small_digits_dir, run, (0.5, 0.25, 0.25), 99, write=True)
+    assert again == first
+    assert json.loads((run / SPLIT_FILE).read_text())["classes"] == [str(d) for d in range(10)]
+
+
+def test_corrupt_files_become_ignored_samples(tmp_path: Path) -> None:
+    _png(tmp_path / "a" / "good.png", size=40)
+    (tmp_path / "a" / "garbage.jpg").write_bytes(b"this is not a jpeg")
+    (tmp_path / "a" / "empty.png").write_bytes(b"")
+    good = (tmp_path / "a" / "good.png").read_bytes()
+    (tmp_path / "a" / "truncated.png").write_bytes(good[: len(good) // 2])
+    samples = [("a/good.png", 0), ("a/garbage.jpg", 0), ("a/empty.png", 0), ("a/truncated.png", 0)]
+    ds = ImageFiles(tmp_path, samples, size=16)
+    items = [ds[i] for i in range(len(ds))]
+    assert items[0][0].shape == (3, 16, 16) and items[0][0].dtype == torch.uint8 and items[0][1] == 0
+    assert [label for _, label, _ in items[1:]] == [BAD_LABEL] * 3
+    assert all(img.shape == (3, 16, 16) for img, _, _ in items)
+
+
+def test_loader_with_persistent_workers(small_digits_dir: Path) -> None:
+    classes, samples = scan_class_folders(small_digits_dir)
+    ds = ImageFiles(small_digits_dir, samples[:64], size=32)
+    loader, sampler = make_loader(ds, 16, workers=1, pin_memory=False, shuffle=True, seed=0, rank=0, world_size=1)
+    assert loader.persistent_workers and loader.num_workers == 1
+    seen = []
+    for epoch in (1, 2):
+        sampler.set_epoch(epoch)
+        seen.append([int(i) for _, _, idx in loader for i in idx])
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(64))
+    assert seen[0] != seen[1]  # reshuffled per epoch, deterministically
+
+
+def test_eval_shards_cover_everything_once(small_digits_dir: Path) -> None:
+    _, samples = scan_class_folders(small_digits_dir)
+    ds = ImageFiles(small_digits_dir, samples[:25], size=8)
+    got = []
+    for rank in range(2):
+        loader, _ = make_loader(ds, 4, 0, False, False, 0, rank, 2)
+        got += [int(i) for _, _, idx in loader for i in idx]
+    assert sorted(got) == list(range(25))
