@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = [p for p in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or "") if p and os.path.exists(p)]
+# The oldest Python the workload side supports, where this machine has one (pyenv, deadsnakes).
+OLDEST = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")) + glob.glob("/usr/bin/python3.9"))
 
 
 @pytest.fixture(scope="module")
@@ -35,22 +38,24 @@ def test_archive_holds_only_the_workload_side(pyz):
     assert not any(n.startswith(("gpupool/server/", "gpupool/kube/", "gpupool/train/")) for n in names)
 
 
-@pytest.mark.skipif(not BARE, reason="no system python3")
-def test_runs_under_a_bare_python_without_the_venv(pyz, tmp_path):
+@pytest.mark.parametrize("python", (BARE[:1] + OLDEST[:1]) or [None])
+def test_runs_under_a_bare_python_without_the_venv(pyz, tmp_path, python):
+    if python is None:
+        pytest.skip("no system python3")
     env = {"PATH": "/usr/bin:/bin", "GPUPOOL_STATE": str(tmp_path / "state"),
            "GPUPOOL_DEVICES": "emulated:1x16GiB", "HOME": str(tmp_path)}
     record = tmp_path / "env.json"
     child = f"import json, os; json.dump(dict(os.environ), open({str(record)!r}, 'w'))"
-    done = subprocess.run([BARE[0], "-I", str(pyz), "run", "-n", "1", "-p", "0.5", "--", BARE[0], "-c", child],
+    done = subprocess.run([python, "-I", str(pyz), "run", "-n", "1", "-p", "0.5", "--", python, "-c", child],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(record.read_text())
     assert seen["CUDA_VISIBLE_DEVICES"].startswith("GPU-emu-")
     assert seen["GPUPOOL_MEMORY_FRACTION"] == "0.5"
-    status = subprocess.run([BARE[0], "-I", str(pyz), "status", "--json"], env=env,
+    status = subprocess.run([python, "-I", str(pyz), "status", "--json"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert json.loads(status.stdout)["leases"] == []
-    bad = subprocess.run([BARE[0], "-I", str(pyz), "run", "-p", "2", "--", "true"], env=env,
+    bad = subprocess.run([python, "-I", str(pyz), "run", "-p", "2", "--", "true"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "outside (0, 1]" in bad.stderr
 

@@ -231,3 +231,21 @@ def test_hook_reaches_torch_in_the_child(pool):
     done = pool.run("run", "-p", "0.5", "-q", "--", sys.executable, "-c", "import torch", env=env)
     assert done.returncode == 0, done.stderr
     assert "gpupool-hook: torch: skipped (no CUDA); would set memory fraction 0.5" in done.stderr
+
+
+def test_sigterm_while_queued_leaves_no_lease_and_no_ticket(pool, tmp_path):
+    record, stop = tmp_path / "rec.json", tmp_path / "stop"
+    hog = pool.start("run", "-p", "1", "--", sys.executable, HOLDER, str(record), str(stop))
+    try:
+        read_record(record)
+        waiting = pool.start("run", "-p", "0.5", "--wait", "30", "--", "true")
+        wait_for(lambda: pool.status()["queued"] == 1, what="the claim to queue")
+        waiting.send_signal(signal.SIGTERM)
+        _, err = waiting.communicate(timeout=15)
+        assert waiting.returncode == 143
+        assert "before the command started" in err and "Traceback" not in err
+        status = pool.status()
+        assert status["queued"] == 0 and len(status["leases"]) == 1
+    finally:
+        stop.touch()
+        hog.wait(timeout=15)
