@@ -33,5 +33,12 @@ test-fast: install pyz
 bench: install pyz
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
+# Kubernetes: certificates + kustomize (see README, "Kubernetes").
+deploy:
+	deploy/certs.sh && kubectl apply -k deploy/
+
+undeploy:
+	kubectl delete -k deploy/ --ignore-not-found
+
 clean:
 	rm -rf dist build .pytest_cache .hypothesis src/*.egg-info
