@@ -43,7 +43,7 @@ def signal_group(pgid: int, signum: int) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (a zombie counts until reaped)."""
+    """Whether process `pid` exists and has not exited (a zombie awaiting its reaper is gone)."""
     if pid <= 0:
         return False
     try:
@@ -52,7 +52,11 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def group_alive(pgid: int) -> bool:

@@ -168,7 +168,7 @@ class LocalExecutor(Executor):
                 sup = getattr(self, "_supervisor", None)
                 if sup is not None:
                     sup.poll()
-                if self.store.load(name).job_status.terminal:
+                if self.store.load(name).job_status.terminal and not processes.pid_alive(pid):
                     return f"job {name} cancelled"
                 time.sleep(0.1)
         return self._cleanup_orphaned(name)

@@ -1,0 +1,80 @@
+"""Fixtures for local job tests: a state dir with 2 emulated 16 GiB GPUs, and the CLI as another shell."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Shell:
+    """Runs `gpupool` in a separate process, as a user's other shell would."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.env = dict(os.environ, GPUPOOL_STATE=str(state), GPUPOOL_DEVICES="emulated:2x16GiB")
+        self.env.pop("GPUPOOL_SERVER", None)
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "gpupool", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout, cwd=self.state)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"gpupool {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def write_spec(self, data: dict) -> str:
+        path = self.state / f"{data['name']}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return str(path)
+
+    def state_of(self, name: str) -> dict:
+        import json
+
+        return json.loads((self.state / "jobs" / name / "state.json").read_text())
+
+    def wait_for(self, name: str, pred, timeout: float = 60.0) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                st = self.state_of(name)
+                if pred(st):
+                    return st
+            except (FileNotFoundError, ValueError):
+                st = None
+            if time.monotonic() > end:
+                log = self.state / "jobs" / name / "logs" / "supervisor.log"
+                raise AssertionError(f"timed out; state {st}\n{log.read_text() if log.exists() else ''}")
+            time.sleep(0.1)
+
+    def leases(self) -> list:
+        from gpupool.client.embedded import EmbeddedPoolClient
+
+        with EmbeddedPoolClient(self.state) as client:
+            return list(client.status().leases)
+
+    def queued(self) -> int:
+        from gpupool.client.embedded import EmbeddedPoolClient
+
+        with EmbeddedPoolClient(self.state) as client:
+            return client.status().queued
+
+
+@pytest.fixture
+def shell(tmp_path):
+    sh = Shell(tmp_path)
+    yield sh
+    # Never leave a job behind, whatever the test did.
+    from gpupool.jobs import processes
+
+    jobs = tmp_path / "jobs"
+    if jobs.is_dir():
+        for job_dir in jobs.iterdir():
+            if job_dir.is_dir():
+                processes.sweep(job_dir)
