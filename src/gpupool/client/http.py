@@ -11,7 +11,7 @@ import threading
 import urllib.parse
 from typing import Any, Dict, Optional
 
-from ..core.errors import GpupoolError, ServerUnreachable, Unauthorized, error_from_dict
+from ..core.errors import GpupoolError, InvalidInput, ServerUnreachable, Unauthorized, error_from_dict
 from ..core.model import Claim, Holder, Lease, PoolStatus
 from .base import PoolClient
 from .config import normalize_url
@@ -30,8 +30,6 @@ class HttpPoolClient(PoolClient):
         self.address = normalize_url(url)
         parts = urllib.parse.urlsplit(self.address)
         if not parts.hostname:
-            from ..core.errors import InvalidInput
-
             raise InvalidInput(f"server URL {url!r} has no host: use http://HOST:PORT")
         self._https = parts.scheme.lower() == "https"
         self._host = parts.hostname
