@@ -1,9 +1,10 @@
 """`create_app(pool, auth=...)`: the FastAPI app of the /v1 API, /healthz and /metrics.
 
 Request bodies are parsed with the core model's `from_dict`, so HTTP and the
-store share one wire format and one set of error messages. Pool calls block
-(SQLite), so they run in worker threads; a waiting claim polls its ticket
-with `asyncio.sleep` instead of holding a thread for the whole wait.
+store share one wire format and one set of error messages. The lease calls
+live in `handlers.LeaseApi` (short transactions, inline on the loop; a waiting
+claim polls its ticket with `asyncio.sleep`) and are served first by
+`fastpath.FastPath`; reads of the whole pool run in worker threads.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,26 +21,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..core.errors import (
-    Forbidden,
-    GpupoolError,
-    InvalidClaim,
-    InvalidInput,
-    Unauthorized,
-    Unavailable,
-    Unsatisfiable,
-)
-from ..core.model import Claim, Holder, Lease
-from ..pool import DEFAULT_TTL_S, Pool, Waiter
-from .auth import ANONYMOUS, Authenticator, Identity, create_token, check_name, require_admin
+from ..core.errors import GpupoolError, InvalidInput
+from ..pool import DEFAULT_TTL_S, Pool
+from .auth import Authenticator, Identity, check_name, create_token, require_admin
+from .fastpath import FastPath
+from .handlers import LeaseApi, json_object
 from .metrics import Metrics
 from .schemas import ClaimRequest, ErrorBody, TokenRequest, body_schema, component_schemas
 
 log = logging.getLogger(__name__)
 
-CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s"}
-POLL_MIN_S = 0.005
-POLL_MAX_S = 0.1
 ERRORS = {str(code): {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)}
 
 
@@ -51,6 +41,7 @@ def create_app(
     default_ttl_s: float = DEFAULT_TTL_S,
     expire_interval_s: float = 1.0,
     title: str = "gpupool",
+    fast_path: bool = True,
 ) -> FastAPI:
     """The API app over `pool`; `auth` None serves without tokens (loopback only, see serve)."""
     metrics = Metrics(pool)
@@ -86,10 +77,10 @@ def create_app(
     app.state.metrics = metrics
     app.state.auth = auth
 
+    api = LeaseApi(pool, auth, metrics, default_ttl_s)
+
     def identify(request: Request) -> Identity:
-        if auth is None:
-            return ANONYMOUS
-        return auth.identify(request.headers.get("authorization"))
+        return api.identify(request.headers.get("authorization"))
 
     # --- errors: every failure is {"error": {"code", "message"}} --------------
     @app.exception_handler(GpupoolError)
@@ -113,33 +104,12 @@ def create_app(
         log.error("internal error", exc_info=err)
         return JSONResponse({"error": {"code": "internal", "message": f"internal error: {err}"}}, status_code=500)
 
-    # --- leases ---------------------------------------------------------------
+    # --- leases (the hot three are answered by FastPath first; same LeaseApi code) ---
     @app.post("/v1/leases", status_code=201, openapi_extra=body_schema(ClaimRequest), responses=ERRORS,
               summary="Claim GPUs: granted now, after waiting in the FIFO queue, or refused")
     async def claim(request: Request) -> Response:
-        started = time.perf_counter()
-        result = "error"
-        try:
-            identity = identify(request)
-            claim_, holder, wait_s, ttl_s = _parse_claim(await request.body(), identity, auth is not None, default_ttl_s)
-            lease = await _claim(request, pool, claim_, holder, wait_s, ttl_s)
-            result = "granted"
-            return _json(lease.to_dict(), 201)
-        except Unsatisfiable:
-            result = "unsatisfiable"
-            raise
-        except Unavailable:
-            result = "unavailable"
-            raise
-        except InvalidInput:
-            result = "invalid"
-            raise
-        except (Unauthorized, Forbidden):
-            result = "denied"
-            raise
-        finally:
-            metrics.claims.labels(result).inc()
-            metrics.claim_latency.observe(time.perf_counter() - started)
+        payload = await api.claim(request.headers.get("authorization"), await request.body(), request.is_disconnected)
+        return _json(payload, 201)
 
     @app.get("/v1/leases", responses=ERRORS, summary="Live leases")
     async def leases(request: Request) -> Response:
@@ -155,16 +125,11 @@ def create_app(
 
     @app.post("/v1/leases/{lease_id}/heartbeat", responses=ERRORS, summary="Renew a lease by its TTL (holder or admin)")
     async def heartbeat(lease_id: str, request: Request) -> Response:
-        identity = identify(request)
-        lease = await run_in_threadpool(pool.heartbeat, lease_id, identity.requester)
-        return _json(lease.to_dict())
+        return _json(api.heartbeat(request.headers.get("authorization"), lease_id))
 
     @app.delete("/v1/leases/{lease_id}", responses=ERRORS, summary="Release a lease (holder or admin)")
     async def release(lease_id: str, request: Request) -> Response:
-        identity = identify(request)
-        await run_in_threadpool(pool.release, lease_id, identity.requester)
-        metrics.releases.inc()
-        return _json({"released": lease_id})
+        return _json(api.release(request.headers.get("authorization"), lease_id))
 
     # --- pool -----------------------------------------------------------------
     @app.get("/v1/status", responses=ERRORS, summary="Devices with their allocation, live leases, queue length")
@@ -182,7 +147,7 @@ def create_app(
     async def tokens(request: Request) -> Response:
         identity = identify(request)
         require_admin(identity, "creating tokens")
-        body = _json_object(await request.body())
+        body = json_object(await request.body())
         unknown = set(body) - {"name", "admin"}
         if unknown:
             raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name' and 'admin'")
@@ -206,75 +171,8 @@ def create_app(
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     _document_components(app)
-    return app
-
-
-async def _claim(request: Request, pool: Pool, claim: Claim, holder: Holder, wait_s: float, ttl_s: float) -> Lease:
-    """Grant now, or poll the queue ticket until granted, the wait runs out or the client leaves."""
-    started = await run_in_threadpool(pool.begin_claim, claim, holder, wait_s, ttl_s)
-    if isinstance(started, Lease):
-        return started
-    waiter: Waiter = started
-    deadline = time.monotonic() + wait_s
-    delay = POLL_MIN_S
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise pool.timed_out(waiter, wait_s)
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 1.5, POLL_MAX_S)
-            lease = await run_in_threadpool(pool.try_grant, waiter)
-            if lease is not None:
-                waiter = None  # type: ignore[assignment]
-                return lease
-            if await request.is_disconnected():
-                raise Unavailable("the client went away while its claim waited")
-    finally:
-        if waiter is not None:
-            # Synchronous on purpose: on cancellation an await here would be cancelled too.
-            pool.cancel(waiter)
-
-
-def _parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: float) -> Tuple[Claim, Holder, float, float]:
-    body = _json_object(raw)
-    unknown = set(body) - CLAIM_KEYS
-    if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a claim request has {sorted(CLAIM_KEYS)}")
-    if "claim" not in body:
-        raise InvalidClaim("the request needs a 'claim' with 'requests', e.g. {\"requests\": [{\"count\": 1, \"fraction\": 0.5}]}")
-    raw_holder = body.get("holder") or {}
-    if not isinstance(raw_holder, dict):
-        raise InvalidInput(f"holder must be an object with name, pid, host, label; got {raw_holder!r}")
-    try:
-        claim = Claim.from_dict(body["claim"])
-        holder = Holder.from_dict(raw_holder)
-    except GpupoolError:
-        raise
-    except (TypeError, ValueError, KeyError, AttributeError) as err:
-        raise InvalidClaim(f"the claim is malformed: {err}") from None
-    if auth_on:
-        # The token decides who holds the lease: nobody can claim as someone else.
-        holder = Holder(identity.name, holder.pid, holder.host, holder.label)
-    elif not holder.name:
-        holder = Holder("anonymous", holder.pid, holder.host, holder.label)
-    wait_s = body.get("wait_s", 0.0)
-    ttl_s = body.get("ttl_s", default_ttl_s)
-    if wait_s is None:
-        wait_s = 0.0
-    if ttl_s is None:
-        ttl_s = default_ttl_s
-    return claim, holder, wait_s, ttl_s
-
-
-def _json_object(raw: bytes) -> Dict[str, Any]:
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as err:
-        raise InvalidInput(f"the request body is not valid JSON: {err}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput(f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
+    app.state.api = api
+    return FastPath(app, api) if fast_path else app  # type: ignore[return-value]
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -296,3 +194,5 @@ def _document_components(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+

@@ -1,0 +1,235 @@
+"""Pool benchmark: claim+release over HTTP at 1, 16 and 64 clients, and in-process placement at scale.
+
+HTTP: a `gpupool server` subprocess on loopback with 8 emulated 16 GiB GPUs
+and auth on; clients are threads (spread over a few processes, so the
+client's GIL is not what is measured) on keep-alive http.client
+connections, each looping claim(1 GPU, 10 %) -> release.
+Placement: `place()` on 1,000 devices with 10,000 live leases, and a full
+in-process Pool.claim + release with those leases in the SQLite store.
+
+Writes benchmarks/results/pool.json and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parent
+CLAIM = json.dumps(
+    {"claim": {"requests": [{"count": 1, "fraction": 0.1}]}, "holder": {"pid": 1, "host": "bench"}, "ttl_s": 60}
+).encode()
+
+
+def start_server(state: Path) -> Tuple[subprocess.Popen, str, str]:
+    token_file = state / "token"
+    log = state / "server.log"
+    args = [
+        sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state / "pool"),
+        "--token-file", str(token_file), "--devices", "emulated:8x16GiB",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = re.search(r"listening on http://([\d.]+:\d+)", log.read_text())
+        if match:
+            return proc, match.group(1), token_file.read_text().strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"server did not start:\n{log.read_text()}")
+
+
+def _client_thread(addr: str, token: str, stop_at: float, warm_until: float, out: list) -> None:
+    host, port = addr.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    rounds: List[float] = []
+    claims: List[float] = []
+    failures = 0
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= stop_at:
+            break
+        conn.request("POST", "/v1/leases", CLAIM, headers)
+        response = conn.getresponse()
+        body = response.read()
+        t1 = time.perf_counter()
+        if response.status != 201:
+            failures += 1
+            continue
+        lease_id = json.loads(body)["id"]
+        conn.request("DELETE", f"/v1/leases/{lease_id}", headers=headers)
+        response = conn.getresponse()
+        response.read()
+        t2 = time.perf_counter()
+        if response.status != 200:
+            failures += 1
+        if t0 >= warm_until:
+            rounds.append(t2 - t0)
+            claims.append(t1 - t0)
+    conn.close()
+    out.append((rounds, claims, failures))
+
+
+def _client_process(addr: str, token: str, threads: int, start_at: float, seconds: float, warmup: float, queue) -> None:
+    import threading
+
+    while time.time() < start_at:
+        time.sleep(0.001)
+    now_wall, now_perf = time.time(), time.perf_counter()
+    offset = now_perf - now_wall
+    out: list = []
+    workers = [
+        threading.Thread(
+            target=_client_thread,
+            args=(addr, token, start_at + warmup + seconds + offset, start_at + warmup + offset, out),
+        )
+        for _ in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    queue.put(out)
+
+
+def run_level(addr: str, token: str, clients: int, seconds: float, warmup: float) -> Dict[str, float]:
+    procs_n = min(clients, 4)
+    per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    start_at = time.time() + 0.5
+    procs = [ctx.Process(target=_client_process, args=(addr, token, n, start_at, seconds, warmup, queue)) for n in per]
+    for p in procs:
+        p.start()
+    results = [r for _ in procs for r in queue.get()]
+    for p in procs:
+        p.join()
+    rounds = sorted(x for r, _, _ in results for x in r)
+    claims = sorted(x for _, c, _ in results for x in c)
+    failures = sum(f for _, _, f in results)
+
+    def pct(values: List[float], q: float) -> float:
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 3) if values else float("nan")
+
+    return {
+        "clients": clients,
+        "claim_release_per_s": round(len(rounds) / seconds, 1),
+        "round_trip_p50_ms": pct(rounds, 0.50),
+        "round_trip_p99_ms": pct(rounds, 0.99),
+        "claim_p50_ms": pct(claims, 0.50),
+        "claim_p99_ms": pct(claims, 0.99),
+        "failures": failures,
+    }
+
+
+def bench_placement(devices_n: int = 1000, leases_n: int = 10000) -> Dict[str, float]:
+    """`place()` alone, and Pool.claim + release, with `leases_n` live leases on `devices_n` GPUs."""
+    from gpupool.core.model import Claim, Holder, Lease, Slice, allocated_by_device
+    from gpupool.core.placement import place
+    from gpupool.devices import emulated_devices
+    from gpupool.pool import Pool
+
+    devices = emulated_devices(f"emulated:{devices_n}x80GiB", "bench")
+    rng = random.Random(1)
+    now = time.time()
+    leases = []
+    for i in range(leases_n):
+        d = devices[rng.randrange(devices_n)]
+        leases.append(Lease(f"l{i:06d}", Holder("bench"), (Slice(d.uuid, 512, 0),), 3600.0, now, now + 3600))
+    allocated = allocated_by_device(leases)
+    claim = Claim.single(2, fraction=0.25)
+    t = time.perf_counter()
+    n = 200
+    for _ in range(n):
+        assert place(devices, allocated, claim).fits
+    place_ms = (time.perf_counter() - t) / n * 1000
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = Pool(tmp, devices=devices, node="bench")
+        with pool.store.write() as tx:
+            for lease in leases:
+                tx.insert_lease(lease)
+        times = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            granted = pool.claim(claim, Holder("bench"))
+            pool.release(granted.id)
+            times.append(time.perf_counter() - t0)
+        pool.close()
+    times.sort()
+    return {
+        "devices": devices_n,
+        "live_leases": leases_n,
+        "place_ms": round(place_ms, 3),
+        "pool_claim_release_p50_ms": round(statistics.median(times) * 1000, 3),
+        "pool_claim_release_p99_ms": round(times[int(0.99 * len(times))] * 1000, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--levels", default="1,16,64")
+    parser.add_argument("--out", default=str(ROOT / "results" / "pool.json"))
+    args = parser.parse_args()
+
+    http_results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, addr, token = start_server(Path(tmp))
+        try:
+            for clients in [int(x) for x in args.levels.split(",")]:
+                level = run_level(addr, token, clients, args.seconds, args.warmup)
+                http_results.append(level)
+                print(json.dumps(level), file=sys.stderr, flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+    placement = bench_placement()
+    try:
+        import uvicorn  # noqa: F401
+        import importlib.util
+
+        stack = {
+            "httptools": importlib.util.find_spec("httptools") is not None,
+            "uvloop": importlib.util.find_spec("uvloop") is not None,
+        }
+    except ImportError:  # pragma: no cover
+        stack = {}
+    figures = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            **stack,
+        },
+        "http": http_results,
+        "placement": placement,
+        "target": "claim+release >= 1000/s and round-trip p99 < 10 ms at 16 clients",
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
