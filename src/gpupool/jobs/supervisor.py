@@ -24,7 +24,7 @@ from ..core.model import Holder, Lease
 from . import ports, processes
 from .environment import expand_command, replica_env
 from .lifecycle import Action, backoff_delay, decide, exit_code_of
-from .plan import Endpoints, Replica, gang_claim, local_endpoints, replicas, role_of
+from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
 from .state import JobState, JobStatus, JobStore, ReplicaState
 
@@ -266,8 +266,12 @@ class Supervisor:
         self._save()
 
     def _wind_down(self) -> None:
-        """After success: give unfinished workers a grace period, then stop everyone left."""
-        end = time.monotonic() + TRAINER_GRACE_S
+        """After success: give unfinished workers a grace period, then stop everyone left.
+
+        Only collective jobs get the grace (their workers end together); the
+        workers of ParameterServerStrategy are servers and never end by themselves.
+        """
+        end = time.monotonic() + (TRAINER_GRACE_S if group_restart(self.spec) else 0.0)
         waiting = [r for r in self.reps if not r.is_service and self.exits.get(r.name) is None]
         while waiting and time.monotonic() < end:
             time.sleep(POLL_S)
