@@ -1,0 +1,70 @@
+"""The app in-process: FastAPI routes and the hot-path layer answer alike; no input gives a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gpupool.devices import emulated_devices
+from gpupool.pool import Pool
+from gpupool.server.app import create_app
+from gpupool.server.auth import Authenticator
+
+ADMIN = "admin-token-for-tests-0123456789"
+H = {"Authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture(params=[True, False], ids=["fast_path", "fastapi_routes"])
+def client(request, tmp_path):
+    pool = Pool(tmp_path / str(request.param), devices=emulated_devices("2x16GiB", "n"))
+    app = create_app(pool, Authenticator(ADMIN, pool.store), fast_path=request.param)
+    with TestClient(app) as c:
+        yield c
+    pool.close()
+
+
+def test_same_answers_on_both_paths(client):
+    r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}, headers=H)
+    assert r.status_code == 201
+    lease_id = r.json()["id"]
+    assert client.post(f"/v1/leases/{lease_id}/heartbeat", headers=H).status_code == 200
+    assert client.post(f"/v1/leases/{lease_id}/heartbeat").status_code == 401
+    assert client.delete(f"/v1/leases/{lease_id}", headers=H).json() == {"released": lease_id}
+    assert client.delete(f"/v1/leases/{lease_id}", headers=H).status_code == 404
+    r = client.post("/v1/leases", content=b"{", headers=H)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_input"
+    r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "wait_s": 0.2,
+                                        "ttl_s": 5}, headers=H)
+    assert r.status_code == 201
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+request_values = st.fixed_dictionaries(
+    {"count": json_values | st.integers(0, 3), "fraction": json_values | st.floats(0, 2)},
+    optional={"memory_mib": json_values, "filters": json_values},
+)
+bodies = st.fixed_dictionaries(
+    {"claim": st.fixed_dictionaries({"requests": st.lists(request_values, max_size=2) | json_values}) | json_values},
+    optional={"holder": json_values, "wait_s": json_values, "ttl_s": json_values, "extra": json_values},
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bodies)
+def test_no_input_gives_a_500_or_a_partial_allocation(client, body):
+    r = client.post("/v1/leases", content=json.dumps(body).encode(), headers=H)
+    assert r.status_code in (201, 400, 409, 422), r.text
+    if r.status_code == 201:
+        client.delete(f"/v1/leases/{r.json()['id']}", headers=H)
+    else:
+        assert set(r.json()["error"]) == {"code", "message"}
+    status = client.get("/v1/status", headers=H).json()
+    assert all(d["allocated_mib"] <= d["memory_mib"] for d in status["devices"])
+    assert status["leases"] == []
