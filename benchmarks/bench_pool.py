@@ -110,8 +110,19 @@ def _client_process(addr: str, token: str, threads: int, start_at: float, second
     queue.put(out)
 
 
-def run_level(addr: str, token: str, clients: int, seconds: float, warmup: float) -> Dict[str, float]:
-    procs_n = min(clients, 4)
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def run_level(
+    addr: str, token: str, clients: int, seconds: float, warmup: float, server_pid: int, client_procs: int
+) -> Dict[str, float]:
+    procs_n = min(clients, client_procs)
     per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -119,7 +130,10 @@ def run_level(addr: str, token: str, clients: int, seconds: float, warmup: float
     procs = [ctx.Process(target=_client_process, args=(addr, token, n, start_at, seconds, warmup, queue)) for n in per]
     for p in procs:
         p.start()
+    time.sleep(max(0.0, start_at + warmup - time.time()))
+    cpu_before = _cpu_s(server_pid)
     results = [r for _ in procs for r in queue.get()]
+    cpu_used = _cpu_s(server_pid) - cpu_before
     for p in procs:
         p.join()
     rounds = sorted(x for r, _, _ in results for x in r)
@@ -137,6 +151,8 @@ def run_level(addr: str, token: str, clients: int, seconds: float, warmup: float
         "claim_p50_ms": pct(claims, 0.50),
         "claim_p99_ms": pct(claims, 0.99),
         "failures": failures,
+        # server CPU per HTTP request (2 per round trip): what the server costs, whatever else runs
+        "server_cpu_ms_per_request": round(cpu_used / max(1, 2 * len(rounds)) * 1000, 3),
     }
 
 
@@ -189,6 +205,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--levels", default="1,16,64")
+    parser.add_argument("--client-procs", type=int, default=2, help="client processes (threads spread over them)")
     parser.add_argument("--out", default=str(ROOT / "results" / "pool.json"))
     args = parser.parse_args()
 
@@ -197,7 +214,7 @@ def main() -> int:
         proc, addr, token = start_server(Path(tmp))
         try:
             for clients in [int(x) for x in args.levels.split(",")]:
-                level = run_level(addr, token, clients, args.seconds, args.warmup)
+                level = run_level(addr, token, clients, args.seconds, args.warmup, proc.pid, args.client_procs)
                 http_results.append(level)
                 print(json.dumps(level), file=sys.stderr, flush=True)
         finally:
@@ -215,6 +232,7 @@ def main() -> int:
     except ImportError:  # pragma: no cover
         stack = {}
     figures = {
+        "load_average_at_end": os.getloadavg(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
