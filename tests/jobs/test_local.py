@@ -165,3 +165,13 @@ def test_kill_9_of_a_replica_mid_epoch_still_ends_with_a_report(shell):
     assert (shell.state / "jobs" / "digits" / "run" / "report.json").exists()
     assert "test_accuracy" in shell.run("logs", "digits", "--replica", "worker-0").stdout
     assert shell.leases() == []
+
+
+def test_horovod_env_and_rendezvous_store(shell):
+    script = ("import os, urllib.request as u; e = os.environ; "
+              "base = f\"http://{e['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/\"; "
+              "u.urlopen(u.Request(base + e['HOROVOD_RANK'], data=b'x', method='PUT')); "
+              "print('hvd', e['HOROVOD_RANK'], e['HOROVOD_SIZE'], e['HOROVOD_CONTROLLER'])")
+    spec = {"name": "hvd", "framework": "horovod", "roles": {"worker": {"replicas": 2, "command": ["python", "-c", script]}}}
+    out = shell.run("submit", shell.write_spec(spec), "--follow").stdout
+    assert "hvd 0 2 gloo" in out and "hvd 1 2 gloo" in out
