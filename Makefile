@@ -5,14 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo test test-fast bench deploy undeploy clean
+.PHONY: all install pyz demo demo-sharing test test-fast bench deploy undeploy clean
 
 all: install pyz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[all,dev]"
+	$(BIN)/pip install -q -e ".[all,dev,tf]"
 	touch $@
 
 install: $(STAMP)
@@ -21,7 +21,12 @@ install: $(STAMP)
 pyz: $(STAMP)
 	$(BIN)/python tools/build_pyz.py $(PYZ)
 
+# The main job: scikit-learn's digits, 2 data-parallel workers sharing an emulated pool.
 demo: install pyz
+	examples/digits_ddp_demo.sh
+
+# Several concurrent `gpupool run`s sharing emulated GPUs, one of them queued.
+demo-sharing: install pyz
 	$(BIN)/python examples/demo.py
 
 test: install pyz
