@@ -17,12 +17,19 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from gpupool.core.errors import InvalidInput
+
+# Imported here, not in the decode function: forked DataLoader workers then inherit them
+# instead of each paying a second of imports on its first image.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2.functional import resize
 
 log = logging.getLogger(__name__)
 
@@ -156,31 +163,40 @@ def load_or_make_split(
     return split
 
 
-def decode_resized(data: bytes, size: int) -> torch.Tensor:
-    """Decode JPEG/PNG bytes to a 3x`size`x`size` uint8 tensor (RGB, antialiased resize).
+def decode_resized(data: Union[bytes, torch.Tensor], size: int) -> torch.Tensor:
+    """Decode JPEG/PNG (bytes or a uint8 file tensor) to a 3x`size`x`size` uint8 RGB tensor,
+    resized with antialiasing.
 
     torchvision's libjpeg-turbo/libpng decoders first, PIL as the fallback for the odd
-    formats they refuse (CMYK JPEGs, palette tricks). Raises on undecodable bytes.
+    formats they refuse (CMYK JPEGs, palette tricks). Raises on undecodable data.
     """
-    from torchvision.io import ImageReadMode, decode_image
-    from torchvision.transforms.v2.functional import resize
-
+    raw = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            img = decode_image(raw, mode=ImageReadMode.RGB)
     except RuntimeError:
         import io
 
         import numpy as np
         from PIL import Image
 
-        with Image.open(io.BytesIO(data)) as pil:
+        with Image.open(io.BytesIO(raw.numpy().tobytes())) as pil:
             arr = np.asarray(pil.convert("RGB"))
         img = torch.from_numpy(arr.copy()).permute(2, 0, 1)
     if img.shape[-2:] != (size, size):
         img = resize(img, [size, size], antialias=True)
-    return img.contiguous()
+    return img
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    """The file as a uint8 tensor, read straight into tensor memory (no Python bytes copy)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = torch.empty(size, dtype=torch.uint8)
+        if size and f.readinto(memoryview(buf.numpy())) != size:
+            raise OSError(f"short read on {path}")
+    return buf
 
 
 class ImageFiles(Dataset):
@@ -199,8 +215,7 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
         try:
-            with open(os.path.join(self.root, self.paths[i]), "rb") as f:
-                img = decode_resized(f.read(), self.size)
+            img = decode_resized(read_bytes(os.path.join(self.root, self.paths[i])), self.size)
             label = self.labels[i]
         except Exception as err:  # any decoder or I/O failure: skip and count, never crash
             log.debug("unreadable image %s: %s", self.paths[i], err)
@@ -212,10 +227,9 @@ class ImageFiles(Dataset):
 
 
 def collate(batch: List[Tuple[torch.Tensor, int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack a batch; a module-level function so it pickles for spawn/forkserver workers."""
-    images = torch.stack([b[0] for b in batch])
-    labels = torch.tensor([b[1] for b in batch], dtype=torch.long)
-    index = torch.tensor([b[2] for b in batch], dtype=torch.long)
+    """Stack a batch. default_collate builds the image batch directly in shared memory when
+    it runs in a worker, saving a copy of every batch on its way to the main process."""
+    images, labels, index = default_collate(batch)
     return images, labels, index
 
 

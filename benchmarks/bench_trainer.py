@@ -1,0 +1,211 @@
+"""Trainer benchmark: `gpupool train` images/second against a minimal hand-written PyTorch
+loop on the same model, data, batch size and loader workers, in one run; plus model-only
+throughput on synthetic data already on the device.
+
+Both sides train on the same training split (the trainer's split.json) and both are timed
+the same way: steady state, i.e. epochs after the first, each epoch timed from the end of
+its first step. The trainer's validation passes are outside that window, as they are
+outside the hand loop. Rounds alternate trainer and hand loop so that drift of a shared
+machine hits both; the ratio compares the best epoch of each side (the median ratio is
+reported too). Target: ratio >= 0.97.
+
+Defaults are small enough for a 2-core CPU (digits at 32 px, the ConvNet). On a GPU:
+
+    python benchmarks/bench_trainer.py --device cuda --model resnet50 --weights none \
+        --image-size 224 --batch-size 256 --workers 8 --data /data/imagenet-subset
+
+Writes benchmarks/results/trainer.json (or --out) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from gpupool.train.config import build_config  # noqa: E402
+from gpupool.train.data import MEAN, STD, Split, decode_resized  # noqa: E402
+from gpupool.train.models import build_model  # noqa: E402
+from gpupool.train.trainer import train  # noqa: E402
+
+
+class PlainFiles(Dataset):
+    """What a hand-written loop would do: read, decode, resize, normalise, in the worker."""
+
+    def __init__(self, root: Path, samples: List[Tuple[str, int]], size: int) -> None:
+        self.items = [(str(root / p), c) for p, c in samples]
+        self.size = size
+        self.mean = torch.tensor(MEAN).view(3, 1, 1)
+        self.std = torch.tensor(STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int]:
+        path, label = self.items[i]
+        with open(path, "rb") as f:
+            img = decode_resized(f.read(), self.size)
+        return (img.float() / 255.0 - self.mean) / self.std, label
+
+
+def hand_loop(args: argparse.Namespace, data: Path, split: Split, device: torch.device) -> List[float]:
+    """Minimal loop: DataLoader, forward, cross-entropy, backward, Adam step."""
+    torch.manual_seed(0)
+    model = build_model(args.model, len(split.classes), args.image_size, weights=args.weights).to(device)
+    amp = device.type == "cuda"
+    if amp:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3,
+                           **({"fused": True} if amp else {}))
+    loader = DataLoader(PlainFiles(data, list(split.train), args.image_size), batch_size=args.batch_size,
+                        shuffle=True, num_workers=args.workers, pin_memory=amp,
+                        persistent_workers=args.workers > 0)
+    model.train()
+    rates: List[float] = []
+    for epoch in range(args.epochs):
+        t0 = None
+        n = 0
+        for step, (x, y) in enumerate(loader):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if amp:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x).float(), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step == 0:
+                if amp:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            else:
+                n += x.shape[0]
+        if amp:
+            torch.cuda.synchronize()
+        if epoch > 0 and t0 is not None:  # epoch 0 is warm-up, as in the trainer's report
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def trainer_run(args: argparse.Namespace, data: Path, out: Path) -> Tuple[List[float], Split]:
+    """`gpupool train` in-process, fresh run dir; returns the steady throughput of each
+    epoch after the first, as the trainer itself measured and logged it."""
+    cfg = build_config(str(data), str(out), overrides={
+        "model": args.model, "weights": args.weights, "image_size": args.image_size, "epochs": args.epochs,
+        "batch_size": args.batch_size, "workers": args.workers, "patience": 1000, "resume": False,
+        "device": args.device, "progress": False, "split": (0.7, 0.15, 0.15)})
+    train(cfg)
+    split = Split.from_json(json.loads((out / "split.json").read_text()))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["steady_images"] / r["steady_seconds"] for r in rows[1:]], split
+
+
+def synthetic(args: argparse.Namespace, device: torch.device, num_classes: int) -> float:
+    """Model-only throughput: random uint8 batch already on the device, trainer settings."""
+    torch.manual_seed(0)
+    model = build_model(args.model, num_classes, args.image_size, weights=args.weights).to(device)
+    amp = device.type == "cuda"
+    if amp:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    if amp:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, num_classes, (args.batch_size,), device=device)
+    steps = args.synthetic_steps
+    for i in range(steps + 3):
+        if i == 3:
+            if amp:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if amp:
+        torch.cuda.synchronize()
+    return steps * args.batch_size / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    """Run the comparison and write the JSON result."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, help="class-folder data set (default: scikit-learn digits, exported)")
+    p.add_argument("--model", default="convnet")
+    p.add_argument("--weights", default="none")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=3, help="per measurement; the first is warm-up")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (both sides)")
+    p.add_argument("--rounds", type=int, default=4, help="alternating trainer/hand-loop rounds")
+    p.add_argument("--synthetic-steps", type=int, default=30)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "trainer.json")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(os.cpu_count() or 1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data
+        if data is None:
+            from gpupool.train.digits import export_digits
+
+            data = Path(tmp) / "digits"
+            export_digits(data)
+        trainer_rates: List[float] = []
+        hand_rates: List[float] = []
+        split = None
+        for r in range(args.rounds):
+            rates, split = trainer_run(args, data, Path(tmp) / f"run{r}")
+            trainer_rates += rates
+            hand = hand_loop(args, data, split, device)
+            hand_rates += hand
+            print(f"round {r + 1}: trainer {max(rates):.1f} img/s, hand loop {max(hand):.1f} img/s", file=sys.stderr)
+        assert split is not None
+        synth = synthetic(args, device, len(split.classes))
+
+    # Best epoch of each side: on a shared machine, other load only ever slows an epoch
+    # down, so the fastest epoch is the closest to the code's own speed. Medians are kept too.
+    trainer_ips, hand_ips = max(trainer_rates), max(hand_rates)
+    result: Dict[str, Any] = {
+        "benchmark": "trainer_overhead",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": str(device),
+                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                    "torch": torch.__version__},
+        "settings": {"data": "sklearn digits (PNG)" if args.data is None else str(args.data), "model": args.model,
+                     "image_size": args.image_size, "batch_size": args.batch_size, "epochs": args.epochs,
+                     "workers": args.workers, "rounds": args.rounds,
+                     "amp": "bf16 + channels_last" if device.type == "cuda" else "none (fp32)"},
+        "trainer_images_per_second": round(trainer_ips, 1),
+        "hand_loop_images_per_second": round(hand_ips, 1),
+        "ratio": round(trainer_ips / hand_ips, 3),
+        "target_ratio": 0.97,
+        "median_ratio": round(statistics.median(trainer_rates) / statistics.median(hand_rates), 3),
+        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "epochs": {"trainer": [round(x, 1) for x in trainer_rates], "hand_loop": [round(x, 1) for x in hand_rates]},
+        "synthetic_images_per_second": round(synth, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
