@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from gpupool.train.data import ImageFiles, make_loader  # noqa: E402
 
 
-def make_jpegs(folder: Path, count: int, width: int, height: int) -> List[Tuple[str, int]]:
+def make_jpegs(folder: Path, count: int, width: int, height: int, classes: int = 2) -> List[Tuple[str, int]]:
     """Smooth gradients plus noise: decodes like a photo, not like flat colour or pure noise."""
     import numpy as np
     from PIL import Image
@@ -44,7 +44,7 @@ def make_jpegs(folder: Path, count: int, width: int, height: int) -> List[Tuple[
     yy, xx = np.mgrid[0:height, 0:width]
     samples = []
     for i in range(count):
-        cls = i % 2
+        cls = i % classes
         (folder / str(cls)).mkdir(parents=True, exist_ok=True)
         base = np.stack([(xx * (i + 1) % 256), (yy * 3 + i * 7) % 256, ((xx + yy) // 2 + i) % 256], axis=-1)
         img = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)

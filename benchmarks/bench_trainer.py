@@ -12,7 +12,11 @@ reported too). Target: ratio >= 0.97.
 Defaults are small enough for a 2-core CPU (digits at 32 px, the ConvNet). On a GPU:
 
     python benchmarks/bench_trainer.py --device cuda --model resnet50 --weights none \
-        --image-size 224 --batch-size 256 --workers 8 --data /data/imagenet-subset
+        --image-size 224 --batch-size 256 --workers 8 --jpegs 20000 --rounds 1 \
+        --out benchmarks/results/trainer_resnet50_cuda.json
+
+(--data DIR uses a real class-folder data set instead of generated JPEGs; on CUDA both
+sides use bf16 autocast and channels_last.)
 
 Writes benchmarks/results/trainer.json (or --out) and prints it.
 """
@@ -32,6 +36,7 @@ from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -146,6 +151,8 @@ def main() -> int:
     """Run the comparison and write the JSON result."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="class-folder data set (default: scikit-learn digits, exported)")
+    p.add_argument("--jpegs", type=int, default=0,
+                   help="generate N ImageNet-like 500x375 JPEGs in 10 classes as the data (default: digits)")
     p.add_argument("--model", default="convnet")
     p.add_argument("--weights", default="none")
     p.add_argument("--image-size", type=int, default=32)
@@ -163,7 +170,12 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data
-        if data is None:
+        if data is None and args.jpegs:
+            from bench_input_pipeline import make_jpegs  # ImageNet-like 500x375 JPEGs
+
+            data = Path(tmp) / "jpegs"
+            make_jpegs(data, args.jpegs, 500, 375, classes=10)
+        elif data is None:
             from gpupool.train.digits import export_digits
 
             data = Path(tmp) / "digits"
@@ -188,7 +200,8 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": str(device),
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                     "torch": torch.__version__},
-        "settings": {"data": "sklearn digits (PNG)" if args.data is None else str(args.data), "model": args.model,
+        "settings": {"data": str(args.data) if args.data else
+                     (f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"), "model": args.model,
                      "image_size": args.image_size, "batch_size": args.batch_size, "epochs": args.epochs,
                      "workers": args.workers, "rounds": args.rounds,
                      "amp": "bf16 + channels_last" if device.type == "cuda" else "none (fp32)"},

@@ -75,6 +75,14 @@ def load(run_dir: Path) -> Optional[Dict[str, Any]]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def cpu_state_dict(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """A detached CPU copy of a state dict (a snapshot, unaffected by further training)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+def changing_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """A CPU snapshot of what training can change: trainable parameters and all buffers.
+
+    Frozen parameters never move, so the best-weights snapshot leaves them out: for the
+    VGG19 transfer recipe that is 80 MB less to copy and write every improving epoch.
+    Restore with `load_state_dict(snapshot, strict=False)`.
+    """
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    buffers = {name for name, _ in module.named_buffers()}
+    keep = trainable | buffers
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items() if k in keep}

@@ -179,7 +179,7 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
         # Keras EarlyStopping(monitor="val_loss", min_delta=0): any decrease counts. Every
         # rank sees the same reduced val_loss, so every rank takes the same decision.
         if va.loss < best["val_loss"]:
-            best.update(val_loss=va.loss, epoch=epoch, bad_epochs=0, state=checkpoint.cpu_state_dict(model))
+            best.update(val_loss=va.loss, epoch=epoch, bad_epochs=0, state=checkpoint.changing_state(model))
         else:
             best["bad_epochs"] += 1
             best["stopped"] = best["bad_epochs"] >= cfg.patience
@@ -200,7 +200,8 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
 
     # Restore the best weights (restore_best_weights=True), then test once.
     if best["state"] is not None:
-        model.load_state_dict(best["state"])
+        missing_unexpected = model.load_state_dict(best["state"], strict=False)
+        assert not missing_unexpected.unexpected_keys, missing_unexpected.unexpected_keys
     test_loader, _ = make_loader(datasets["test"], cfg.batch_size, workers, pin, False, cfg.seed,
                                  denv.rank, denv.world_size, persistent=False)
     te = evaluate(eng, test_loader, len(split.classes))
