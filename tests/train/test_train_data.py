@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -104,3 +103,23 @@ def test_eval_shards_cover_everything_once(small_digits_dir: Path) -> None:
         loader, _ = make_loader(ds, 4, 0, False, False, 0, rank, 2)
         got += [int(i) for _, _, idx in loader for i in idx]
     assert sorted(got) == list(range(25))
+
+
+def test_split_properties_hold_for_any_class_sizes() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.integers(min_value=1, max_value=60), min_size=2, max_size=6), st.integers(0, 2**16))
+    def check(sizes: list, seed: int) -> None:
+        samples = [(f"c{c}/{i}.png", c) for c, n in enumerate(sizes) for i in range(n)]
+        split = make_split([f"c{c}" for c in range(len(sizes))], samples, (0.7, 0.15, 0.15), seed)
+        parts = split.train + split.val + split.test
+        assert sorted(parts) == sorted(samples)  # a partition: nothing lost, nothing twice
+        for c, n in enumerate(sizes):
+            in_train = sum(1 for _, k in split.train if k == c)
+            assert in_train >= 1  # every class is learnable
+            if n >= 3:  # and, when it can be, validated and tested
+                assert any(k == c for _, k in split.val) and any(k == c for _, k in split.test)
+
+    check()

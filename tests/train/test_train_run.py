@@ -185,6 +185,11 @@ def test_bad_input_exits_2_with_a_message(small_digits_dir: Path, tmp_path: Path
     assert "--batch-size 100000 is larger than the training set" in err
     assert "--epochs" in _exit_and_message(["train", *data, "--out", out, *FAST, "--epochs", "0"], capsys)
     assert "does not exist" in _exit_and_message(["predict", "--model", out, str(tmp_path / "x.jpg")], capsys)
+    other = tmp_path / "other_run"
+    other.mkdir()
+    torch.save({"config": {"structural": {"model": "resnet50"}}}, other / "checkpoint.pt")
+    err = _exit_and_message(["train", *data, "--out", str(other), *FAST], capsys)
+    assert "checkpoint of a different run" in err and "--no-resume" in err
 
 
 def test_data_digits_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

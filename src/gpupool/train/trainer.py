@@ -77,6 +77,8 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     except ValueError as err:
         raise InvalidInput(str(err)) from None
     device = distributed.pick_device(denv, cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput(f"--device {cfg.device} asked for a GPU but none is visible; use --device cpu")
     out, data_dir = Path(cfg.out), Path(cfg.data)
     torch.manual_seed(cfg.seed)
     _set_threads(denv, device)
@@ -134,6 +136,8 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.json")
         report.rewrite_metrics(out / report.METRICS_FILE, history)
+        if ckpt is None:  # a fresh start: a report from an earlier run here would be stale
+            (out / report.REPORT_FILE).unlink(missing_ok=True)
 
     ddp_model: torch.nn.Module = model
     if denv.enabled:
