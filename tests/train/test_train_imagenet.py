@@ -81,3 +81,37 @@ def test_missing_synset_and_bad_ids(tmp_path: Path) -> None:
         parse_synsets("n01440764")
     assert parse_synsets("n02489166, n01440764,n01514668,n02119022") == [
         "n02489166", "n01440764", "n01514668", "n02119022"]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_extracted_synsets_train_and_predict_with_names(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    from gpupool.cli.main import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for k, synset in enumerate(SYNSETS):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for i in range(20):  # one colour per class: learnable in two epochs
+                colour = [40, 40, 40]
+                colour[k] = 200 + i
+                from PIL import Image
+
+                img = io.BytesIO()
+                Image.new("RGB", (40, 30), tuple(colour)).save(img, format="JPEG")
+                _add(tar, f"{synset}_{i}.JPEG", img.getvalue())
+        (src / f"{synset}.tar").write_bytes(buf.getvalue())
+    (src / "synset_words.txt").write_text("n01440764 tench\nn01514668 cock\nn02119022 red fox\n")
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert main(["data", "imagenet", "--from", str(src), "--synsets", ",".join(SYNSETS), "--to", str(data)]) == 0
+    assert main(["train", "--data", str(data), "--out", str(run), "--model", "convnet", "--image-size", "16",
+                 "--epochs", "2", "--batch-size", "8", "--workers", "0"]) == 0
+    capsys.readouterr()
+    report = json.loads((run / "report.json").read_text())
+    assert report["class_names"]["n02119022"] == "red fox" and report["classes"] == SYNSETS
+    photo = sorted((data / "n02119022").iterdir())[0]
+    assert main(["predict", "--model", str(run), str(photo), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)[0]
+    assert answer["class"] in SYNSETS and "name" in answer["top"][0]

@@ -32,8 +32,5 @@ def _predict(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
         for r in results:
-            if r.error:
-                print(f"{r.file}: error: {r.error}")
-            else:
-                print(f"{r.file}: " + ", ".join(f"{c} {p:.3f}" for c, p in r.top))
+            print(r.describe())
     return 1 if any(r.error for r in results) else 0

@@ -107,6 +107,17 @@ def scan_class_folders(root: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
     return classes, samples
 
 
+def class_names(root: Path) -> Dict[str, str]:
+    """Human-readable names for class folders, from DATA/synsets.json when the data set has
+    one (`gpupool data imagenet` writes it: {"n01440764": "tench, Tinca tinca", ...})."""
+    path = root / "synsets.json"
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {}
+
+
 def make_split(
     classes: Sequence[str], samples: Sequence[Tuple[str, int]], fractions: Tuple[float, float, float], seed: int
 ) -> Split:

@@ -42,7 +42,8 @@ class Serving(nn.Module):
 
 
 def save_serving(
-    out: Path, model: Classifier, classes: Sequence[str], arch: Dict[str, Any], image_size: int
+    out: Path, model: Classifier, classes: Sequence[str], arch: Dict[str, Any], image_size: int,
+    class_names: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Optional[str]]:
     """Write model.pt and (best effort) model.torchscript.pt; returns the file names."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -50,6 +51,7 @@ def save_serving(
         "format": FORMAT,
         "state_dict": state,
         "classes": list(classes),
+        "class_names": dict(class_names or {}),
         "arch": dict(arch),
         "preprocess": {"image_size": image_size, "resize": "square", "mean": list(MEAN), "std": list(STD),
                        "input": "RGB, scaled to [0, 255] then normalised with mean/std x 255"},

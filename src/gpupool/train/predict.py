@@ -20,18 +20,32 @@ class Prediction:
     file: str
     top: Tuple[Tuple[str, float], ...] = ()
     error: Optional[str] = None
+    names: Tuple[Optional[str], ...] = ()  # display names of the top classes, where known
 
     def to_json(self) -> dict:
         """Machine form for --json."""
         if self.error:
             return {"file": self.file, "error": self.error}
         label, prob = self.top[0]
-        return {
+        names = self.names or (None,) * len(self.top)
+        answer = {
             "file": self.file,
             "class": label,
             "probability": round(prob, 6),
-            "top": [{"class": c, "probability": round(p, 6)} for c, p in self.top],
+            "top": [{"class": c, "probability": round(p, 6), **({"name": n} if n else {})}
+                    for (c, p), n in zip(self.top, names)],
         }
+        if names[0]:
+            answer["name"] = names[0]
+        return answer
+
+    def describe(self) -> str:
+        """One human line: `file: class (name) 0.973, ...`."""
+        if self.error:
+            return f"{self.file}: error: {self.error}"
+        names = self.names or (None,) * len(self.top)
+        return f"{self.file}: " + ", ".join(
+            f"{c}{f' ({n})' if n else ''} {p:.3f}" for (c, p), n in zip(self.top, names))
 
 
 def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_size: int = 32,
@@ -49,6 +63,7 @@ def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_si
     model.to(dev)
     normalize = Normalizer().to(dev)
     classes: List[str] = payload["classes"]
+    display = payload.get("class_names") or {}
     size = int(payload["preprocess"]["image_size"])
     k = max(1, min(top, len(classes)))
     results: List[Prediction] = []
@@ -65,6 +80,7 @@ def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_si
             probs = torch.softmax(model(x).float(), dim=1).cpu()
             values, indices = probs.topk(k, dim=1)
             for (f, _), vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
-                results.append(Prediction(file=f, top=tuple((classes[i], v) for i, v in zip(idxs, vals))))
+                results.append(Prediction(file=f, top=tuple((classes[i], v) for i, v in zip(idxs, vals)),
+                                          names=tuple(display.get(classes[i]) for i in idxs)))
     order = {f: i for i, f in enumerate(files)}
     return sorted(results, key=lambda p: order[p.file])

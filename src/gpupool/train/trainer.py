@@ -20,7 +20,9 @@ import torch
 from gpupool.core.errors import InvalidInput
 from gpupool.train import checkpoint, distributed, report
 from gpupool.train.config import TrainConfig, save_config
-from gpupool.train.data import ImageFiles, Normalizer, Split, default_workers, load_or_make_split, make_loader
+from gpupool.train.data import (
+    ImageFiles, Normalizer, Split, class_names, default_workers, load_or_make_split, make_loader,
+)
 from gpupool.train.export import save_serving
 from gpupool.train.loop import Engine, epoch_row, evaluate, train_epoch
 from gpupool.train.models import build_model, count_parameters
@@ -214,7 +216,8 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
     result = _report(cfg, denv, device, split, history, best, te, bad_files, params_count, amp_dtype,
                      time.perf_counter() - t_start)
     if denv.is_main:
-        result["exported"] = save_serving(out, model, split.classes, arch, cfg.image_size)
+        result["exported"] = save_serving(out, model, split.classes, arch, cfg.image_size,
+                                          result.get("class_names"))
         report.write_json_atomic(result, out / report.REPORT_FILE)
         result["plots"] = report.write_plots(out, history, te.confusion or [], split.classes)
         report.write_json_atomic(result, out / report.REPORT_FILE)
@@ -262,6 +265,7 @@ def _report(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, s
         "device": device.type,
         "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
         "classes": list(split.classes),
+        "class_names": class_names(Path(cfg.data)),
         "split_sizes": {"train": len(split.train), "val": len(split.val), "test": len(split.test)},
         "test_images": te.images,
         "per_class": report.per_class_metrics(confusion, split.classes),
