@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -56,7 +56,6 @@ class TrainConfig:
     preset: Optional[str] = None
     max_steps_per_epoch: Optional[int] = None
     progress: Optional[bool] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
 
     def structural(self) -> Dict[str, Any]:
         """The fields a resumed run must share with the run that wrote the checkpoint."""

@@ -11,7 +11,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +80,6 @@ def train_epoch(
     desc: str,
     show_progress: bool,
     max_steps: Optional[int] = None,
-    on_step: Optional[Callable[[int], None]] = None,
 ) -> EpochResult:
     """Train for one pass over this rank's shard; returns metrics summed over all ranks.
 
@@ -121,8 +120,6 @@ def train_epoch(
             t_steady = time.perf_counter()
         else:
             steady_images += images.shape[0]
-        if on_step is not None:
-            on_step(step)
         if bar is not None:
             bar.update(1)
             now = time.perf_counter()
