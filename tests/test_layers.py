@@ -1,0 +1,73 @@
+"""The house rules of ARCHITECTURE.md, checked on the source: floors and the stdlib-only workload side."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Iterator, Set, Tuple
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gpupool"
+
+# Lower floors never import higher ones; a package may import its own floor and below.
+FLOOR = {
+    "core": 0,
+    "store": 1, "devices": 1, "isolation": 1, "pool": 1,
+    "client": 2, "runner": 2, "server": 2,
+    "train": 3, "jobs": 3, "kube": 3,
+    "cli": 4,
+}
+# The trainer knows the distributed env contract and nothing of the pool.
+ONLY = {"train": {"core", "train"}}
+# What runs inside the user's training container (and ships in gpupool-run.pyz).
+WORKLOAD_SIDE = ("core", "store", "devices", "isolation", "pool", "client", "runner")
+
+
+def imports(path: Path, top_level_only: bool) -> Iterator[Tuple[str, int]]:
+    """(imported module, line) for each import; relative ones resolved inside gpupool."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = path.relative_to(SRC.parent).with_suffix("").parts[:-1]
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                yield ".".join(base + ((node.module,) if node.module else ())), node.lineno
+            else:
+                yield node.module or "", node.lineno
+
+
+def gpupool_sources(package: str) -> Iterator[Path]:
+    return (p for p in (SRC / package).rglob("*.py") if "_pb2" not in p.name)
+
+
+@pytest.mark.parametrize("package", sorted(FLOOR))
+def test_lower_floors_never_import_higher_ones(package):
+    wrong: Set[str] = set()
+    for path in gpupool_sources(package):
+        for module, line in imports(path, top_level_only=False):
+            parts = module.split(".")
+            if parts[0] != "gpupool" or len(parts) < 2 or parts[1] not in FLOOR:
+                continue
+            target = parts[1]
+            allowed = ONLY.get(package)
+            if FLOOR[target] > FLOOR[package] or (allowed is not None and target not in allowed):
+                wrong.add(f"{path.relative_to(SRC)}:{line} imports gpupool.{target}")
+    assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("package", WORKLOAD_SIDE)
+def test_workload_side_imports_only_the_standard_library_at_import_time(package):
+    # Optional libraries (nvidia-ml-py ...) may be imported lazily inside functions.
+    third_party: Set[str] = set()
+    for path in gpupool_sources(package):
+        for module, line in imports(path, top_level_only=True):
+            root = module.split(".")[0]
+            if root and root != "gpupool" and root not in sys.stdlib_module_names and root != "__future__":
+                third_party.add(f"{path.relative_to(SRC)}:{line} imports {module}")
+    assert not third_party, sorted(third_party)
