@@ -1,19 +1,25 @@
-"""Shared fixtures: TLS material, a running webhook server, a JSONPatch applier."""
+"""Shared fixtures: TLS material, a running webhook server, a JSONPatch applier, a kubelet stand-in."""
 
 from __future__ import annotations
 
 import copy
 import http.client
 import json
+import os
+import queue
 import ssl
 import uuid
+from concurrent import futures
 from typing import Any, Dict, List
 
+import grpc
 import pytest
 
 from gpupool.core.model import Device
 from gpupool.kube.admission import WebhookApp, serve
 from gpupool.kube.certs import write_certs
+from gpupool.kube.deviceplugin import api_pb2 as pb
+from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.extender import NodeState
 from gpupool.kube.mutate import MutateConfig
 from gpupool.kube.nodestate import ClusterState
@@ -126,3 +132,24 @@ def to_v1pod(pod: Dict[str, Any]):
     from kubernetes.client import ApiClient
 
     return ApiClient()._ApiClient__deserialize(pod, "V1Pod")
+
+
+class Kubelet(rpc.RegistrationServicer):
+    """Serves Registration on kubelet.sock, as the kubelet does; records every request."""
+
+    def __init__(self, directory: str) -> None:
+        self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
+        self.path = os.path.join(directory, "kubelet.sock")
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.path}")
+        self.server.start()
+
+    def Register(self, request, context):
+        self.requests.put(request)
+        return pb.Empty()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+        if os.path.exists(self.path):
+            os.unlink(self.path)

@@ -47,3 +47,21 @@ def test_user_tokens_from_the_secret_volume(tmp_path):
         assert who.name == "team-a" and not who.admin
     finally:
         pool.close()
+
+
+def test_live_pods_file_is_unknown_until_it_exists(tmp_path):
+    from gpupool.kube.agent import file_live_pods, reap_once
+
+    path = tmp_path / "live-pods"
+    live = file_live_pods(str(path))
+    assert live() is None
+    pool = Pool(tmp_path / "state", devices=discover("emulated:1x16GiB", "n"), node="n")
+    try:
+        lease = pool.claim(Claim.single(1, fraction=0.5), Holder("team-a", 1, "h", "pod:team-a/old:uid-gone"))
+        assert reap_once(pool, live) == []  # no list yet: nothing is released
+        time.sleep(0.02)
+        path.write_text("# pods on n\nuid-live  \n\n")
+        assert live()[0] == {"uid-live"}
+        assert [x.id for x in reap_once(pool, live)] == [lease.id]
+    finally:
+        pool.close()

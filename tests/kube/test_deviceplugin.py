@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import queue
 import time
-from concurrent import futures
 
 import grpc
 import pytest
@@ -16,29 +14,10 @@ from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpupool.kube.deviceplugin.units import gpu_key
 
+from .conftest import Kubelet
+
 DEVICES = [Device("GPU-emu-node-0", 0, "Emulated GPU 16GiB", 16384, "node"),
            Device("GPU-emu-node-1", 1, "Emulated GPU 16GiB", 16384, "node")]
-
-
-class Kubelet(rpc.RegistrationServicer):
-    """Serves Registration on kubelet.sock, as the kubelet does; records every request."""
-
-    def __init__(self, directory: str) -> None:
-        self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
-        self.path = os.path.join(directory, "kubelet.sock")
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        rpc.add_RegistrationServicer_to_server(self, self.server)
-        self.server.add_insecure_port(f"unix://{self.path}")
-        self.server.start()
-
-    def Register(self, request, context):
-        self.requests.put(request)
-        return pb.Empty()
-
-    def stop(self) -> None:
-        self.server.stop(0).wait()
-        if os.path.exists(self.path):
-            os.unlink(self.path)
 
 
 @pytest.fixture

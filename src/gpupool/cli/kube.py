@@ -44,6 +44,10 @@ def register(subparsers) -> None:
     p.add_argument("--node", default="", help="node name (default: env NODE_NAME)")
     p.add_argument("--advertise", default="", help="agent URL for containers (default http://$NODE_IP:PORT)")
     p.add_argument("--no-reap", action="store_true", help="do not release leases of gone pods (outside a cluster)")
+    p.add_argument("--live-pods-file", metavar="FILE",
+                   help="reap with the pod UIDs listed in FILE (one a line) instead of the API server (tests, dev)")
+    p.add_argument("--reap-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds between passes of the reaper (default 30)")
     p.set_defaults(func=handle_agent)
 
     p = verbs.add_parser("certs", help="write the webhook's CA and serving certificate")
@@ -103,9 +107,12 @@ def handle_webhook(args: argparse.Namespace) -> int:
 def handle_agent(args: argparse.Namespace) -> int:
     from ..kube.agent import AgentConfig, run_agent
 
+    if args.reap_interval <= 0:
+        raise InvalidInput(f"--reap-interval {args.reap_interval:g}: give a positive number of seconds, e.g. 30")
     run_agent(AgentConfig(kubelet_dir=args.kubelet_dir, devices=args.devices, listen=args.listen,
                           state_dir=args.state, token_file=args.token_file, tokens_dir=args.tokens_dir,
-                          node=args.node, advertise=args.advertise, in_cluster=not args.no_reap))
+                          node=args.node, advertise=args.advertise, in_cluster=not args.no_reap,
+                          live_pods_file=args.live_pods_file, reap_interval_s=args.reap_interval))
     return 0
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, Optional, Set, Tuple
 
+from ..core.errors import InvalidInput
 from ..core.model import Lease
 from .extender import pod_uid_of_label
 
@@ -33,7 +35,8 @@ class AgentConfig:
     node: str = ""  # default: env NODE_NAME, else the host name
     advertise: str = ""  # agent URL handed to containers; default http://$NODE_IP:port
     reap_interval_s: float = 30.0
-    in_cluster: bool = True
+    in_cluster: bool = True  # reap with the node's pod list from the API server
+    live_pods_file: Optional[str] = None  # reap with the pod UIDs of this file instead (tests, development)
 
 
 def release_orphans(pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
@@ -80,18 +83,53 @@ def sync_tokens(store, tokens_dir: str) -> int:
     return count
 
 
-def kube_live_pods(node: str) -> Callable[[], Set[str]]:  # pragma: no cover - needs an API server
+LivePods = Callable[[], Optional[Tuple[Set[str], float]]]
+"""A live-pod source: (UIDs of the node's pods, when that list was read), or None while unknown."""
+
+
+def kube_live_pods(node: str) -> LivePods:  # pragma: no cover - needs an API server
     """UIDs of the pods on `node`, through the kubernetes client (in cluster)."""
     from kubernetes import client, config
 
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as err:
+        raise InvalidInput(f"the agent reaps leases of gone pods through the Kubernetes API, but {err}; "
+                           "outside a cluster pass --no-reap (or --live-pods-file FILE)") from None
     api = client.CoreV1Api()
 
-    def live() -> Set[str]:
+    def live() -> Tuple[Set[str], float]:
+        listed_at = time.time()  # before the call: a pod created during it may be missing
         pods = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
-        return {p.metadata.uid for p in pods.items}
+        return {p.metadata.uid for p in pods.items}, listed_at
 
     return live
+
+
+def file_live_pods(path: str) -> LivePods:
+    """UIDs from a file (one per line, '#' comments), as of its modification time (tests, development).
+
+    A missing file means "unknown", never "no pods": nothing is released until it exists.
+    """
+    def live() -> Optional[Tuple[Set[str], float]]:
+        try:
+            listed_at = os.stat(path).st_mtime
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        uids = {line.split("#", 1)[0].strip() for line in text.splitlines()}
+        return uids - {""}, listed_at
+
+    return live
+
+
+def reap_once(pool, live: LivePods) -> List[Lease]:
+    """One pass of the reaper: release the leases of pods missing from the live list."""
+    listed = live()
+    if listed is None:
+        return []
+    uids, listed_at = listed
+    return release_orphans(pool, uids, listed_at)
 
 
 def every(interval_s: float, work: Callable[[], object], stop: threading.Event, name: str) -> threading.Thread:
@@ -108,45 +146,77 @@ def every(interval_s: float, work: Callable[[], object], stop: threading.Event, 
     return thread
 
 
-def run_agent(config: AgentConfig) -> None:  # pragma: no cover - composition of tested parts, runs until killed
+class _Shutdown:
+    """SIGTERM/SIGINT handling around uvicorn.
+
+    uvicorn catches the signal, shuts down, restores the handler it found and raises the
+    signal again; with the default handler that kills the process before any `finally`
+    (plugin socket left in the kubelet dir, exit status -15). This handler is the one it
+    finds: once the server runs it only records the signal, so shutdown runs to the end and
+    the agent exits 0; before that it stops the start-up at once.
+    """
+
+    def __init__(self) -> None:
+        self.serving = False
+        self.received: List[int] = []
+
+    def install(self) -> "_Shutdown":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+        if not self.serving:
+            raise SystemExit(0)
+
+
+def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIGTERM; tests/kube/test_agent_process.py
     """Start the device plugin and the reapers, then serve the pool until SIGTERM."""
     from ..devices import discover
-    from ..server.serve import ServerConfig, parse_listen, prepare, run
+    from ..server.serve import ServerConfig, prepare, run
     from .deviceplugin.plugin import DevicePlugin, PluginConfig, watch_health
 
+    shutdown = _Shutdown().install()
     node = config.node or os.environ.get("NODE_NAME", "") or os.uname().nodename
+    live: Optional[LivePods] = None
+    if config.live_pods_file:
+        live = file_live_pods(config.live_pods_file)
+    elif config.in_cluster:
+        live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
     devices = discover(config.devices, node)
     prepared = prepare(ServerConfig(listen=config.listen, state_dir=config.state_dir, token_file=config.token_file,
                                     device_list=devices, node=node))
-    _, port = parse_listen(config.listen)
+    port = prepared.sock.getsockname()[1]  # the bound one: --listen may say :0
     advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()
-    if config.tokens_dir and os.path.isdir(config.tokens_dir):
-        sync_tokens(prepared.pool.store, config.tokens_dir)
-        every(30.0, lambda: sync_tokens(prepared.pool.store, config.tokens_dir), stop, "gpupool-token-sync")
     plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise,
                                                 mounts=[("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]))
-
-    def health_watcher(uuids):
-        from ..devices.health import HealthWatcher
-
-        return _PoolHealth(HealthWatcher(uuids), prepared.pool)
-
-    plugin.start()
-    watch_health(plugin, health_watcher)
-    if config.in_cluster:
-        live = kube_live_pods(node)
-
-        def reap() -> None:
-            listed_at = time.time()
-            release_orphans(prepared.pool, live(), listed_at)
-
-        every(config.reap_interval_s, reap, stop, "gpupool-reaper")
     try:
+        if config.tokens_dir and os.path.isdir(config.tokens_dir):
+            tokens_dir = config.tokens_dir
+            sync_tokens(prepared.pool.store, tokens_dir)
+            every(30.0, lambda: sync_tokens(prepared.pool.store, tokens_dir), stop, "gpupool-token-sync")
+
+        def health_watcher(uuids):
+            from ..devices.health import HealthWatcher
+
+            return _PoolHealth(HealthWatcher(uuids), prepared.pool)
+
+        plugin.start()
+        watch_health(plugin, health_watcher)
+        if live is not None:
+            source = live
+            every(config.reap_interval_s, lambda: reap_once(prepared.pool, source), stop, "gpupool-reaper")
+        shutdown.serving = True
         run(prepared)
     finally:
         stop.set()
         plugin.stop()
+        if not shutdown.serving:  # run() releases these itself
+            prepared.pool.close()
+            prepared.lock.release()
+    log.info("agent stopped (signal %s)", shutdown.received or "none")
 
 
 class _PoolHealth:
