@@ -273,3 +273,47 @@ def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
     assert not agent.plugin_socket.exists()
     assert not _healthy(agent)
     assert "Traceback" not in agent.log.read_text()
+
+
+def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
+    """`gpupool kube webhook` as a process: /healthz over TLS, the agent's GPUs in the extender, SIGTERM."""
+    import ssl
+
+    _, agent = node
+    token_file = agent.log.parent / "admin-token"
+    args = [sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0",
+            "--tls-cert", tls["crt"], "--tls-key", tls["key"],
+            "--agents", f"node-a={agent.url},node-x=http://127.0.0.1:9",
+            "--agent-token-file", str(token_file), "--refresh", "0.2"]
+    log = agent.log.parent / "webhook.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = wait_for("the webhook to listen",
+                       lambda: proc.poll() is None and re.search(r"listening on (https://\S+)", log.read_text()),
+                       timeout=20, log=log).group(1).replace("127.0.0.1", "localhost")
+        ctx = ssl.create_default_context(cafile=tls["ca"])
+
+        def call(path: str, body: Optional[dict] = None) -> dict:
+            data = json.dumps(body).encode() if body is not None else None
+            req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+                return json.loads(resp.read())
+
+        # node-x has no agent answering: only node-a is known.
+        wait_for("the webhook to poll the agent", lambda: call("/healthz") == {"status": "ok", "nodes": 1}, log=log)
+
+        def pod(units: str) -> dict:
+            return {"metadata": {"name": "p", "uid": "u1"},
+                    "spec": {"containers": [{"name": "w", "resources": {"limits": {"gpupool.io/gpu": units}}}]}}
+
+        half = call("/extender/filter", {"Pod": pod("50"), "NodeNames": ["node-a", "node-x"]})
+        assert half["NodeNames"] == ["node-a"] and "node-x" in half["FailedNodes"]
+        three = call("/extender/filter", {"Pod": pod("300"), "NodeNames": ["node-a"]})
+        assert three["NodeNames"] == [] and "node-a" in {**three["FailedNodes"], **three["FailedAndUnresolvableNodes"]}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

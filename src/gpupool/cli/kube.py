@@ -89,8 +89,10 @@ def handle_webhook(args: argparse.Namespace) -> int:
         wait_s=args.wait,
     )
     server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
-    print(f"gpupool webhook listening on {args.listen} ({'TLS' if args.tls_cert else 'plain HTTP'})",
-          file=sys.stderr, flush=True)
+    host, port = server.server_address[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"gpupool webhook listening on {'https' if args.tls_cert else 'http'}://{shown}:{port} "
+          f"({'TLS' if args.tls_cert else 'plain HTTP'})", file=sys.stderr, flush=True)
     stop = threading.Event()
     import signal
 

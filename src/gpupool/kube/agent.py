@@ -94,7 +94,8 @@ def kube_live_pods(node: str) -> LivePods:  # pragma: no cover - needs an API se
     try:
         config.load_incluster_config()
     except config.ConfigException as err:
-        raise InvalidInput(f"the agent reaps leases of gone pods through the Kubernetes API, but {err}; "
+        raise InvalidInput(f"the agent reaps leases of gone pods through the Kubernetes API, not reachable here "
+                           f"({str(err).rstrip('.')}); "
                            "outside a cluster pass --no-reap (or --live-pods-file FILE)") from None
     api = client.CoreV1Api()
 
