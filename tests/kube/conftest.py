@@ -135,17 +135,25 @@ def to_v1pod(pod: Dict[str, Any]):
 
 
 class Kubelet(rpc.RegistrationServicer):
-    """Serves Registration on kubelet.sock, as the kubelet does; records every request."""
+    """Serves Registration on kubelet.sock, as the kubelet does; records every request.
+
+    `stop()` then `start()` is a kubelet restart: a new socket, the same records.
+    """
 
     def __init__(self, directory: str) -> None:
         self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
+        self.seen: List[pb.RegisterRequest] = []
         self.path = os.path.join(directory, "kubelet.sock")
+        self.start()
+
+    def start(self) -> None:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         rpc.add_RegistrationServicer_to_server(self, self.server)
         self.server.add_insecure_port(f"unix://{self.path}")
         self.server.start()
 
     def Register(self, request, context):
+        self.seen.append(request)
         self.requests.put(request)
         return pb.Empty()
 

@@ -146,7 +146,8 @@ def node(tmp_path_factory):
 
 def test_registers_streams_units_and_allocates_the_agent_address(node):
     kubelet, agent = node
-    req = kubelet.requests.get(timeout=10)
+    wait_for("the plugin to register", lambda: kubelet.seen, log=agent.log)
+    req = kubelet.seen[0]
     assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpupool.sock", "gpupool.io/gpu")
     channel, dp = plugin_stub(agent)
     with channel:
@@ -229,24 +230,20 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
 
 def test_reregisters_when_the_kubelet_restarts(node):
     kubelet, agent = node
-    wait_for("the first registration", lambda: agent.plugin_socket.exists() and not kubelet.requests.qsize() > 1)
-    while not kubelet.requests.empty():
-        kubelet.requests.get_nowait()
+    wait_for("the first registration", lambda: kubelet.seen and agent.plugin_socket.exists(), log=agent.log)
+    before = len(kubelet.seen)
     # A restarted kubelet comes with a new kubelet.sock and wipes the plugin sockets.
     kubelet.stop()
     agent.plugin_socket.unlink()
-    restarted = Kubelet(str(agent.kubelet_dir))
-    try:
-        assert restarted.requests.get(timeout=10).resource_name == "gpupool.io/gpu"
-        wait_for("the plugin socket to come back", agent.plugin_socket.exists, log=agent.log)
-        channel, dp = plugin_stub(agent)
-        with channel:
-            stream = dp.ListAndWatch(pb.Empty(), timeout=10)
-            assert len(next(stream).devices) == 200
-            stream.cancel()
-    finally:
-        # Leave the module's fixture a kubelet to stop.
-        kubelet.server, kubelet.path = restarted.server, restarted.path
+    kubelet.start()
+    wait_for("the plugin to register again", lambda: len(kubelet.seen) > before, log=agent.log)
+    assert kubelet.seen[-1].resource_name == "gpupool.io/gpu"
+    wait_for("the plugin socket to come back", agent.plugin_socket.exists, log=agent.log)
+    channel, dp = plugin_stub(agent)
+    with channel:
+        stream = dp.ListAndWatch(pb.Empty(), timeout=10)
+        assert len(next(stream).devices) == 200
+        stream.cancel()
 
 
 def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
