@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..core.errors import InvalidInput
@@ -78,6 +79,13 @@ def handle_webhook(args: argparse.Namespace) -> int:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
+    for flag, path, fix in (
+        ("--tls-cert", args.tls_cert, "`gpupool kube certs --out DIR` writes DIR/tls.crt"),
+        ("--tls-key", args.tls_key, "`gpupool kube certs --out DIR` writes DIR/tls.key"),
+        ("--agent-token-file", args.agent_token_file, "give the file that holds the node agents' admin token"),
+    ):
+        if path and not os.path.isfile(path):
+            raise InvalidInput(f"{flag} {path!r} does not exist: {fix}")
     token = open(args.agent_token_file).read().strip() if args.agent_token_file else ""
     in_cluster = args.agents == "kube"
     targets = kube_targets(args.agent_port) if in_cluster else static_targets(args.agents)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Set, Tuple
 
-from ..core.errors import InvalidInput
 from ..core.model import Lease
+from .apiserver import core_v1
 from .extender import pod_uid_of_label
 
 log = logging.getLogger(__name__)
@@ -89,15 +89,7 @@ LivePods = Callable[[], Optional[Tuple[Set[str], float]]]
 
 def kube_live_pods(node: str) -> LivePods:  # pragma: no cover - needs an API server
     """UIDs of the pods on `node`, through the kubernetes client (in cluster)."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException as err:
-        raise InvalidInput(f"the agent reaps leases of gone pods through the Kubernetes API, not reachable here "
-                           f"({str(err).rstrip('.')}); "
-                           "outside a cluster pass --no-reap (or --live-pods-file FILE)") from None
-    api = client.CoreV1Api()
+    api = core_v1("the agent reaps leases of gone pods", "pass --no-reap (or --live-pods-file FILE)")
 
     def live() -> Tuple[Set[str], float]:
         listed_at = time.time()  # before the call: a pod created during it may be missing

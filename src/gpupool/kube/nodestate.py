@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.model import Claim, Device
+from .apiserver import core_v1
 from .extender import NodeState
 
 log = logging.getLogger(__name__)
@@ -132,10 +133,7 @@ def static_targets(spec: str) -> Targets:
 
 def kube_targets(port: int, scheme: str = "http") -> Targets:  # pragma: no cover - needs an API server
     """Agents at each node's InternalIP (in cluster, through the kubernetes client)."""
-    from kubernetes import client, config
-
-    config.load_incluster_config()
-    api = client.CoreV1Api()
+    api = core_v1("the webhook finds the node agents", "pass --agents NODE=URL,...")
 
     def targets() -> Dict[str, str]:
         out = {}
@@ -151,12 +149,9 @@ def kube_targets(port: int, scheme: str = "http") -> Targets:  # pragma: no cove
 
 def kube_pending() -> Pending:  # pragma: no cover - needs an API server
     """Pods bound to a node with a gpupool claim (in cluster), for `NodeState.with_pending`."""
-    from kubernetes import client, config
-
     from .extender import pod_claim
 
-    config.load_incluster_config()
-    api = client.CoreV1Api()
+    api = core_v1("the extender counts pods bound but not yet started", "pass --agents NODE=URL,...")
 
     def pending() -> Dict[str, List[Tuple[str, Claim]]]:
         out: Dict[str, List[Tuple[str, Claim]]] = {}
