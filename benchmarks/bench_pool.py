@@ -1,9 +1,11 @@
 """Pool benchmark: claim+release over HTTP at 1, 16 and 64 clients, and in-process placement at scale.
 
 HTTP: a `gpupool server` subprocess on loopback with 8 emulated 16 GiB GPUs
-and auth on; clients are threads (spread over a few processes, so the
-client's GIL is not what is measured) on keep-alive http.client
-connections, each looping claim(1 GPU, 10 %) -> release.
+and auth on. N closed-loop clients, each on its own keep-alive connection,
+looping claim(1 GPU, 10 %) -> wait for the answer -> release -> wait. The
+clients are spread over --client-procs processes, each driving its share
+of the connections from one epoll loop with prebuilt request bytes, so the
+load generator costs little of the machine's CPU (the server shares it).
 Placement: `place()` on 1,000 devices with 10,000 live leases, and a full
 in-process Pool.claim + release with those leases in the SQLite store.
 
@@ -56,58 +58,104 @@ def start_server(state: Path) -> Tuple[subprocess.Popen, str, str]:
     raise SystemExit(f"server did not start:\n{log.read_text()}")
 
 
-def _client_thread(addr: str, token: str, stop_at: float, warm_until: float, out: list) -> None:
+def _client_process(addr: str, token: str, conns: int, start_at: float, seconds: float, warmup: float, queue) -> None:
+    """`conns` closed-loop clients in one process: one keep-alive socket each, driven by one epoll loop.
+
+    Each client sends claim, waits for the whole answer, sends release, waits, and
+    starts over: the load shape of `conns` blocking clients, without a thread (and
+    GIL hand-offs) per client. Requests are prebuilt bytes; answers are parsed just
+    enough to find the end of the body and the lease id.
+    """
+    import selectors
+    import socket
+
     host, port = addr.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    auth = f"Authorization: Bearer {token}\r\n".encode()
+    claim_req = (
+        b"POST /v1/leases HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + auth
+        + b"Content-Type: application/json\r\nContent-Length: " + str(len(CLAIM)).encode() + b"\r\n\r\n" + CLAIM
+    )
+    release_head = b"DELETE /v1/leases/"
+    release_tail = b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + auth + b"Content-Length: 0\r\n\r\n"
+
+    sel = selectors.DefaultSelector()
+    socks = []
+    for _ in range(conns):
+        s = socket.create_connection((host, int(port)))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        socks.append(s)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    perf = time.perf_counter
+    offset = perf() - time.time()
+    warm_until = start_at + warmup + offset
+    stop_at = start_at + warmup + seconds + offset
     rounds: List[float] = []
     claims: List[float] = []
     failures = 0
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= stop_at:
-            break
-        conn.request("POST", "/v1/leases", CLAIM, headers)
-        response = conn.getresponse()
-        body = response.read()
-        t1 = time.perf_counter()
-        if response.status != 201:
-            failures += 1
-            continue
-        lease_id = json.loads(body)["id"]
-        conn.request("DELETE", f"/v1/leases/{lease_id}", headers=headers)
-        response = conn.getresponse()
-        response.read()
-        t2 = time.perf_counter()
-        if response.status != 200:
-            failures += 1
-        if t0 >= warm_until:
-            rounds.append(t2 - t0)
-            claims.append(t1 - t0)
-    conn.close()
-    out.append((rounds, claims, failures))
-
-
-def _client_process(addr: str, token: str, threads: int, start_at: float, seconds: float, warmup: float, queue) -> None:
-    import threading
-
-    while time.time() < start_at:
-        time.sleep(0.001)
-    now_wall, now_perf = time.time(), time.perf_counter()
-    offset = now_perf - now_wall
-    out: list = []
-    workers = [
-        threading.Thread(
-            target=_client_thread,
-            args=(addr, token, start_at + warmup + seconds + offset, start_at + warmup + offset, out),
-        )
-        for _ in range(threads)
-    ]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    queue.put(out)
+    # per socket: [phase (0 claim, 1 release), t0, t1, buffer]
+    state = {}
+    for s in socks:
+        t = perf()
+        s.sendall(claim_req)
+        state[s.fileno()] = [s, 0, t, 0.0, b""]
+        sel.register(s, selectors.EVENT_READ, s.fileno())
+    active = len(socks)
+    while active:
+        for key, _ in sel.select():
+            st = state[key.data]
+            s = st[0]
+            data = s.recv(65536)
+            if not data:
+                raise SystemExit("server closed a connection")
+            buf = st[4] + data
+            head_end = buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                st[4] = buf
+                continue
+            head = buf[:head_end].lower()
+            clen_at = head.find(b"content-length:")
+            clen = int(head[clen_at + 15: head.find(b"\r\n", clen_at) if head.find(b"\r\n", clen_at) > 0 else None])
+            end = head_end + 4 + clen
+            if len(buf) < end:
+                st[4] = buf
+                continue
+            st[4] = b""
+            now = perf()
+            status = buf[9:12]
+            if st[1] == 0:
+                if status != b"201":
+                    failures += 1
+                    if now >= stop_at:
+                        sel.unregister(s)
+                        active -= 1
+                        continue
+                    st[2] = perf()
+                    s.sendall(claim_req)
+                    continue
+                body = buf[head_end + 4: end]
+                i = body.find(b'"id":"') + 6
+                lease_id = body[i: body.find(b'"', i)]
+                st[1], st[3] = 1, now
+                s.sendall(release_head + lease_id + release_tail)
+            else:
+                if status != b"200":
+                    failures += 1
+                t0 = st[2]
+                if t0 >= warm_until:
+                    rounds.append(now - t0)
+                    claims.append(st[3] - t0)
+                if now >= stop_at:
+                    sel.unregister(s)
+                    active -= 1
+                    continue
+                st[1], st[2] = 0, perf()
+                s.sendall(claim_req)
+    for s in socks:
+        s.close()
+    cpu = os.times()
+    queue.put([(rounds, claims, failures, cpu.user + cpu.system)])
 
 
 def _cpu_s(pid: int) -> float:
@@ -136,9 +184,10 @@ def run_level(
     cpu_used = _cpu_s(server_pid) - cpu_before
     for p in procs:
         p.join()
-    rounds = sorted(x for r, _, _ in results for x in r)
-    claims = sorted(x for _, c, _ in results for x in c)
-    failures = sum(f for _, _, f in results)
+    rounds = sorted(x for r, _, _, _ in results for x in r)
+    claims = sorted(x for _, c, _, _ in results for x in c)
+    failures = sum(f for _, _, f, _ in results)
+    client_cpu = sum(c for _, _, _, c in results)
 
     def pct(values: List[float], q: float) -> float:
         return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 3) if values else float("nan")
@@ -153,6 +202,8 @@ def run_level(
         "failures": failures,
         # server CPU per HTTP request (2 per round trip): what the server costs, whatever else runs
         "server_cpu_ms_per_request": round(cpu_used / max(1, 2 * len(rounds)) * 1000, 3),
+        # all client processes together, warm-up included: the load generator's share of the CPUs
+        "client_cpu_cores": round(client_cpu / (warmup + seconds), 2),
     }
 
 
@@ -205,7 +256,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--levels", default="1,16,64")
-    parser.add_argument("--client-procs", type=int, default=2, help="client processes (threads spread over them)")
+    parser.add_argument("--client-procs", type=int, default=2, help="client processes (connections spread over them)")
     parser.add_argument("--out", default=str(ROOT / "results" / "pool.json"))
     args = parser.parse_args()
 

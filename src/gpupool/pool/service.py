@@ -5,6 +5,13 @@ first reclaims expired leases and dead waiters, so several processes on one
 state dir (the embedded `gpupool run`s of a workstation, or a server and its
 admin CLI) need nothing but the database to agree.
 
+Speed: each thread keeps a `_View` of what its connection last saw (devices,
+MiB allocated per device, queue length, a lower bound of the next expiry).
+It is checked at the start of every transaction against PRAGMA data_version
+(which moves when any other connection commits) and the store's count of
+this connection's commits, and rebuilt from the database when either moved,
+so a claim is BEGIN IMMEDIATE + two INSERTs + COMMIT, never a stale answer.
+
 Fairness: a claim that cannot be granted at once and may wait takes a ticket.
 While tickets exist only the oldest one (the head) may be granted, so a
 stream of small claims cannot starve a big one waiting for whole GPUs.
@@ -18,9 +25,11 @@ import os
 import secrets
 import socket
 import time
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
@@ -52,6 +61,19 @@ class Waiter:
     polls: int = field(default=0, compare=False)
 
 
+@dataclass
+class _View:
+    """What one connection knows of the database, valid while `version` and `commits` hold."""
+
+    conn: object
+    version: int  # PRAGMA data_version when built or last checked
+    commits: int  # Store.commits() after the last transaction that kept this view up to date
+    devices: List[Device]
+    allocated: Dict[str, int]
+    tickets: Optional[int]  # queue length; None: ask the database
+    next_expiry: float  # no lease expires before this (a lower bound: may be early, never late)
+
+
 class Pool:
     """The pool of one state dir, safe from several threads and several processes.
 
@@ -70,13 +92,16 @@ class Pool:
         node: str = "",
         clock: Callable[[], float] = time.time,
         synchronous: Optional[str] = None,
+        background_checkpoint: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.store = Store(self.state_dir, synchronous=synchronous)
+        # background_checkpoint: for long-lived processes (the server), see store.db.
+        self.store = Store(self.state_dir, synchronous=synchronous, background_checkpoint=background_checkpoint)
         self.clock = clock
         self.node = node or socket.gethostname()
         self._host = socket.gethostname()
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
+        self._local = threading.local()  # this thread's _View
         if devices is None:
             with self.store.read() as tx:
                 known = tx.devices()
@@ -94,6 +119,38 @@ class Pool:
 
     def close(self) -> None:
         self.store.close()
+
+    # --- the per-connection view ------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[Tuple[Tx, _View]]:
+        """store.write() with this connection's view, checked (or rebuilt) inside the transaction.
+
+        The view may only be changed to follow what the transaction wrote; when the
+        transaction fails it is dropped, as is one another writer made stale.
+        """
+        with self.store.write() as tx:
+            view = getattr(self._local, "view", None)
+            version = tx.data_version()
+            if view is None or view.conn is not tx.conn or view.version != version or view.commits != self.store.commits():
+                view = _View(tx.conn, version, -1, list(self._devices(tx)), tx.allocated(), None, tx.next_expiry())
+            self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
+            yield tx, view
+        view.commits = self.store.commits()
+        self._local.view = view
+
+    def _due(self, tx: Tx, view: _View, now: float) -> List[Lease]:
+        """Reclaim expired leases and drop dead waiters, when the view says there may be any."""
+        if view.tickets is None:
+            view.tickets = tx.ticket_count()
+        if now < view.next_expiry and view.tickets == 0:
+            return []
+        expired = self._expire(tx, now)
+        for lease in expired:
+            for sl in lease.slices:
+                view.allocated[sl.device_uuid] = view.allocated.get(sl.device_uuid, 0) - sl.memory_mib
+        view.next_expiry = tx.next_expiry()
+        view.tickets = None
+        return expired
 
     # --- claims ----------------------------------------------------------------
     def claim(self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S) -> Lease:
@@ -137,36 +194,37 @@ class Pool:
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
         if not isinstance(claim, Claim):
             raise InvalidClaim(f"claim must be a Claim, got {type(claim).__name__}")
-        with self.store.write() as tx:
+        with self._write() as (tx, view):
             now = self.clock()
-            self._expire(tx, now)
-            devices = self._devices(tx)
-            ever = could_ever_fit(devices, claim)
-            if not ever.fits:
-                outcome: Union[Lease, Waiter, Exception] = Unsatisfiable(
-                    f"this pool can never grant {claim.describe()}: {ever.reason}"
-                )
-            else:
-                queued = tx.ticket_count()
-                if queued == 0:
-                    placement = place(devices, tx.allocated(), claim)
-                    if placement.fits:
-                        assert placement.slices is not None
-                        outcome = self._grant(tx, placement.slices, holder, ttl_s, now)
-                        reason = ""
-                    else:
-                        reason = placement.reason
+            self._due(tx, view, now)
+            devices = view.devices
+            reason = ""
+            outcome: Union[Lease, Waiter, Exception, None] = None
+            queued = view.tickets if view.tickets is not None else tx.ticket_count()
+            if queued == 0:
+                # Fits now: it could ever fit, and could_ever_fit need not be asked.
+                placement = place(devices, view.allocated, claim)
+                if placement.fits:
+                    assert placement.slices is not None
+                    outcome = self._grant(tx, view, placement.slices, holder, ttl_s, now)
                 else:
-                    reason = f"{queued} earlier claim(s) are waiting in the queue"
-                if reason and wait_s <= 0:
+                    reason = placement.reason
+            else:
+                reason = f"{queued} earlier claim(s) are waiting in the queue"
+            if outcome is None:
+                ever = could_ever_fit(devices, claim)
+                if not ever.fits:
+                    outcome = Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
+                elif wait_s <= 0:
                     outcome = Unavailable(
                         f"no room now for {claim.describe()}: {reason}; "
                         "wait for it with a wait time (e.g. --wait 600) or ask for less"
                     )
-                elif reason:
+                else:
                     ticket = tx.add_ticket(
                         claim.to_dict(), holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
                     )
+                    view.tickets = None
                     outcome = Waiter(ticket, claim, holder, ttl_s, reason)
                     log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
         # Raised after COMMIT so the expiry done above is kept.
@@ -177,9 +235,10 @@ class Pool:
     def try_grant(self, waiter: Waiter) -> Optional[Lease]:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
         waiter.polls += 1
-        with self.store.write() as tx:
+        with self._write() as (tx, view):
             now = self.clock()
-            self._expire(tx, now)
+            self._due(tx, view, now)
+            view.tickets = None
             if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
                 # We were silent long enough to be taken for dead: queue again, at the back.
                 waiter.ticket = tx.add_ticket(
@@ -190,18 +249,19 @@ class Pool:
             if head != waiter.ticket:
                 waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
                 return None
-            placement = place(self._devices(tx), tx.allocated(), waiter.claim)
+            placement = place(view.devices, view.allocated, waiter.claim)
             if not placement.fits:
                 waiter.reason = placement.reason
                 return None
             assert placement.slices is not None
             tx.delete_ticket(waiter.ticket)
-            return self._grant(tx, placement.slices, waiter.holder, waiter.ttl_s, now)
+            return self._grant(tx, view, placement.slices, waiter.holder, waiter.ttl_s, now)
 
     def cancel(self, waiter: Waiter) -> None:
         """Leave the queue (timeout, client gone)."""
-        with self.store.write() as tx:
+        with self._write() as (tx, view):
             tx.delete_ticket(waiter.ticket)
+            view.tickets = None
 
     def timed_out(self, waiter: Waiter, wait_s: float) -> Unavailable:
         return Unavailable(
@@ -209,7 +269,7 @@ class Pool:
             "wait longer or ask for less"
         )
 
-    def _grant(self, tx: Tx, slices, holder: Holder, ttl_s: float, now: float) -> Lease:
+    def _grant(self, tx: Tx, view: _View, slices, holder: Holder, ttl_s: float, now: float) -> Lease:
         lease = Lease(
             id=secrets.token_hex(8),
             holder=holder,
@@ -219,27 +279,47 @@ class Pool:
             expires_at=now + ttl_s,
         )
         tx.insert_lease(lease)
-        log.info("lease %s granted to %s", lease.id, holder.describe())
+        allocated = view.allocated
+        for sl in lease.slices:
+            allocated[sl.device_uuid] = allocated.get(sl.device_uuid, 0) + sl.memory_mib
+        if lease.expires_at < view.next_expiry:
+            view.next_expiry = lease.expires_at
+        if log.isEnabledFor(logging.INFO):
+            log.info("lease %s granted to %s", lease.id, holder.describe())
         return lease
 
     # --- leases ----------------------------------------------------------------
     def heartbeat(self, lease_id: str, requester: Optional[str] = None) -> Lease:
         """Extend the lease by its TTL from now; `requester` None acts as admin."""
-        with self.store.write() as tx:
+        with self._write() as (tx, view):
             now = self.clock()
-            self._expire(tx, now)
+            self._due(tx, view, now)
             lease = self._owned(tx, lease_id, requester, "renew")
+            # Later than before: view.next_expiry stays a lower bound.
             lease = replace(lease, expires_at=now + lease.ttl_s)
             tx.set_lease_expiry(lease.id, lease.expires_at)
         return lease
 
     def release(self, lease_id: str, requester: Optional[str] = None) -> None:
         """Give the lease's memory back; `requester` None acts as admin."""
-        with self.store.write() as tx:
-            self._expire(tx, self.clock())
-            lease = self._owned(tx, lease_id, requester, "release")
-            tx.delete_lease(lease.id)
-        log.info("lease %s released", lease_id)
+        lease_id = str(lease_id)
+        with self._write() as (tx, view):
+            self._due(tx, view, self.clock())
+            taken = tx.take_lease(lease_id)
+            if taken is None:
+                raise NotFound(_gone(lease_id))
+            holder_name, slices = taken
+            if requester is not None and requester != holder_name:
+                # Raising rolls the delete back.
+                raise Forbidden(
+                    f"lease {lease_id} is held by {holder_name!r}, not {requester!r}: "
+                    "only its holder or an admin token may release it"
+                )
+            allocated = view.allocated
+            for uuid, mib in slices:
+                allocated[uuid] = allocated.get(uuid, 0) - mib
+        if log.isEnabledFor(logging.INFO):
+            log.info("lease %s released", lease_id)
 
     def lease(self, lease_id: str) -> Lease:
         """One live lease; NotFound when released or expired."""
@@ -251,8 +331,9 @@ class Pool:
 
     def expire(self) -> List[Lease]:
         """Reclaim leases past their expiry and drop dead waiters; returns the reclaimed leases."""
-        with self.store.write() as tx:
-            return self._expire(tx, self.clock())
+        with self._write() as (tx, view):
+            view.next_expiry = -math.inf  # always look: this is the periodic sweep
+            return self._due(tx, view, self.clock())
 
     def status(self) -> PoolStatus:
         """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""
@@ -269,7 +350,8 @@ class Pool:
 
     def set_device_health(self, health: Dict[str, bool]) -> None:
         """Mark devices healthy or not (device plugin); unhealthy ones get no new slices."""
-        with self.store.write() as tx:
+        with self._write() as (tx, view):
+            view.conn = None  # rebuilt next time, with the new devices
             devices = tx.devices()
             tx.replace_devices([replace(d, healthy=health.get(d.uuid, d.healthy)) for d in devices])
 

@@ -110,7 +110,7 @@ def prepare(config: ServerConfig) -> Prepared:
             from ..devices import discover
 
             devices = discover(config.devices, config.node or None)
-        pool = Pool(state, devices=devices, node=config.node)
+        pool = Pool(state, devices=devices, node=config.node, background_checkpoint=True)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None
         authenticator = Authenticator(admin_token, pool.store) if admin_token else None
         certfile, keyfile = config.tls_cert, config.tls_key
@@ -139,8 +139,17 @@ def run(prepared: Prepared) -> None:
     import uvicorn
 
     config = prepared.config
+    try:
+        from .corked import CorkedHttpToolsProtocol
+
+        http: Any = CorkedHttpToolsProtocol
+    except ImportError:  # no httptools: uvicorn's pure-Python h11 protocol
+        http = "auto"
     uv = uvicorn.Config(
         prepared.app,
+        http=http,
+        # Nothing here reads the client address, so X-Forwarded-* need not be parsed per request.
+        proxy_headers=False,
         log_level=config.log_level,
         access_log=False,  # one log line per request costs more than the request
         ssl_certfile=prepared.ssl_certfile,

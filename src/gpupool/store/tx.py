@@ -51,11 +51,31 @@ class Tx:
         )
         self.set_meta("devices_gen", str(self.devices_generation() + 1))
 
+    def data_version(self) -> int:
+        """Changes whenever another connection (this process or another) committed a change."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
     # --- leases ---------------------------------------------------------------
     def allocated(self) -> Dict[str, int]:
         """MiB held per device uuid by the leases in the table."""
         rows = self.conn.execute("SELECT device_uuid, SUM(memory_mib) FROM slices GROUP BY device_uuid")
         return {uuid: int(total) for uuid, total in rows}
+
+    def next_expiry(self) -> float:
+        """The earliest expires_at of any lease (inf when there are none)."""
+        row = self.conn.execute("SELECT MIN(expires_at) FROM leases").fetchone()
+        return float("inf") if row is None or row[0] is None else float(row[0])
+
+    def take_lease(self, lease_id: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
+        """Delete a lease and its slices: (holder name, [(device uuid, MiB)]), or None when absent.
+
+        Roll the transaction back to undo it (e.g. when the requester may not release it).
+        """
+        slices = self.conn.execute(
+            "DELETE FROM slices WHERE lease_id = ? RETURNING device_uuid, memory_mib", (lease_id,)
+        ).fetchall()
+        rows = self.conn.execute("DELETE FROM leases WHERE id = ? RETURNING holder_name", (lease_id,)).fetchall()
+        return (rows[0][0], slices) if rows else None
 
     def insert_lease(self, lease: Lease) -> None:
         self.conn.execute(
@@ -69,10 +89,12 @@ class Tx:
                 lease.expires_at,
             ),
         )
-        self.conn.executemany(
-            "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)",
-            [(lease.id, s.device_uuid, s.memory_mib, s.group) for s in lease.slices],
-        )
+        insert = "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)"
+        if len(lease.slices) == 1:  # the common case; execute() is cheaper than executemany()
+            s = lease.slices[0]
+            self.conn.execute(insert, (lease.id, s.device_uuid, s.memory_mib, s.group))
+        else:
+            self.conn.executemany(insert, [(lease.id, s.device_uuid, s.memory_mib, s.group) for s in lease.slices])
 
     def get_lease(self, lease_id: str) -> Optional[Lease]:
         row = self.conn.execute(
