@@ -50,6 +50,26 @@ def gpu_resources(role: RoleSpec) -> Dict[str, Any]:
     return {"limits": limits}
 
 
+def job_container(
+    spec: JobSpec, role: RoleSpec, name: str, command: List[str], env: List[Dict[str, Any]], port_name: str
+) -> Dict[str, Any]:
+    """A replica's container: image, command, env, rendezvous port, job volume and GPU resources."""
+    container: Dict[str, Any] = {
+        "name": name,
+        "image": role.image or spec.image,
+        "command": command,
+        "env": env,
+        "ports": [{"containerPort": PORTS[spec.framework], "name": port_name}],
+        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+    }
+    if spec.working_dir:
+        container["workingDir"] = spec.working_dir
+    resources = gpu_resources(role)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
 def pod_annotations(spec: JobSpec, role: RoleSpec) -> Dict[str, str]:
     out = dict(spec.annotations)
     if role.gpu is not None:
@@ -136,19 +156,7 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
     command = wrap_command(role.command, offset, wrapped)
     if spec.framework is Framework.HOROVOD and offset == 0:
         command = _with_kvstore(command)
-    container: Dict[str, Any] = {
-        "name": role.name,
-        "image": role.image or spec.image,
-        "command": command,
-        "env": env,
-        "ports": [{"containerPort": PORTS[spec.framework], "name": "rendezvous"}],
-        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
-    }
-    if spec.working_dir:
-        container["workingDir"] = spec.working_dir
-    resources = gpu_resources(role)
-    if resources:
-        container["resources"] = resources
+    container = job_container(spec, role, role.name, command, env, "rendezvous")
     pod_spec: Dict[str, Any] = {  # initContainers dropped below when empty
         "subdomain": spec.name,
         "restartPolicy": "OnFailure" if spec.restart_policy is RestartPolicy.ON_FAILURE else "Never",

@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 
 from ...core.errors import InvalidInput
 from ..spec import Framework, JobSpec, RoleSpec, SuccessPolicy
-from .indexed import JOB_DIR, PORTS, gpu_resources, job_labels, pod_annotations, setup_containers
+from .indexed import JOB_DIR, job_container, job_labels, pod_annotations, setup_containers
 
 # Our role names -> the operator's replica types.
 TF_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -26,20 +26,8 @@ def _container(spec: JobSpec, role: RoleSpec, name: str, port_name: str) -> Dict
         {"name": "GPUPOOL_JOB_DIR", "value": JOB_DIR},
         {"name": "GPUPOOL_ROLE", "value": role.name},
     ]
-    container: Dict[str, Any] = {
-        "name": name,  # the operator finds its container by this default name
-        "image": role.image or spec.image,
-        "command": list(role.command),
-        "env": env,
-        "ports": [{"name": port_name, "containerPort": PORTS[spec.framework]}],
-        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
-    }
-    if spec.working_dir:
-        container["workingDir"] = spec.working_dir
-    resources = gpu_resources(role)
-    if resources:
-        container["resources"] = resources
-    return container
+    # the operator finds its container by the default name it is given here
+    return job_container(spec, role, name, list(role.command), env, port_name)
 
 
 def _replica_spec(spec: JobSpec, role: RoleSpec, replicas: int, container: str, port: str) -> Dict[str, Any]:
