@@ -1,9 +1,9 @@
 """The webhook server: AdmissionReview (admission.k8s.io/v1) at /mutate and /validate, the
 scheduler extender at /extender/filter and /extender/prioritize, and /healthz.
 
-Standard library HTTP/1.1 over TLS, one thread per connection (the API server
-keeps connections alive), TLS handshakes in that thread rather than the accept
-loop, and the certificate re-read when its file changes (rotation without restart).
+HTTP/1.1 over TLS on one asyncio event loop (`aioserver`: keep-alive, the app
+called inline, one send per response), and the certificate re-read when its
+file changes (rotation without restart).
 Bad input gets a 4xx or a deny with a message, never a 500.
 """
 
@@ -13,15 +13,14 @@ import base64
 import json
 import logging
 import os
-import socket
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Optional, Tuple
 
 from ..core.errors import InvalidInput
 from . import extender
+from .aioserver import AsyncServer
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate
@@ -137,46 +136,17 @@ class WebhookApp:
             return 200, []
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the API server reuses connections
-    server_version = "gpupool-webhook"
-    timeout = 120  # idle keep-alive connections end after this, freeing their thread
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # route access logs to logging, at debug
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    def _serve(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._send(413, {"error": {"code": "invalid_input", "message": f"body over {MAX_BODY} bytes"}})
-            self.close_connection = True
-            return
-        body = self.rfile.read(length) if length else b""
-        status, answer = self.server.app.handle(method, self.path, body)  # type: ignore[attr-defined]
-        self._send(status, answer)
-
-    def _send(self, status: int, answer: Any) -> None:
-        payload = json.dumps(answer, separators=(",", ":")).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-
 class CertReloader:
-    """An SSLContext rebuilt when the cert or key file changes (checked at most every `period_s`)."""
+    """One SSLContext whose certificate is reloaded in place when the cert or key file changes.
+
+    `context()` is called for each new connection (checking the files at most every
+    `period_s`); connections already open keep the certificate they started with.
+    """
 
     def __init__(self, cert: str, key: str, period_s: float = 10.0) -> None:
         self.cert, self.key, self.period_s = cert, key, period_s
         self._stamp: Tuple[float, float] = (0.0, 0.0)
-        self._checked = 0.0
+        self._checked = time.monotonic()
         self._lock = threading.Lock()
         self._context = self._load()
 
@@ -195,42 +165,22 @@ class CertReloader:
         with self._lock:
             self._checked = now
             try:
-                if (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime) != self._stamp:
-                    self._context = self._load()
+                stamp = (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+                if stamp != self._stamp:
+                    # Check the pair on a scratch context first: a failed load_cert_chain
+                    # could leave the live one with a new cert and the old key.
+                    self._load()
+                    self._context.load_cert_chain(self.cert, self.key)
                     log.info("reloaded TLS certificate %s", self.cert)
             except (OSError, ssl.SSLError) as err:  # half-written files during a rotation: keep the old one
                 log.warning("keeping the current TLS certificate: %s", err)
         return self._context
 
 
-class WebhookServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer that does each TLS handshake in the connection's own thread."""
-
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, address: Tuple[str, int], app: WebhookApp, certs: Optional[CertReloader] = None) -> None:
-        self.app = app
-        self.certs = certs
-        super().__init__(address, _Handler)
-
-    def finish_request(self, request: socket.socket, client_address: Any) -> None:
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.certs is not None:
-            request.settimeout(10.0)  # a client that never finishes its handshake must not hold a thread
-            try:
-                request = self.certs.context().wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as err:
-                log.debug("TLS handshake from %s failed: %s", client_address, err)
-                return
-            request.settimeout(None)
-        super().finish_request(request, client_address)
-
-
-def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optional[str] = None) -> WebhookServer:
+def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optional[str] = None) -> AsyncServer:
     """A started server on `listen` ('host:port'); call shutdown() to stop it."""
     host, _, port = listen.rpartition(":")
     certs = CertReloader(cert, key) if cert and key else None
-    server = WebhookServer((host or "0.0.0.0", int(port)), app, certs)
-    threading.Thread(target=server.serve_forever, name="gpupool-webhook", daemon=True).start()
-    return server
+    server = AsyncServer((host.strip("[]") or "0.0.0.0", int(port)), app.handle,
+                         certs.context if certs else None, MAX_BODY)
+    return server.start()

@@ -10,8 +10,10 @@ decodes keys case-insensitively, and so does `_get` here.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
@@ -42,6 +44,20 @@ class NodeState:
             if uid:
                 uids.add(uid)
         return cls(devices, allocated, frozenset(uids))
+
+    @cached_property
+    def free_by_size(self) -> Dict[int, List[int]]:
+        """Free MiB of the healthy GPUs, ascending, per GPU memory size: the filter's fast path
+        counts the GPUs with enough free with one bisect per size instead of a loop over GPUs.
+        Computed once per state (states are replaced, never changed, when agents report)."""
+        out: Dict[int, List[int]] = {}
+        allocated = self.allocated
+        for d in self.devices:
+            if d.healthy:
+                out.setdefault(d.memory_mib, []).append(d.memory_mib - allocated.get(d.uuid, 0))
+        for frees in out.values():
+            frees.sort()
+        return out
 
     def with_pending(self, pending: Iterable[Tuple[str, Claim]]) -> "NodeState":
         """Count pods bound here whose runner has not claimed yet, so two pods are not promised one slice."""
@@ -105,13 +121,14 @@ def filter_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[s
         out.passed = list(names)
         return out
     quick = len(claim.requests) == 1 and not claim.requests[0].filters
+    need_by_size: Dict[int, int] = {}
     for name in names:
         state = states.get(name)
         if state is None:
             out.failed[name] = "no GPU state from the gpupool agent on this node (not installed or not answering)"
             continue
         if quick:
-            _quick_filter(name, state, claim.requests[0], out)
+            _quick_filter(name, state, claim.requests[0], out, need_by_size)
             continue
         placement = place(state.devices, state.allocated, claim)
         if placement.fits:
@@ -123,27 +140,30 @@ def filter_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[s
     return out
 
 
-def _quick_filter(name: str, state: NodeState, request, out: FilterOutcome) -> None:
+def _quick_filter(name: str, state: NodeState, request, out: FilterOutcome, need_by_size: Dict[int, int]) -> None:
     """One request without filters: count GPUs with the share free (what `place` decides, without its sorting).
 
     The common case, and 1,000 nodes must be judged well inside the scheduler's timeout.
     """
     fitting = possible = 0
-    allocated = state.allocated
-    for d in state.devices:
-        if not d.healthy:
-            continue
-        need = request.memory_on(d)
-        if need <= d.memory_mib:
-            possible += 1
-            if d.memory_mib - allocated.get(d.uuid, 0) >= need:
-                fitting += 1
+    for size, frees in state.free_by_size.items():
+        need = need_by_size.get(size)
+        if need is None:
+            need = need_by_size[size] = _need(request, size)
+        if need <= size:
+            possible += len(frees)
+            fitting += len(frees) - bisect.bisect_left(frees, need)
     if fitting >= request.count:
         out.passed.append(name)
         return
     target = out.failed if possible >= request.count else out.unresolvable
     target[name] = (f"gpupool: needs {request.describe()}; {fitting} of the node's "
                     f"{len(state.devices)} GPUs have that much free")
+
+
+def _need(request, memory_mib: int) -> int:
+    """MiB `request` takes on a GPU of `memory_mib` (GpuRequest.memory_on, by size alone)."""
+    return request.memory_on(Device("", 0, "", memory_mib))
 
 
 def score_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[str, NodeState]) -> List[Tuple[str, int]]:

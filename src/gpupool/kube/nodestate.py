@@ -50,6 +50,7 @@ class ClusterState:
         self._lock = threading.Lock()
         self._raw: Dict[str, Tuple[float, NodeState]] = {}
         self._snapshot: Dict[str, NodeState] = {}
+        self._sizes: List[int] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -58,7 +59,14 @@ class ClusterState:
         now = self._clock()
         with self._lock:
             self._raw = {n: (now, s) for n, s in states.items()}
-            self._snapshot = dict(states)
+            self._publish(dict(states))
+
+    def _publish(self, snapshot: Dict[str, NodeState]) -> None:
+        # Work done once per refresh rather than in each webhook or extender call.
+        for state in snapshot.values():
+            state.free_by_size  # noqa: B018 - computes and caches the filter's free vectors
+        self._sizes = sorted({d.memory_mib for s in snapshot.values() for d in s.devices})
+        self._snapshot = snapshot
 
     def states(self) -> Mapping[str, NodeState]:
         """The current snapshot (a dict never mutated after publication)."""
@@ -69,7 +77,7 @@ class ClusterState:
 
     def gpu_size(self, memory_mib: int) -> Optional[int]:
         """The smallest known GPU that holds `memory_mib`, else the largest known GPU, else None."""
-        sizes = sorted({d.memory_mib for s in self._snapshot.values() for d in s.devices})
+        sizes = self._sizes
         if not sizes:
             return None
         return next((m for m in sizes if m >= memory_mib), sizes[-1])
@@ -102,7 +110,7 @@ class ClusterState:
             for node, (seen, state) in raw.items():
                 if now - seen <= self._max_age_s:
                     snapshot[node] = state.with_pending(pending.get(node, ())) if pending else state
-            self._snapshot = snapshot
+            self._publish(snapshot)
 
     def start(self, interval_s: float = 2.0) -> None:
         """Refresh every `interval_s` in a daemon thread."""
