@@ -123,3 +123,40 @@ def test_split_properties_hold_for_any_class_sizes() -> None:
                 assert any(k == c for _, k in split.val) and any(k == c for _, k in split.test)
 
     check()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batches_match_single_items_bad_files_included(tmp_path: Path, workers: int) -> None:
+    from PIL import Image
+
+    for i in range(7):
+        path = tmp_path / str(i % 2) / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arr = torch.randint(0, 256, (10 + i, 14, 3), dtype=torch.uint8).numpy()  # not square, not 12 px
+        Image.fromarray(arr).save(path)
+    (tmp_path / "0" / "bad.jpg").write_bytes(b"not a jpeg")
+    _, samples = scan_class_folders(tmp_path)
+    ds = ImageFiles(tmp_path, samples, size=12)
+    loader, _ = make_loader(ds, 3, workers, False, False, 0, 0, 1, persistent=False)
+    got = list(loader)
+    images = torch.cat([b[0] for b in got])
+    labels = torch.cat([b[1] for b in got])
+    index = torch.cat([b[2] for b in got])
+    want = [ds[i] for i in range(len(ds))]
+    assert index.tolist() == list(range(len(ds)))
+    assert labels.tolist() == [label for _, label, _ in want] and BAD_LABEL in labels.tolist()
+    assert images.shape == (len(ds), 3, 12, 12) and images.dtype == torch.uint8
+    assert torch.equal(images, torch.stack([img for img, _, _ in want]))  # bad file: all zeros
+
+
+def test_normalizer_matches_reference_in_both_layouts() -> None:
+    from gpupool.train.data import MEAN, STD, Normalizer
+
+    x = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    ref = (x.float() / 255.0 - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    for channels_last in (False, True):
+        y = Normalizer(channels_last)(x)
+        assert y.dtype == torch.float32 and torch.allclose(y, ref, atol=1e-5)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        assert y.is_contiguous(memory_format=fmt)
+    assert torch.allclose(Normalizer()(x.contiguous()), ref, atol=1e-5)

@@ -210,9 +210,64 @@ def read_bytes(path: str) -> torch.Tensor:
     return buf
 
 
+def _shared_fd_batches() -> bool:
+    """Whether worker batches can be written into a memfd that the DataLoader then passes
+    to the main process as is (torch's default "file_descriptor" sharing on Linux)."""
+    import torch.multiprocessing as mp
+
+    return (hasattr(os, "memfd_create") and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+            and mp.get_sharing_strategy() == "file_descriptor")
+
+
+class _SharedBatchWriter:
+    """A batch of images written straight into a fresh memfd with pwrite, then mapped as a
+    shared tensor storage: what default_collate does in a worker (a new shared-memory
+    block per batch, filled by stacking) without faulting in every page of the new
+    mapping, which costs more than the copy itself. Unwritten slots read as zeros."""
+
+    def __init__(self, shape: Tuple[int, ...]) -> None:
+        self.shape = shape  # N, H, W, C: the bytes as the decoder and resize lay them out
+        self.nbytes = 1
+        for d in shape:
+            self.nbytes *= d
+        self.fd = os.memfd_create("gpupool-batch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.nbytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def write(self, offset: int, hwc: torch.Tensor) -> None:
+        view = memoryview(hwc.contiguous().numpy()).cast("B")
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def tensor(self) -> torch.Tensor:
+        """The batch as N x C x H x W in channels_last memory; the storage keeps its own
+        descriptor, this one is closed."""
+        try:
+            storage = torch.UntypedStorage._new_shared_fd_cpu(self.fd, self.nbytes)
+        finally:
+            os.close(self.fd)
+        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, self.shape).permute(0, 3, 1, 2)
+
+    def close(self) -> None:
+        """Drop an unfinished batch."""
+        os.close(self.fd)
+
+
+class Batch(tuple):
+    """(images, labels, index) built by ImageFiles.__getitems__; `collate` passes it on."""
+
+
 class ImageFiles(Dataset):
     """(uint8 image, label, index) triples from a list of relative paths; a file that
-    fails to read or decode yields a blank image and BAD_LABEL instead of raising."""
+    fails to read or decode yields a blank image and BAD_LABEL instead of raising.
+
+    DataLoaders fetch whole batches through `__getitems__`, which builds the batch tensors
+    itself; `collate` hands them on unchanged.
+    """
 
     def __init__(self, root: Path, samples: Sequence[Tuple[str, int]], size: int, hflip: bool = False) -> None:
         self.root = str(root)
@@ -224,22 +279,66 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
+    def _load(self, i: int) -> Tuple[Optional[torch.Tensor], int]:
+        """(image, label), or (None, BAD_LABEL) for a file that cannot be read or decoded."""
         try:
             img = decode_resized(read_bytes(os.path.join(self.root, self.paths[i])), self.size)
-            label = self.labels[i]
         except Exception as err:  # any decoder or I/O failure: skip and count, never crash
             log.debug("unreadable image %s: %s", self.paths[i], err)
-            img = torch.zeros(3, self.size, self.size, dtype=torch.uint8)
-            label = BAD_LABEL
-        if self.hflip and label != BAD_LABEL and torch.rand(()) < 0.5:
+            return None, BAD_LABEL
+        if self.hflip and torch.rand(()) < 0.5:
             img = img.flip(-1)
+        return img, self.labels[i]
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
+        img, label = self._load(i)
+        if img is None:
+            img = torch.zeros(3, self.size, self.size, dtype=torch.uint8)
         return img, label, i
 
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        """A whole batch: images decoded one by one into a single uint8 batch tensor (in a
+        DataLoader worker, one that is already in shared memory), plus labels and indices.
 
-def collate(batch: List[Tuple[torch.Tensor, int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack a batch. default_collate builds the image batch directly in shared memory when
-    it runs in a worker, saving a copy of every batch on its way to the main process."""
+        The batch is N x 3 x H x W in channels_last memory: libjpeg-turbo, libpng and the
+        antialiased resize all produce interleaved RGB, so each image is copied as it is,
+        not transposed to planar (which cost more than the copy). `Normalizer` produces
+        whichever layout the model wants in the same pass that converts to float.
+        """
+        indices = [int(i) for i in indices]
+        s = self.size
+        per_image = 3 * s * s
+        labels: List[int] = []
+        writer = _SharedBatchWriter((len(indices), s, s, 3)) if torch.utils.data.get_worker_info() is not None \
+            and _shared_fd_batches() else None
+        images = None if writer is not None else \
+            torch.empty((len(indices), 3, s, s), dtype=torch.uint8, memory_format=torch.channels_last)
+        try:
+            for j, i in enumerate(indices):
+                img, label = self._load(i)
+                labels.append(label)
+                if writer is not None:
+                    if img is not None:
+                        writer.write(j * per_image, img.permute(1, 2, 0))
+                elif img is None:
+                    images[j].zero_()  # type: ignore[index]
+                else:
+                    images[j].copy_(img)  # type: ignore[index]
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        if writer is not None:
+            images = writer.tensor()
+        return Batch((images, torch.tensor(labels, dtype=torch.long), torch.tensor(indices, dtype=torch.long)))
+
+
+def collate(batch: Union[Batch, List[Tuple[torch.Tensor, int, int]]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch from `ImageFiles.__getitems__` as it is; a list of samples stacked (in a
+    worker default_collate builds the batch directly in shared memory)."""
+    if isinstance(batch, Batch):
+        images, labels, index = batch
+        return images, labels, index
     images, labels, index = default_collate(batch)
     return images, labels, index
 
@@ -254,10 +353,13 @@ class Normalizer(torch.nn.Module):
         self.channels_last = channels_last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Convert and normalise in one fused elementwise pass."""
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return (x.float() - self.mean) * self.inv_std
+        """Convert, lay out as the model wants and normalise: one pass that reads the uint8
+        batch in whatever layout it came (the loader's is channels_last) and writes float,
+        then one in-place scale."""
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device, memory_format=fmt)
+        torch.sub(x, self.mean, out=out)
+        return out.mul_(self.inv_std)
 
 
 def default_workers(device_type: str, local_world_size: int) -> int:
