@@ -1,7 +1,7 @@
 """One training epoch and one evaluation pass.
 
-Per-step work stays on the device: losses and counts accumulate in a device tensor and
-are read (a host sync) only when the progress bar refreshes and at the end of the epoch,
+Per-step work stays on the device: losses and counts are kept as device scalars and
+read (a host sync) only when the progress bar refreshes and at the end of the epoch,
 so a fast GPU is never stalled by bookkeeping. Counts are reduced across ranks at the end.
 """
 
@@ -88,7 +88,7 @@ def train_epoch(
     """
     eng.model.train()
     dev = eng.device
-    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, valid count
+    sums = _Sums(dev)
     bad: Set[int] = set()
     bar = _progress(min(steps, max_steps or steps), desc, show_progress)
     t0 = last_refresh = time.perf_counter()
@@ -97,24 +97,26 @@ def train_epoch(
     for step, (images, labels, index) in enumerate(loader):
         if max_steps is not None and step >= max_steps:
             break
+        # Labels are still on the host here: counting the unreadable ones costs no device sync.
+        valid = labels.shape[0]
         bad_mask = labels == BAD_LABEL
         if bool(bad_mask.any()):
-            bad.update(index[bad_mask].tolist())
+            bad_now = index[bad_mask].tolist()
+            bad.update(bad_now)
+            valid -= len(bad_now)
         x = eng.normalizer(images.to(dev, non_blocking=True))
         y = labels.to(dev, non_blocking=True)
         with eng.autocast():
             logits = eng.model(x)
         # The loss in fp32 whatever autocast did; ignored (unreadable) images weigh nothing.
         loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
-        valid = (y != BAD_LABEL).sum()
-        loss = loss_sum / valid.clamp(min=1)
+        loss = loss_sum / max(valid, 1)
         eng.optimizer.zero_grad(set_to_none=True)
         eng.scaler.scale(loss).backward()
         eng.scaler.step(eng.optimizer)
         eng.scaler.update()
         with torch.no_grad():
-            correct = (logits.argmax(1) == y).sum()
-            sums += torch.stack([loss_sum.detach().double(), correct.double(), valid.double()])
+            sums.add(loss_sum.detach(), (logits.argmax(1) == y).sum(), valid)
         if step == 0:
             eng.sync()
             t_steady = time.perf_counter()
@@ -125,7 +127,7 @@ def train_epoch(
             now = time.perf_counter()
             if now - last_refresh >= PROGRESS_REFRESH_S:
                 last_refresh = now
-                s = sums.tolist()
+                s = sums.total().tolist()
                 rate = steady_images / (now - t_steady) if t_steady and now > t_steady else 0.0
                 bar.set_postfix(
                     loss=f"{s[0] / max(s[2], 1):.4f}",
@@ -136,15 +138,16 @@ def train_epoch(
     t_end = time.perf_counter()
     if bar is not None:
         bar.close()
+    totals = sums.total()
     if steady_images == 0:  # a one-batch epoch: no steady state to speak of, use it all
-        steady_images = int(sums[2].item()) + len(bad)
+        steady_images = sums.valid + len(bad)
         t_steady = t0
-    distributed.all_reduce_sum(sums)
+    distributed.all_reduce_sum(totals)
     images = torch.tensor([float(steady_images)], dtype=torch.float64, device=dev)
     seconds = torch.tensor([t_end - (t_steady or t0)], dtype=torch.float64, device=dev)
     distributed.all_reduce_sum(images)
     distributed.all_reduce_max(seconds)  # the slowest rank sets the pace
-    s = sums.tolist()
+    s = totals.tolist()
     return EpochResult(
         loss=s[0] / max(s[2], 1),
         accuracy=s[1] / max(s[2], 1),
@@ -153,6 +156,38 @@ def train_epoch(
         steady_seconds=float(seconds.item()),
         bad_indices=bad,
     )
+
+
+class _Sums:
+    """Per-step loss sums and correct counts, kept as device scalars in lists (no
+    arithmetic per step) and folded into a float64 total every FOLD_EVERY steps and when
+    read; the valid-image count is a host integer, known from the host-side labels."""
+
+    FOLD_EVERY = 256
+
+    def __init__(self, device: torch.device) -> None:
+        self.acc = torch.zeros(2, device=device, dtype=torch.float64)
+        self.losses: List[torch.Tensor] = []
+        self.corrects: List[torch.Tensor] = []
+        self.valid = 0
+
+    def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, valid: int) -> None:
+        self.losses.append(loss_sum)
+        self.corrects.append(correct)
+        self.valid += valid
+        if len(self.losses) >= self.FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.losses:
+            self.acc += torch.stack([torch.stack(self.losses).double().sum(), torch.stack(self.corrects).double().sum()])
+            self.losses, self.corrects = [], []
+
+    def total(self) -> torch.Tensor:
+        """[loss sum, correct, valid] as float64 on the device."""
+        self._fold()
+        valid = torch.tensor([float(self.valid)], dtype=torch.float64, device=self.acc.device)
+        return torch.cat([self.acc, valid])
 
 
 def distributed_world() -> int:
