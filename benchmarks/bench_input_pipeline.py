@@ -6,7 +6,10 @@ folder and read through the page cache on both sides. The trainer side is
 `gpupool.train.data.ImageFiles` in a DataLoader with one worker (so the figure is per
 worker), persistent as in training, timed over its second pass (worker start-up and
 imports excluded); the raw side
-is read + decode_jpeg + resize(antialias) in the main process. Each side runs --rounds
+is read + decode_jpeg + resize(antialias) in the main process. Both sides produce the same
+3 x size x size uint8 images with the same resize op; the loader's batches are
+N x 3 x size x size uint8 in channels_last memory, the interleaved layout the decoder and
+resize already produce (the raw side's outputs have the same strides). Each side runs --rounds
 times, alternating, and the best round counts (other load on a shared machine only ever
 slows a round down). Target: ratio >= 0.9.
 
