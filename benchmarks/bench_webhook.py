@@ -143,7 +143,18 @@ def _client_process(port: int, ca: str, conns: int, start_at: float, seconds: fl
     out.put((latencies, failures, cpu.user + cpu.system))
 
 
-def webhook_round_trips(port: int, ca: str, clients: int, seconds: float, procs: int = 2) -> Dict[str, float]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def webhook_round_trips(port: int, ca: str, clients: int, seconds: float, procs: int = 2,
+                        server_pid: int = 0) -> Dict[str, float]:
     procs = min(procs, clients)
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ctx = multiprocessing.get_context("fork")
@@ -152,14 +163,18 @@ def webhook_round_trips(port: int, ca: str, clients: int, seconds: float, procs:
     workers = [ctx.Process(target=_client_process, args=(port, ca, n, start_at, seconds, out)) for n in per]
     for w in workers:
         w.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_before = _cpu_s(server_pid) if server_pid else float("nan")
     results = [out.get() for _ in workers]
+    cpu_used = (_cpu_s(server_pid) if server_pid else float("nan")) - cpu_before
     for w in workers:
         w.join()
     latencies = [x for r in results for x in r[0]]
     failures = sum(r[1] for r in results)
     client_cpu = sum(r[2] for r in results)
     return dict(summary(latencies, seconds), clients=clients, client_procs=procs, failures=failures,
-                client_cpu_cores=round(client_cpu / (seconds + 0.5), 2))
+                client_cpu_cores=round(client_cpu / (seconds + 0.5), 2),
+                server_cpu_ms_per_request=round(cpu_used / max(1, len(latencies)) * 1000, 3))
 
 
 def extender_filter(nodes: int, gpus: int, runs: int) -> Dict[str, float]:
@@ -217,8 +232,8 @@ def main() -> int:
             "server": "one process, asyncio loop (uvloop) with TLS, app called inline (gpupool.kube.aioserver)",
             "clients": f"closed loop, keep-alive TLS connections, spread over {args.client_procs} processes "
                        "with one epoll loop each",
-            "mutate_1_client": webhook_round_trips(port, str(ca), 1, args.seconds, args.client_procs),
-            "mutate_32_clients": webhook_round_trips(port, str(ca), 32, args.seconds, args.client_procs),
+            "mutate_1_client": webhook_round_trips(port, str(ca), 1, args.seconds, args.client_procs, proc.pid),
+            "mutate_32_clients": webhook_round_trips(port, str(ca), 32, args.seconds, args.client_procs, proc.pid),
             "extender_filter_1000x8": extender_filter(1000, 8, 50),
             "target_p99_ms": 20,
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
