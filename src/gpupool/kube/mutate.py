@@ -106,7 +106,7 @@ def mutate(pod: Mapping[str, Any], config: MutateConfig, gpu_size: Callable[[int
 
 def _container(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig,
                gpu_size: Callable[[int], Optional[int]], wrap: bool, filters, warnings: List[str]) -> Dict[str, Any]:
-    new = copy.deepcopy(dict(container))
+    new = _copy(dict(container))
     name = container["name"]
     size = gpu_size(ask.memory_mib) if ask.memory_mib is not None else None
     units = ask.units(size or config.gpu_memory_mib)
@@ -127,6 +127,19 @@ def _container(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig,
     if wrap:
         new["command"] = _wrapped_command(container, ask, config, filters, warnings)
     return new
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars), several times cheaper than copy.deepcopy;
+    anything else (tuples, other mappings from a Python caller) goes to copy.deepcopy."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if kind is list:
+        return [_copy(v) for v in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters,
