@@ -83,3 +83,26 @@ def test_state_lock_in_one_process(tmp_path):
     with pytest.raises(StateLocked):
         StateLock(tmp_path).acquire()
     first.release()
+
+
+def test_processes_opening_a_fresh_state_dir_at_once_all_succeed(tmp_path):
+    # Switching a new database to WAL fails at once with "database is locked" for all but
+    # one of several processes doing it together; the store retries instead of failing.
+    code = textwrap.dedent("""
+        import sys, time
+        from gpupool.store import Store
+        start = float(sys.argv[2])
+        while time.time() < start:
+            pass
+        Store(sys.argv[1]).close()
+    """)
+    import time
+
+    for attempt in range(3):
+        state = tmp_path / f"state{attempt}"
+        start = time.time() + 0.5
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(state), str(start)], stderr=subprocess.PIPE,
+                                  text=True) for _ in range(4)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err

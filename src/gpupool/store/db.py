@@ -23,6 +23,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional, Union
@@ -85,7 +86,7 @@ class Store:
         # touched (about six per claim) to the WAL, and checkpoints flush them to disk, so
         # small pages are less to write and to flush; the rows are small.
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        conn.execute("PRAGMA journal_mode=WAL")
+        self._wal_mode(conn)
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         if self._background_checkpoint:
@@ -93,6 +94,25 @@ class Store:
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    def _wal_mode(self, conn: sqlite3.Connection) -> None:
+        """PRAGMA journal_mode=WAL, retried while another process holds the lock it needs.
+
+        Two processes opening a fresh state dir at once (two `gpupool run`s) race to
+        switch it to WAL, and SQLite answers "database is locked" at once, without
+        its busy handler; the loser waits here for the winner instead of failing.
+        """
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.001
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def _start_checkpointer(self) -> None:
         conn = self._connect()  # its own connection, used by that thread alone
