@@ -37,7 +37,8 @@ def _read_answers(sock: ssl.SSLSocket, count: int):
 
 def test_pipelined_requests_are_answered_in_order(webhook):
     sock = _raw(webhook["port"], webhook["ca"])
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"POST /nowhere HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3
+                 + b"POST /nowhere HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
     answers = _read_answers(sock, 4)
     assert [a[0] for a in answers] == [200, 200, 200, 404]
     sock.close()

@@ -131,7 +131,8 @@ class Pool:
         with self.store.write() as tx:
             view = getattr(self._local, "view", None)
             version = tx.data_version()
-            if view is None or view.conn is not tx.conn or view.version != version or view.commits != self.store.commits():
+            stale = view is None or view.conn is not tx.conn or view.version != version
+            if stale or view.commits != self.store.commits():
                 view = _View(tx.conn, version, -1, list(self._devices(tx)), tx.allocated(), None, tx.next_expiry())
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
@@ -295,9 +296,10 @@ class Pool:
             now = self.clock()
             self._due(tx, view, now)
             lease = self._owned(tx, lease_id, requester, "renew")
-            # Later than before: view.next_expiry stays a lower bound.
             lease = replace(lease, expires_at=now + lease.ttl_s)
             tx.set_lease_expiry(lease.id, lease.expires_at)
+            if lease.expires_at < view.next_expiry:  # only if the clock went back
+                view.next_expiry = lease.expires_at
         return lease
 
     def release(self, lease_id: str, requester: Optional[str] = None) -> None:
