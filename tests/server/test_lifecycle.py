@@ -147,3 +147,13 @@ def test_kill_9_loses_no_acknowledged_lease_and_never_overcommits(server_factory
     # `live` may also hold leases committed just before the kill whose answer never left: that is fine.
     for device in status["devices"]:
         assert device["allocated_mib"] <= device["memory_mib"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_shuts_down_cleanly_and_frees_the_state_dir(server_factory, sig):
+    server = server_factory()
+    assert server.stop(sig) == 0, server.log.read_text()
+    assert "Traceback" not in server.log.read_text()
+    # The lock went with it: a new server takes the same state dir at once.
+    again = server_factory(state=server.state)
+    assert httpx.get(again.url + "/healthz", timeout=5).status_code == 200

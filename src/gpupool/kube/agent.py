@@ -139,29 +139,9 @@ def every(interval_s: float, work: Callable[[], object], stop: threading.Event, 
     return thread
 
 
-class _Shutdown:
-    """SIGTERM/SIGINT handling around uvicorn.
-
-    uvicorn catches the signal, shuts down, restores the handler it found and raises the
-    signal again; with the default handler that kills the process before any `finally`
-    (plugin socket left in the kubelet dir, exit status -15). This handler is the one it
-    finds: once the server runs it only records the signal, so shutdown runs to the end and
-    the agent exits 0; before that it stops the start-up at once.
-    """
-
-    def __init__(self) -> None:
-        self.serving = False
-        self.received: List[int] = []
-
-    def install(self) -> "_Shutdown":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.received.append(signum)
-        if not self.serving:
-            raise SystemExit(0)
+def _exit_during_start_up(signum, frame) -> None:
+    """SIGTERM/SIGINT before the server runs: stop at once (`finally` still cleans up)."""
+    raise SystemExit(0)
 
 
 def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIGTERM; tests/kube/test_agent_process.py
@@ -170,7 +150,8 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     from ..server.serve import ServerConfig, prepare, run
     from .deviceplugin.plugin import DevicePlugin, PluginConfig, watch_health
 
-    shutdown = _Shutdown().install()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_during_start_up)  # while serving, the server's run() handles them
     node = config.node or os.environ.get("NODE_NAME", "") or os.uname().nodename
     live: Optional[LivePods] = None
     if config.live_pods_file:
@@ -185,6 +166,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     stop = threading.Event()
     plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise,
                                                 mounts=[("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]))
+    serving = False
     try:
         if config.tokens_dir and os.path.isdir(config.tokens_dir):
             tokens_dir = config.tokens_dir
@@ -201,15 +183,15 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
         if live is not None:
             source = live
             every(config.reap_interval_s, lambda: reap_once(prepared.pool, source), stop, "gpupool-reaper")
-        shutdown.serving = True
+        serving = True
         run(prepared)
     finally:
         stop.set()
         plugin.stop()
-        if not shutdown.serving:  # run() releases these itself
+        if not serving:  # run() releases these itself
             prepared.pool.close()
             prepared.lock.release()
-    log.info("agent stopped (signal %s)", shutdown.received or "none")
+    log.info("agent stopped")
 
 
 class _PoolHealth:

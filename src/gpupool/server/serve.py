@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import signal
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
@@ -134,8 +137,30 @@ def prepare(config: ServerConfig) -> Prepared:
     return Prepared(app, pool, lock, sock, url, certfile, keyfile, authenticator is not None, config)
 
 
+@contextlib.contextmanager
+def _stop_signals_recorded() -> Iterator[List[int]]:
+    """While uvicorn serves, SIGINT/SIGTERM found at the end are only recorded.
+
+    uvicorn catches the signal, shuts down, restores the handler it found and raises
+    the signal again; with the default handler that kills the process before any
+    `finally` runs (state lock and pool left open, exit status 143). With this handler
+    in place shutdown runs to the end and the process exits 0.
+    """
+    received: List[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield received
+        return
+    stops = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in stops}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then release the lock."""
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the pool and release the lock."""
     import uvicorn
 
     config = prepared.config
@@ -166,7 +191,9 @@ def run(prepared: Prepared) -> None:
         flush=True,
     )
     try:
-        server.run(sockets=[prepared.sock])
+        with _stop_signals_recorded() as received:
+            server.run(sockets=[prepared.sock])
+        log.info("server stopped (signal %s)", received or "none")
     finally:
         prepared.pool.close()
         prepared.lock.release()
