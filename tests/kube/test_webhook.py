@@ -224,6 +224,10 @@ def test_gpu_in_init_container_is_denied(client):
 
 def test_bad_http_input_gets_4xx_not_500(client):
     assert client.post("/mutate", {"kind": "AdmissionReview"})[0] == 400
+    # Malformed reviews are refused whole, not answered with a 500 or an echoed bad uid.
+    assert client.post("/mutate", {"request": {"uid": ["u"], "object": {}}})[0] == 400
+    status, body = client.post("/validate", {"request": {"uid": "u", "kind": "Pod", "object": {}}})
+    assert status == 400 and "request.kind" in body["error"]["message"]
     assert client.post("/nowhere", {})[0] == 404
     client.conn.request("POST", "/validate", b"{not json", {"Content-Type": "application/json"})
     resp = client.conn.getresponse()

@@ -62,9 +62,14 @@ class WebhookApp:
     # -- admission -------------------------------------------------------
     def _review(self, data: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Any]]]:
         request = data.get("request")
-        if not isinstance(request, dict) or not request.get("uid"):
+        if not isinstance(request, dict) or not request.get("uid") or not isinstance(request["uid"], str):
             return None, (400, {"error": {"code": "invalid_input",
-                                          "message": "not an AdmissionReview: request.uid is missing"}})
+                                          "message": "not an AdmissionReview: request.uid must be a non-empty string"}})
+        if not isinstance(request.get("kind") or {}, dict):
+            # The answer must stay an AdmissionReview; a kind that is not a GroupVersionKind
+            # object would otherwise fail in _pod and reach the client as a 500.
+            return None, (400, {"error": {"code": "invalid_input",
+                                          "message": "not an AdmissionReview: request.kind must be an object"}})
         return request, None
 
     @staticmethod
