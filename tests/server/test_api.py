@@ -83,6 +83,7 @@ def test_auth_and_holders(running_server):
         (b'{"claim": {"requests": []}}', 422, "invalid_claim"),
         (b'{"claim": "x"}', 422, "invalid_claim"),
         (b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": [1]}', 400, "invalid_input"),
+        (b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": {"pid": 1e400}}', 422, "invalid_claim"),
         (b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "wait_s": "long"}', 422, "invalid_claim"),
         (b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "ttl_s": -3}', 422, "invalid_claim"),
         (b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "color": 1}', 400, "invalid_input"),

@@ -204,7 +204,7 @@ class Holder:
         data = data or {}
         try:
             pid = int(data.get("pid", 0) or 0)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is inf
             raise InvalidClaim(f"holder.pid {data.get('pid')!r} must be an integer") from None
         return cls(
             name=str(data.get("name", "") or ""),
