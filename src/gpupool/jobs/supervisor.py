@@ -53,7 +53,7 @@ class Supervisor:
         self.reps = replicas(self.spec)
         self.procs: Dict[str, "processes.subprocess.Popen"] = {}
         self.exits: Dict[str, Optional[int]] = {}
-        self.logs: List[IO[bytes]] = []
+        self.logs: Dict[str, IO[bytes]] = {}  # replica name -> its log, open while it may run
         self.client = None
         self.lease: Optional[Lease] = None
         self.heartbeat = None
@@ -202,8 +202,11 @@ class Supervisor:
 
             env = child_env(_base_env(), extra)
         command = expand_command(role_of(self.spec, rep).command, env)
+        previous = self.logs.pop(rep.name, None)
+        if previous is not None:  # a restart: the stopped attempt's handle is no longer needed
+            previous.close()
         out = open(self.store.log_path(self.name, rep.name), "ab")
-        self.logs.append(out)
+        self.logs[rep.name] = out
         out.write(f"=== gpupool: {rep.name} attempt {attempt + 1}: {' '.join(command)}\n".encode())
         out.flush()
         try:
@@ -314,7 +317,7 @@ class Supervisor:
             if self.kvstore is not None:
                 self.kvstore.stop()
             ports.release(self.store.root, self.name)
-            for f in self.logs:
+            for f in self.logs.values():
                 f.close()
             if not JobStatus(self.state.status).terminal:
                 self._finish(JobStatus.FAILED, self.state.message or "supervisor stopped")
