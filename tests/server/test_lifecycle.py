@@ -42,6 +42,20 @@ def test_non_loopback_needs_a_token(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_failed_start_leaves_no_lock_connection_or_thread_behind(tmp_path):
+    from gpupool.core.errors import InvalidInput
+    from gpupool.server.serve import ServerConfig, prepare
+
+    (tmp_path / "token").write_text("short\n")
+    config = ServerConfig(listen="127.0.0.1:0", state_dir=str(tmp_path / "state"),
+                          token_file=str(tmp_path / "token"), devices="emulated:1x8GiB")
+    before = set(threading.enumerate())
+    for _ in range(2):  # the second start finds the state dir unlocked
+        with pytest.raises(InvalidInput, match="holds no token"):
+            prepare(config)
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+
+
 def test_loopback_without_token_serves_anonymously(server_factory):
     s = server_factory(token=False)
     r = httpx.post(s.url + "/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]},

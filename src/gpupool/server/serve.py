@@ -107,6 +107,7 @@ def prepare(config: ServerConfig) -> Prepared:
         raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
     state = Path(config.state_dir).expanduser()
     lock = StateLock(state).acquire()
+    pool: Optional[Pool] = None
     try:
         devices = config.device_list
         if devices is None and config.devices is not None:
@@ -129,6 +130,10 @@ def prepare(config: ServerConfig) -> Prepared:
         )
         sock = _bind(host, port)
     except BaseException:
+        # The pool's connections and checkpoint thread must not outlive a failed start
+        # (the node agent, or a test, goes on living after it).
+        if pool is not None:
+            pool.close()
         lock.release()
         raise
     bound_port = sock.getsockname()[1]
@@ -160,10 +165,32 @@ def _stop_signals_recorded() -> Iterator[List[int]]:
 
 
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the pool and release the lock."""
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the pool and release the lock.
+
+    Releases the socket, pool and lock on every exit path, a failed start included.
+    """
+    try:
+        server = _uvicorn_server(prepared)
+        devices = prepared.pool.devices()
+        print(
+            f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
+            f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'})",
+            file=sys.stderr,
+            flush=True,
+        )
+        with _stop_signals_recorded() as received:
+            server.run(sockets=[prepared.sock])
+        log.info("server stopped (signal %s)", received or "none")
+    finally:
+        prepared.sock.close()  # uvicorn closes it when it served; not when it failed to start
+        prepared.pool.close()
+        prepared.lock.release()
+
+
+def _uvicorn_server(prepared: Prepared) -> Any:
+    """The uvicorn server of `prepared`, tuned for many small JSON requests."""
     import uvicorn
 
-    config = prepared.config
     try:
         from .corked import CorkedHttpToolsProtocol
 
@@ -175,28 +202,14 @@ def run(prepared: Prepared) -> None:
         http=http,
         # Nothing here reads the client address, so X-Forwarded-* need not be parsed per request.
         proxy_headers=False,
-        log_level=config.log_level,
+        log_level=prepared.config.log_level,
         access_log=False,  # one log line per request costs more than the request
         ssl_certfile=prepared.ssl_certfile,
         ssl_keyfile=prepared.ssl_keyfile,
         timeout_keep_alive=30,
         server_header=False,
     )
-    server = uvicorn.Server(uv)
-    devices = prepared.pool.devices()
-    print(
-        f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
-        f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'})",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        with _stop_signals_recorded() as received:
-            server.run(sockets=[prepared.sock])
-        log.info("server stopped (signal %s)", received or "none")
-    finally:
-        prepared.pool.close()
-        prepared.lock.release()
+    return uvicorn.Server(uv)
 
 
 def serve(config: ServerConfig) -> None:
