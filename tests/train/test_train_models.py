@@ -93,3 +93,14 @@ def test_image_too_small_for_the_model() -> None:
         build_model("vgg19", 4, 16, weights="none")
     with pytest.raises(InvalidInput, match="too small for convnet"):
         build_model("convnet", 4, 4)
+
+
+def test_unreadable_model_file_is_a_short_invalid_input(tmp_path: Path) -> None:
+    from gpupool.train.export import load_serving
+
+    junk = tmp_path / "model.pt"
+    junk.write_text("# not a model\n")
+    with pytest.raises(InvalidInput) as err:
+        load_serving(tmp_path)
+    assert str(junk) in err.value.message and "gpupool train" in err.value.message
+    assert "weights_only" not in err.value.message  # torch's advice to load unsafely is not passed on

@@ -87,7 +87,12 @@ def load_serving(path: Path) -> Tuple[Classifier, Dict[str, Any]]:
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise InvalidInput(f"cannot read model file {file}: {err}") from None
+        # torch's own message runs to paragraphs (and suggests weights_only=False, which would
+        # run code from the file): name the file and the fix instead.
+        raise InvalidInput(
+            f"cannot read model file {file} ({type(err).__name__}): it is damaged or not written by "
+            f"`gpupool train`; train one with `gpupool train --out DIR`"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InvalidInput(f"{file} is not a gpupool model (expected format {FORMAT})")
     size = int(payload["preprocess"]["image_size"])
