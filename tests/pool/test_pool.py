@@ -208,3 +208,18 @@ def test_device_health_blocks_new_slices(pool):
     assert lease.slices[0].device_uuid != uuid
     with pytest.raises(Unsatisfiable):
         pool.claim(half(2), Holder("a"))
+
+
+def test_a_pool_that_cannot_find_devices_leaves_no_connection_open(tmp_path, monkeypatch):
+    import os
+
+    from gpupool.core.errors import InvalidInput
+
+    def open_db_files():
+        fds = os.listdir("/proc/self/fd")
+        return [f for f in fds if os.path.realpath(f"/proc/self/fd/{f}").startswith(str(tmp_path))]
+
+    monkeypatch.setenv("GPUPOOL_DEVICES", "emulated:0x16GiB")  # a fresh state dir: devices are discovered
+    with pytest.raises(InvalidInput, match="count must be >= 1"):
+        Pool(tmp_path)
+    assert open_db_files() == []

@@ -102,16 +102,20 @@ class Pool:
         self._host = socket.gethostname()
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
         self._local = threading.local()  # this thread's _View
-        if devices is None:
-            with self.store.read() as tx:
-                known = tx.devices()
-            if not known:
-                from ..devices import discover  # lazy: NVML probing is slow and rarely needed
+        try:
+            if devices is None:
+                with self.store.read() as tx:
+                    known = tx.devices()
+                if not known:
+                    from ..devices import discover  # lazy: NVML probing is slow and rarely needed
 
-                devices = discover(None, self.node)
-        if devices is not None:
-            with self.store.write() as tx:
-                tx.replace_devices(list(devices))
+                    devices = discover(None, self.node)
+            if devices is not None:
+                with self.store.write() as tx:
+                    tx.replace_devices(list(devices))
+        except BaseException:
+            self.store.close()  # no pool to close it later: NVML missing must not leak connections
+            raise
 
     @classmethod
     def open(cls, state_dir: Union[str, Path], **kwargs) -> "Pool":
