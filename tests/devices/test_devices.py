@@ -18,6 +18,8 @@ def test_emulated_list_and_stable_uuids():
     assert [d.uuid for d in devices] == ["GPU-emu-n1-0", "GPU-emu-n1-1", "GPU-emu-n1-2"]
     assert discover("emulated:2x16GiB,1x80GiB", node="n1") == devices
     assert emulated_devices("1x512MiB", node="my node")[0].uuid == "GPU-emu-my-node-0"
+    names = [d.name for d in emulated_devices("1x16GiB,1x1536MiB,1x512MiB")]
+    assert names == ["Emulated GPU 16GiB", "Emulated GPU 1.5GiB", "Emulated GPU 512MiB"]
 
 
 def test_env_spec(monkeypatch):

@@ -12,7 +12,7 @@ from typing import List
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
-from ..core.quantity import parse_memory_mib
+from ..core.quantity import format_mib, parse_memory_mib
 
 PREFIX = "emulated:"
 _PART_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
@@ -40,8 +40,7 @@ def emulated_devices(spec: str, node: str = "localhost") -> List[Device]:
                 Device(
                     uuid=f"GPU-emu-{_safe(node)}-{index}",
                     index=index,
-                    name=f"Emulated GPU {memory // 1024 if memory >= 1024 else memory}"
-                    + ("GiB" if memory >= 1024 else "MiB"),
+                    name=f"Emulated GPU {format_mib(memory)}",
                     memory_mib=memory,
                     node=node,
                     healthy=True,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Iterable, Optional, Set
 
-from .nvml import NvmlUnavailable, load_nvml
+from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def device_health(uuids: Iterable[str]) -> Dict[str, bool]:
             except Exception:
                 result[uuid] = False
     finally:
-        _shutdown(nvml)
+        shutdown_nvml(nvml)
     return result
 
 
@@ -60,8 +60,12 @@ class HealthWatcher:
         if not self._uuids:
             return
         nvml = load_nvml()
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+        except BaseException:
+            shutdown_nvml(nvml)  # no watcher to close(): end NVML here
+            raise
         self._nvml = nvml
-        self._events = nvml.nvmlEventSetCreate()
         for uuid in self._uuids:
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -101,12 +105,5 @@ class HealthWatcher:
                 self._nvml.nvmlEventSetFree(self._events)
             except Exception:
                 pass
-            _shutdown(self._nvml)
+            shutdown_nvml(self._nvml)
             self._nvml = None
-
-
-def _shutdown(nvml: Any) -> None:
-    try:
-        nvml.nvmlShutdown()
-    except Exception:  # pragma: no cover
-        log.debug("nvmlShutdown failed", exc_info=True)

@@ -58,14 +58,19 @@ def nvml_devices(node: str = "localhost") -> List[Device]:
                 )
             )
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # pragma: no cover - shutdown errors are not actionable
-            log.debug("nvmlShutdown failed", exc_info=True)
+        shutdown_nvml(nvml)
     if not devices:
         raise NvmlUnavailable("NVML found no NVIDIA GPU on this machine: use --devices emulated:2x16GiB")
     log.info("NVML: %d GPU(s): %s", len(devices), ", ".join(d.name for d in devices))
     return devices
+
+
+def shutdown_nvml(nvml: Any) -> None:
+    """End a `load_nvml()`; shutdown errors are logged, never raised (they are not actionable)."""
+    try:
+        nvml.nvmlShutdown()
+    except Exception:  # pragma: no cover
+        log.debug("nvmlShutdown failed", exc_info=True)
 
 
 def _text(value: Any) -> str:
