@@ -19,7 +19,7 @@ from torch import nn
 from gpupool.core.errors import InvalidInput
 from gpupool.train.checkpoint import atomic_save
 from gpupool.train.data import MEAN, STD, Normalizer
-from gpupool.train.models import Classifier, build_model
+from gpupool.train.models import Classifier, build_model, load_tensors_file
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,7 @@ def load_serving(path: Path) -> Tuple[Classifier, Dict[str, Any]]:
     file = path / MODEL_FILE if path.is_dir() else path
     if not file.is_file():
         raise InvalidInput(f"no trained model at {file}; train one with `gpupool train --out {path}`")
-    try:
-        payload = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:
-        # torch's own message runs to paragraphs (and suggests weights_only=False, which would
-        # run code from the file): name the file and the fix instead.
-        raise InvalidInput(
-            f"cannot read model file {file} ({type(err).__name__}): it is damaged or not written by "
-            f"`gpupool train`; train one with `gpupool train --out DIR`"
-        ) from None
+    payload = load_tensors_file(file, "model file", "train one with `gpupool train --out DIR`")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InvalidInput(f"{file} is not a gpupool model (expected format {FORMAT})")
     size = int(payload["preprocess"]["image_size"])

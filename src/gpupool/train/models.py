@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -112,6 +112,21 @@ def _torchvision_model(name: str) -> nn.Module:
     return getattr(torchvision.models, name)(weights=None)
 
 
+def load_tensors_file(file: Path, what: str, hint: str) -> Any:
+    """torch.load of a tensors-only file (weights_only=True) onto the CPU.
+
+    Raises:
+        InvalidInput: naming `what`, the file and `hint` when it cannot be read.
+    """
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:
+        # torch's own message runs to paragraphs and suggests weights_only=False, which would
+        # run code from the file: name the file and the fix instead.
+        raise InvalidInput(f"cannot read {what} {file} ({type(err).__name__}: damaged, or not a saved "
+                           f"state dict); {hint}") from None
+
+
 def _load_weights(model: nn.Module, name: str, path: str) -> None:
     """Load a torchvision-format state dict (the full ImageNet model) from `path`.
 
@@ -124,10 +139,7 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
     )
     if not file.is_file():
         raise InvalidInput(f"weights file {file} does not exist; {hint}")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise InvalidInput(f"cannot read weights file {file} ({err}); {hint}") from None
+    state = load_tensors_file(file, "weights file", hint)
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
