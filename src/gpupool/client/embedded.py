@@ -64,6 +64,4 @@ class EmbeddedPoolClient(PoolClient):
         return self._pool.lease(lease_id)
 
     def close(self) -> None:
-        close = getattr(self._pool, "close", None)
-        if close is not None:
-            close()
+        self._pool.close()

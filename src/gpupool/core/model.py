@@ -245,10 +245,6 @@ class Lease:
         """The slices granted for request number `index` of the claim."""
         return tuple(s for s in self.slices if s.group == index)
 
-    @property
-    def group_count(self) -> int:
-        return 1 + max((s.group for s in self.slices), default=0)
-
     def to_dict(self) -> Dict[str, Any]:
         return {
             "id": self.id,

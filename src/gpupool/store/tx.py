@@ -139,9 +139,6 @@ class Tx:
     def set_lease_expiry(self, lease_id: str, expires_at: float) -> None:
         self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
 
-    def lease_count(self) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0])
-
     # --- tickets (the FIFO queue) ---------------------------------------------
     def add_ticket(self, claim: dict, holder: dict, host: str, pid: int, now: float, expires_at: float) -> int:
         cur = self.conn.execute(
@@ -159,9 +156,6 @@ class Tx:
 
     def tickets_before(self, ticket_id: int) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM tickets WHERE id < ?", (ticket_id,)).fetchone()[0])
-
-    def ticket_exists(self, ticket_id: int) -> bool:
-        return self.conn.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is not None
 
     def refresh_ticket(self, ticket_id: int, expires_at: float) -> bool:
         cur = self.conn.execute("UPDATE tickets SET expires_at = ? WHERE id = ?", (expires_at, ticket_id))
@@ -186,9 +180,6 @@ class Tx:
     def token_by_hash(self, token_hash: str) -> Optional[Tuple[str, bool]]:
         row = self.conn.execute("SELECT name, admin FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
         return (row[0], bool(row[1])) if row else None
-
-    def token_names(self) -> List[Tuple[str, bool, float]]:
-        return self.conn.execute("SELECT name, admin, created_at FROM tokens ORDER BY name").fetchall()
 
     def delete_token(self, name: str) -> bool:
         return self.conn.execute("DELETE FROM tokens WHERE name = ?", (name,)).rowcount > 0
