@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Sequence
 
 from .pool_options import add_pool_arguments, pool_kwargs
 
@@ -47,7 +47,7 @@ def handle_status(args: argparse.Namespace) -> int:
         print(json.dumps(status.to_dict()))
         return 0
     data = status.to_dict()
-    print(_table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], _device_rows(data["devices"])))
+    print(_device_table(data["devices"]))
     print()
     if data["leases"]:
         now = time.time()
@@ -69,7 +69,7 @@ def handle_list_gpus(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"devices": data["devices"]}))
         return 0
-    print(_table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], _device_rows(data["devices"])))
+    print(_device_table(data["devices"]))
     return 0
 
 
@@ -94,7 +94,8 @@ def handle_release(args: argparse.Namespace) -> int:
             c.close()
 
 
-def _device_rows(devices: Sequence[Dict[str, Any]]) -> List[List[str]]:
+def _device_table(devices: Sequence[Dict[str, Any]]) -> str:
+    """The devices of `status --json` as the table of `status` and `list-gpus`."""
     rows = []
     for d in devices:
         total, used = d["memory_mib"], d["allocated_mib"]
@@ -104,7 +105,7 @@ def _device_rows(devices: Sequence[Dict[str, Any]]) -> List[List[str]]:
             str(d["index"]), d.get("node", ""), d["uuid"], d["name"] + health,
             _mib(total), _mib(used) + pct, _mib(max(total - used, 0)),
         ])
-    return rows
+    return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], rows)
 
 
 def _mib(mib: int) -> str:

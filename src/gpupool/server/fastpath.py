@@ -8,6 +8,7 @@ paths stay for the OpenAPI document and run the same `LeaseApi` code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
@@ -109,8 +110,6 @@ async def _read_body(receive: Callable) -> Tuple[bytes, Callable[[], Awaitable[b
         nonlocal gone
         if gone:
             return True
-        import asyncio
-
         try:
             message = await asyncio.wait_for(receive(), timeout=0.0001)
         except asyncio.TimeoutError:
