@@ -56,6 +56,17 @@ def test_a_failed_start_leaves_no_lock_connection_or_thread_behind(tmp_path):
     assert [t.name for t in set(threading.enumerate()) - before] == []
 
 
+@pytest.mark.parametrize("ttl", ["0", "nan", "1e9"])
+def test_a_default_ttl_no_claim_could_use_is_refused_at_start(tmp_path, ttl):
+    from gpupool.core.errors import InvalidInput
+    from gpupool.server.serve import ServerConfig, prepare
+
+    with pytest.raises(InvalidInput, match="--ttl"):
+        prepare(ServerConfig(listen="127.0.0.1:0", state_dir=str(tmp_path), devices="emulated:1x8GiB",
+                             ttl_s=float(ttl)))
+    assert not (tmp_path / "server.lock").exists()
+
+
 def test_loopback_without_token_serves_anonymously(server_factory):
     s = server_factory(token=False)
     r = httpx.post(s.url + "/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]},

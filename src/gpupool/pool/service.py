@@ -44,6 +44,7 @@ DEFAULT_TTL_S = 30.0
 # taken for dead (its process was killed) and leaves the queue.
 TICKET_TTL_S = 5.0
 MAX_WAIT_S = 7 * 24 * 3600.0
+MIN_TTL_S = 0.05
 MAX_TTL_S = 24 * 3600.0
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
@@ -195,7 +196,7 @@ class Pool:
         The building block of `claim`; the HTTP server polls with asyncio
         instead of holding a thread per waiting claim.
         """
-        ttl_s = _check_seconds(ttl_s, "ttl_s", 0.05, MAX_TTL_S)
+        ttl_s = _check_seconds(ttl_s, "ttl_s", MIN_TTL_S, MAX_TTL_S)
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
         if not isinstance(claim, Claim):
             raise InvalidClaim(f"claim must be a Claim, got {type(claim).__name__}")

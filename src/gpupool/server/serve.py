@@ -19,7 +19,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
-from ..pool import DEFAULT_TTL_S, Pool
+from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock
 from .auth import Authenticator, load_or_create_token_file
 
@@ -105,6 +105,8 @@ def prepare(config: ServerConfig) -> Prepared:
         raise InvalidInput("give both --tls-cert and --tls-key, or --tls auto")
     if config.tls_auto and config.tls_cert:
         raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
+    if not MIN_TTL_S <= config.ttl_s <= MAX_TTL_S:  # else every claim without its own ttl_s is refused
+        raise InvalidInput(f"--ttl {config.ttl_s:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
     state = Path(config.state_dir).expanduser()
     lock = StateLock(state).acquire()
     pool: Optional[Pool] = None
