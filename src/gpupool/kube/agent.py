@@ -188,9 +188,8 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     finally:
         stop.set()
         plugin.stop()
-        if not serving:  # run() releases these itself
-            prepared.pool.close()
-            prepared.lock.release()
+        if not serving:  # run() closes it itself
+            prepared.close()
     log.info("agent stopped")
 
 

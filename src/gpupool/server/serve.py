@@ -61,6 +61,12 @@ class Prepared:
     auth: bool
     config: ServerConfig
 
+    def close(self) -> None:
+        """Close the socket and the pool, then release the state dir (idempotent)."""
+        self.sock.close()  # uvicorn closes it when it served; not when it failed to start
+        self.pool.close()
+        self.lock.release()
+
 
 def parse_listen(listen: str) -> Tuple[str, int]:
     """'0.0.0.0:56001', '[::1]:56001', ':56001' or 'host' -> (host, port)."""
@@ -184,9 +190,7 @@ def run(prepared: Prepared) -> None:
             server.run(sockets=[prepared.sock])
         log.info("server stopped (signal %s)", received or "none")
     finally:
-        prepared.sock.close()  # uvicorn closes it when it served; not when it failed to start
-        prepared.pool.close()
-        prepared.lock.release()
+        prepared.close()
 
 
 def _uvicorn_server(prepared: Prepared) -> Any:
