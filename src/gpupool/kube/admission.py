@@ -16,7 +16,7 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..core.errors import InvalidInput
 from . import extender
@@ -92,7 +92,8 @@ class WebhookApp:
             return None  # scoped: only pod creation is ours; anything else passes untouched
         return obj
 
-    def _mutate(self, data: Dict[str, Any]) -> Tuple[int, Any]:
+    def _admit(self, data: Dict[str, Any], decide: Callable[[str, Dict[str, Any]], Dict[str, Any]]) -> Tuple[int, Any]:
+        """Check the review, pass what is not a pod creation, else answer with `decide(uid, pod)`."""
         request, bad = self._review(data)
         if bad:
             return bad
@@ -100,30 +101,32 @@ class WebhookApp:
         pod = self._pod(request)
         if pod is None:
             return 200, self._answer(data, uid, True)
-        try:
-            out = mutate(pod, self.config, self.cluster.gpu_size)
-        except InvalidInput as err:
-            return 200, self._answer(data, uid, False, "gpupool: " + err.message)
-        except Exception:  # fail safe: leave the pod as it is; the validating webhook names any problem
-            log.exception("mutating pod %s failed", uid)
-            return 200, self._answer(data, uid, True, warnings=["gpupool webhook error: the pod was not changed"])
-        return 200, self._answer(data, uid, True, patch=out.patch, warnings=out.warnings)
+        return 200, decide(uid, pod)
+
+    def _mutate(self, data: Dict[str, Any]) -> Tuple[int, Any]:
+        def decide(uid: str, pod: Dict[str, Any]) -> Dict[str, Any]:
+            try:
+                out = mutate(pod, self.config, self.cluster.gpu_size)
+            except InvalidInput as err:
+                return self._answer(data, uid, False, "gpupool: " + err.message)
+            except Exception:  # fail safe: leave the pod as it is; the validating webhook names any problem
+                log.exception("mutating pod %s failed", uid)
+                return self._answer(data, uid, True, warnings=["gpupool webhook error: the pod was not changed"])
+            return self._answer(data, uid, True, patch=out.patch, warnings=out.warnings)
+
+        return self._admit(data, decide)
 
     def _validate(self, data: Dict[str, Any]) -> Tuple[int, Any]:
-        request, bad = self._review(data)
-        if bad:
-            return bad
-        uid = request["uid"]
-        pod = self._pod(request)
-        if pod is None:
-            return 200, self._answer(data, uid, True)
-        try:
-            verdict = validate(pod, self.cluster.node_devices)
-        except Exception:
-            log.exception("validating pod %s failed", uid)
-            return 200, self._answer(data, uid, True, warnings=["gpupool webhook error: the pod was not checked"])
-        message = "" if verdict.allowed else "gpupool: " + verdict.message
-        return 200, self._answer(data, uid, verdict.allowed, message, warnings=verdict.warnings)
+        def decide(uid: str, pod: Dict[str, Any]) -> Dict[str, Any]:
+            try:
+                verdict = validate(pod, self.cluster.node_devices)
+            except Exception:
+                log.exception("validating pod %s failed", uid)
+                return self._answer(data, uid, True, warnings=["gpupool webhook error: the pod was not checked"])
+            message = "" if verdict.allowed else "gpupool: " + verdict.message
+            return self._answer(data, uid, verdict.allowed, message, warnings=verdict.warnings)
+
+        return self._admit(data, decide)
 
     # -- scheduler extender ---------------------------------------------
     def _filter(self, data: Dict[str, Any]) -> Tuple[int, Any]:
