@@ -71,8 +71,13 @@ def _ca_pem(ca: Optional[str], state: Optional[str]) -> Optional[str]:
     if ca:
         path = Path(ca).expanduser()
         if not path.is_file():
-            raise InvalidInput(f"--ca {ca}: no such file")
-        return path.read_text(encoding="utf-8")
+            raise InvalidInput(f"--ca {ca}: no such file; give the server's CA certificate (STATE/tls/ca.crt)")
+        pem = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            ssl.create_default_context(cadata=pem)
+        except ssl.SSLError:
+            raise InvalidInput(f"--ca {ca} is not a PEM certificate; give the server's CA (STATE/tls/ca.crt)") from None
+        return pem
     if state:
         from ..server.tls import ca_path
 

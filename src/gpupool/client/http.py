@@ -144,7 +144,7 @@ class HttpPoolClient(PoolClient):
             self._drop()
         if self._conn is None:
             if self._https:
-                context = ssl.create_default_context(cafile=self._ca or None)
+                context = _tls_context(self._ca)
                 self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s, context=context)
             else:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
@@ -197,3 +197,14 @@ def _by_status(status: int, message: str) -> GpupoolError:
 
 def _quote(text: str) -> str:
     return urllib.parse.quote(str(text), safe="")
+
+
+def _tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
+    """A verifying TLS context trusting `ca_file` (or the system CAs); a bad file is bad input."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except OSError as err:  # missing file, or not PEM (ssl.SSLError is an OSError)
+        raise InvalidInput(
+            f"CA file {ca_file!r} cannot be used ({err.strerror or err}): give the ca.crt of the server's "
+            "token bundle (the 'ca' of client.yaml, or GPUPOOL_CA)"
+        ) from None
