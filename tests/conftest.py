@@ -22,6 +22,18 @@ import pytest
 _URL_RE = re.compile(r"listening on (\S+)")
 
 
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
+    """Send `sig`, give the process 10 s to exit, then kill it; returns its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
 @dataclass
 class ServerProcess:
     """A `python -m gpupool server` child: its URL, admin token, state dir and log."""
@@ -38,14 +50,7 @@ class ServerProcess:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        return stop_process(self.proc, sig)
 
 
 def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 20.0) -> ServerProcess:

@@ -27,6 +27,8 @@ from gpupool.core.model import Claim, Holder
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 
+from conftest import stop_process
+
 from .conftest import Kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,14 +75,7 @@ class Agent:
         return self.get("/v1/status", self.admin)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 def start_agent(base: Path, *extra: str) -> Agent:
