@@ -11,7 +11,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -97,19 +97,7 @@ def train_epoch(
     for step, (images, labels, index) in enumerate(loader):
         if max_steps is not None and step >= max_steps:
             break
-        # Labels are still on the host here: counting the unreadable ones costs no device sync.
-        valid = labels.shape[0]
-        bad_mask = labels == BAD_LABEL
-        if bool(bad_mask.any()):
-            bad_now = index[bad_mask].tolist()
-            bad.update(bad_now)
-            valid -= len(bad_now)
-        x = eng.normalizer(images.to(dev, non_blocking=True))
-        y = labels.to(dev, non_blocking=True)
-        with eng.autocast():
-            logits = eng.model(x)
-        # The loss in fp32 whatever autocast did; ignored (unreadable) images weigh nothing.
-        loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
+        logits, y, loss_sum, valid = _forward(eng, eng.model, images, labels, index, bad)
         loss = loss_sum / max(valid, 1)
         eng.optimizer.zero_grad(set_to_none=True)
         eng.scaler.scale(loss).backward()
@@ -197,6 +185,29 @@ def distributed_world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def _forward(
+    eng: Engine, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, bad: Set[int]
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """One batch through `model`: (logits, device labels, fp32 loss sum, readable images).
+
+    Unreadable images are added to `bad` while the labels are still on the host, so
+    counting them costs no device sync; they weigh nothing in the loss.
+    """
+    valid = labels.shape[0]
+    bad_mask = labels == BAD_LABEL
+    if bool(bad_mask.any()):
+        bad_now = index[bad_mask].tolist()
+        bad.update(bad_now)
+        valid -= len(bad_now)
+    x = eng.normalizer(images.to(eng.device, non_blocking=True))
+    y = labels.to(eng.device, non_blocking=True)
+    with eng.autocast():
+        logits = model(x)
+    # The loss in fp32 whatever autocast did.
+    loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
+    return logits, y, loss_sum, valid
+
+
 @torch.no_grad()
 def evaluate(eng: Engine, loader: Iterable, num_classes: int, max_steps: Optional[int] = None) -> EpochResult:
     """Loss, accuracy and confusion matrix over this rank's shard, summed over all ranks.
@@ -214,14 +225,7 @@ def evaluate(eng: Engine, loader: Iterable, num_classes: int, max_steps: Optiona
     for step, (images, labels, index) in enumerate(loader):
         if max_steps is not None and step >= max_steps:
             break
-        bad_mask = labels == BAD_LABEL
-        if bool(bad_mask.any()):
-            bad.update(index[bad_mask].tolist())
-        x = eng.normalizer(images.to(dev, non_blocking=True))
-        y = labels.to(dev, non_blocking=True)
-        with eng.autocast():
-            logits = model(x)
-        loss_sum = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL, reduction="sum")
+        logits, y, loss_sum, _ = _forward(eng, model, images, labels, index, bad)
         keep = y != BAD_LABEL
         pred = logits.argmax(1)
         sums += torch.stack(
