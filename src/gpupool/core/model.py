@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import InvalidClaim
 from .filters import Filter
+from .usage import NodeIsolation, UsageReport
 
 
 class Policy(enum.Enum):
@@ -284,6 +285,8 @@ class PoolStatus:
     leases: Tuple[Lease, ...]
     queued: int = 0
     node: str = ""
+    isolation: NodeIsolation = field(default_factory=NodeIsolation)
+    usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
 
     def allocated(self) -> Dict[str, int]:
         return allocated_by_device(self.leases)
@@ -295,6 +298,8 @@ class PoolStatus:
             "leases": [lease.to_dict() for lease in self.leases],
             "queued": self.queued,
             "node": self.node,
+            "isolation": self.isolation.to_dict(),
+            "usage": self.usage.to_dict() if self.usage is not None else None,
         }
 
     @classmethod
@@ -304,6 +309,8 @@ class PoolStatus:
             leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),
             queued=int(data.get("queued", 0)),
             node=str(data.get("node", "")),
+            isolation=NodeIsolation.from_dict(data.get("isolation")),
+            usage=UsageReport.from_dict(data["usage"]) if data.get("usage") else None,
         )
 
 

@@ -19,6 +19,7 @@ stream of small claims cannot starve a big one waiting for whole GPUs.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -33,6 +34,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.usage import NodeIsolation, UsageReport
 from ..core.placement import could_ever_fit, place
 from ..store import Store
 from ..store.tx import Tx
@@ -48,6 +50,9 @@ MIN_TTL_S = 0.05
 MAX_TTL_S = 24 * 3600.0
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
+# meta keys of the node-wide records every view reads
+ISOLATION_KEY = "isolation"
+USAGE_KEY = "usage"
 
 
 @dataclass
@@ -350,7 +355,26 @@ class Pool:
             devices = self._devices(tx)
             leases = tx.leases("expires_at >= ?", (now,))
             queued = sum(1 for _, _, _, exp in tx.tickets() if exp >= now)
-        return PoolStatus(tuple(devices), tuple(leases), queued, self.node)
+            isolation = tx.meta(ISOLATION_KEY)
+            usage = tx.meta(USAGE_KEY)
+        return PoolStatus(
+            tuple(devices),
+            tuple(leases),
+            queued,
+            self.node,
+            NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
+            UsageReport.from_dict(json.loads(usage)) if usage else None,
+        )
+
+    def set_isolation(self, isolation: NodeIsolation) -> None:
+        """Record how this node holds leases to their share (runners read it from status)."""
+        with self.store.write() as tx:
+            tx.set_meta(ISOLATION_KEY, json.dumps(isolation.to_dict()))
+
+    def record_usage(self, report: UsageReport) -> None:
+        """Keep `report` as the node's usage record (the watchdog writes it every sample)."""
+        with self.store.write() as tx:
+            tx.set_meta(USAGE_KEY, json.dumps(report.to_dict(), separators=(",", ":")))
 
     def devices(self) -> List[Device]:
         with self.store.read() as tx:

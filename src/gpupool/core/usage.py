@@ -1,0 +1,236 @@
+"""What the pool's GPUs really do: sampled usage per process, device and lease, and the modes that act on it.
+
+Pure data. The sampler (devices/) fills `ProcessUsage` rows, the watchdog
+(enforcement/) attributes them to leases and records one `UsageReport` in the
+pool; every view (status table, /v1/status, /metrics) reads that record.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .errors import InvalidInput
+
+
+class IsolationMode(enum.Enum):
+    """How a lease's limits are held on a node."""
+
+    MPS = "mps"  # CUDA MPS: the driver caps memory and SM share per client
+    HOOKS = "hooks"  # env + import hook: PyTorch/TensorFlow/JAX cap themselves
+    NONE = "none"  # CUDA_VISIBLE_DEVICES only
+
+    @classmethod
+    def parse(cls, text: str) -> "IsolationMode":
+        try:
+            return cls(str(text).strip().lower())
+        except ValueError:
+            raise InvalidInput(f"isolation {text!r} is unknown: use mps, hooks or none") from None
+
+
+@dataclass(frozen=True)
+class NodeIsolation:
+    """A node's isolation mode, and in `mps` mode the folders of its MPS control daemon."""
+
+    mode: IsolationMode = IsolationMode.HOOKS
+    mps_pipe_dir: str = ""
+    mps_log_dir: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"mode": self.mode.value, "mps_pipe_dir": self.mps_pipe_dir, "mps_log_dir": self.mps_log_dir}
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "NodeIsolation":
+        data = data or {}
+        return cls(
+            IsolationMode.parse(data.get("mode", IsolationMode.HOOKS.value)),
+            str(data.get("mps_pipe_dir", "") or ""),
+            str(data.get("mps_log_dir", "") or ""),
+        )
+
+
+class EnforceMode(enum.Enum):
+    """What the watchdog does about a process that breaks the rules."""
+
+    KILL = "kill"  # SIGTERM, then SIGKILL after a short wait
+    WARN = "warn"  # log and count only
+    OFF = "off"  # not even that
+
+    @classmethod
+    def parse(cls, text: str, what: str = "--enforce") -> "EnforceMode":
+        try:
+            return cls(str(text).strip().lower())
+        except ValueError:
+            raise InvalidInput(f"{what} {text!r} is unknown: use kill, warn or off") from None
+
+
+class Violation(enum.Enum):
+    """Why the watchdog acted; the `reason` label of gpupool_enforcement_actions_total."""
+
+    OVER_SHARE = "over_share"  # a lease used more memory than its slice for longer than the grace period
+    UNLEASED = "unleased"  # a process on a pooled GPU that belongs to no live lease
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One process on one GPU at one sample, with the lease it was attributed to ('' = none)."""
+
+    pid: int
+    device_uuid: str
+    memory_mib: int
+    utilization: Optional[float] = None  # SM busy share in [0, 1]; None where the driver does not say
+    lease_id: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "device_uuid": self.device_uuid,
+            "memory_mib": self.memory_mib,
+            "utilization": self.utilization,
+            "lease_id": self.lease_id,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProcessUsage":
+        util = data.get("utilization")
+        return cls(
+            pid=int(data["pid"]),
+            device_uuid=str(data["device_uuid"]),
+            memory_mib=int(data["memory_mib"]),
+            utilization=None if util is None else float(util),
+            lease_id=str(data.get("lease_id", "") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One GPU at one sample: memory really used (all processes) and how busy it was."""
+
+    uuid: str
+    memory_used_mib: int
+    utilization: Optional[float] = None  # in [0, 1]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"uuid": self.uuid, "memory_used_mib": self.memory_used_mib, "utilization": self.utilization}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DeviceUsage":
+        util = data.get("utilization")
+        return cls(str(data["uuid"]), int(data["memory_used_mib"]), None if util is None else float(util))
+
+
+@dataclass(frozen=True)
+class EnforcementAction:
+    """One thing the watchdog did (or, in warn mode, would have done)."""
+
+    at: float
+    reason: Violation
+    mode: EnforceMode
+    pid: int
+    device_uuid: str
+    memory_mib: int
+    lease_id: str = ""
+    holder: str = ""
+
+    def describe(self) -> str:
+        verb = "killed" if self.mode is EnforceMode.KILL else "warned about"
+        owner = f"lease {self.lease_id} of {self.holder}" if self.lease_id else "no lease"
+        return (
+            f"{verb} pid {self.pid} ({self.reason.value}: {owner}, "
+            f"{self.memory_mib} MiB on {self.device_uuid})"
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "at": self.at,
+            "reason": self.reason.value,
+            "mode": self.mode.value,
+            "pid": self.pid,
+            "device_uuid": self.device_uuid,
+            "memory_mib": self.memory_mib,
+            "lease_id": self.lease_id,
+            "holder": self.holder,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EnforcementAction":
+        return cls(
+            at=float(data["at"]),
+            reason=Violation(data["reason"]),
+            mode=EnforceMode(data["mode"]),
+            pid=int(data["pid"]),
+            device_uuid=str(data["device_uuid"]),
+            memory_mib=int(data["memory_mib"]),
+            lease_id=str(data.get("lease_id", "") or ""),
+            holder=str(data.get("holder", "") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """The latest sample of a node's pooled GPUs, with the watchdog's recent actions and totals."""
+
+    sampled_at: float
+    devices: Tuple[DeviceUsage, ...] = ()
+    processes: Tuple[ProcessUsage, ...] = ()
+    actions: Tuple[EnforcementAction, ...] = ()  # the most recent ones, newest last
+    actions_total: Mapping[str, int] = field(default_factory=dict)  # Violation value -> count since start
+
+    def lease_memory_mib(self) -> Dict[str, int]:
+        """MiB really used per lease id, over all its processes and GPUs."""
+        used: Dict[str, int] = {}
+        for p in self.processes:
+            if p.lease_id:
+                used[p.lease_id] = used.get(p.lease_id, 0) + p.memory_mib
+        return used
+
+    def unleased(self) -> List[ProcessUsage]:
+        """Processes on pooled GPUs that belong to no live lease."""
+        return [p for p in self.processes if not p.lease_id]
+
+    def device(self, uuid: str) -> Optional[DeviceUsage]:
+        return next((d for d in self.devices if d.uuid == uuid), None)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "sampled_at": self.sampled_at,
+            "devices": [d.to_dict() for d in self.devices],
+            "processes": [p.to_dict() for p in self.processes],
+            "actions": [a.to_dict() for a in self.actions],
+            "actions_total": {reason.value: int(self.actions_total.get(reason.value, 0)) for reason in Violation},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "UsageReport":
+        totals = data.get("actions_total") or {}
+        return cls(
+            sampled_at=float(data.get("sampled_at", 0.0)),
+            devices=tuple(DeviceUsage.from_dict(d) for d in data.get("devices", [])),
+            processes=tuple(ProcessUsage.from_dict(p) for p in data.get("processes", [])),
+            actions=tuple(EnforcementAction.from_dict(a) for a in data.get("actions", [])),
+            actions_total={str(k): int(v) for k, v in totals.items()},
+        )
+
+
+def check_interval(value: float, what: str, low: float = 0.05, high: float = 3600.0) -> float:
+    """A sampling interval or grace period in seconds, finite and within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInput(f"{what} {value!r} must be a number of seconds")
+    if not low <= value <= high:
+        raise InvalidInput(f"{what} {value:g} must be between {low:g} and {high:g} seconds")
+    return float(value)
+
+
+__all__ = [
+    "IsolationMode",
+    "NodeIsolation",
+    "EnforceMode",
+    "Violation",
+    "ProcessUsage",
+    "DeviceUsage",
+    "EnforcementAction",
+    "UsageReport",
+    "check_interval",
+]
