@@ -95,6 +95,14 @@ class ServerUnreachable(GpupoolError):
     exit_code = 5
 
 
+class LeaseLost(GpupoolError):
+    """The lease ended (expired, or released by an admin) while its command still ran."""
+
+    code = "lease_lost"
+    http_status = 410
+    exit_code = 6
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
@@ -108,6 +116,7 @@ _BY_CODE = {
         Forbidden,
         StateLocked,
         ServerUnreachable,
+        LeaseLost,
     )
 }
 

@@ -10,6 +10,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from ..core.model import Device, Lease, Slice
 
 HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
+# The lease a process belongs to; the runner's guard and the server's watchdog find processes by it.
+LEASE_ID_ENV = "GPUPOOL_LEASE_ID"
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def isolation_env(lease_id: str, gpus: Sequence[GpuShare], hook_dir: Optional[st
     """The contract variables for a child holding `gpus` (see docs/CONTRACTS.md)."""
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
-        "GPUPOOL_LEASE_ID": lease_id,
+        LEASE_ID_ENV: lease_id,
         "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
         "GPUPOOL_MEMORY_FRACTION": ",".join(_fmt(g.fraction) for g in gpus),
         # MPS numbers devices as the client sees them, i.e. after CUDA_VISIBLE_DEVICES.
