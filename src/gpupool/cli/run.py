@@ -9,6 +9,10 @@ from .pool_options import add_pool_arguments, pool_kwargs
 EXAMPLES = """examples:
   gpupool run -n 1 -p 0.5 -- python train.py
   gpupool run -n 2 -m 8GiB --filter 'device.name=*A100*' --wait 600 -- python train.py
+
+The command's whole process tree (background jobs and daemons included) ends before the lease is
+released, also when the runner is killed (kill -9). A lost lease ends the command with exit code 6
+unless --on-lease-loss warn.
 """
 
 
@@ -32,6 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--policy", default="binpack", help="binpack (default: keep whole GPUs free) or spread")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to queue when the pool is full (default 0: fail at once, exit 3)")
     p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="lease TTL; heartbeats every TTL/3 (default 30)")
+    p.add_argument(
+        "--on-lease-loss", choices=("kill", "warn"), default="kill",
+        help="when the lease is lost (expired, or released by an admin): kill ends the command and "
+        "exits 6 (default), warn only says so and lets it run on",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -67,5 +76,8 @@ def handle(args: argparse.Namespace) -> int:
         policy=Policy.parse(args.policy),
     )
     say = progress(args.quiet)
-    options = RunOptions(claim=claim, wait_s=args.wait, ttl_s=args.ttl, label=args.label, quiet=args.quiet, say=say, **pool_kwargs(args))
+    options = RunOptions(
+        claim=claim, wait_s=args.wait, ttl_s=args.ttl, label=args.label, quiet=args.quiet, say=say,
+        on_lease_loss=args.on_lease_loss, warn=progress(False), **pool_kwargs(args),
+    )
     return run(command, options)

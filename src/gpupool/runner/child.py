@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core.errors import InvalidInput
 
@@ -75,13 +75,24 @@ class SignalRelay:
             child.send_signal(sig)
 
 
-def start(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
-    """Start `command` as the leader of a new process group (so signals reach its whole tree)."""
+def start(
+    command: Sequence[str], env: Mapping[str, str], preexec: Optional[Callable[[], None]] = None
+) -> subprocess.Popen:
+    """Start `command` as the leader of a new process group (so signals reach its whole tree);
+    `preexec` runs in the child between fork and exec (the parent-death signal)."""
     kwargs: Dict[str, object] = {}
     if sys.version_info >= (3, 11):
         kwargs["process_group"] = 0
+        if preexec is not None:
+            kwargs["preexec_fn"] = preexec
     else:  # pragma: no cover - exercised on 3.9/3.10 only
-        kwargs["preexec_fn"] = os.setpgrp
+
+        def setup() -> None:
+            os.setpgrp()
+            if preexec is not None:
+                preexec()
+
+        kwargs["preexec_fn"] = setup
     try:
         return subprocess.Popen(list(command), env=dict(env), **kwargs)  # type: ignore[call-overload]
     except FileNotFoundError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
@@ -13,16 +13,27 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    """Heartbeats `lease_id` every `interval_s`; warns on failures and loudly when the lease is lost."""
+    """Heartbeats `lease_id` every `interval_s`; warns on failures, and loudly (or calls `on_lost`)
+    when the lease is lost."""
 
     def __init__(
-        self, client: PoolClient, lease_id: str, interval_s: float, warn: Callable[[str], None]
+        self,
+        client: PoolClient,
+        lease_id: str,
+        interval_s: float,
+        warn: Callable[[str], None],
+        on_lost: Optional[Callable[[], None]] = None,
+        on_beat: Optional[Callable[[], None]] = None,
     ) -> None:
+        """`on_lost` (on this thread) replaces the loud warning when the lease is gone;
+        `on_beat` runs after every beat, successful or not (housekeeping such as reaping)."""
         super().__init__(name=f"gpupool-heartbeat-{lease_id[:8]}", daemon=True)
         self.client = client
         self.lease_id = lease_id
         self.interval_s = max(interval_s, 0.05)
         self.warn = warn
+        self.on_lost = on_lost
+        self.on_beat = on_beat
         self.lost = False
         self.beats = 0
         self._stop_event = threading.Event()
@@ -43,6 +54,9 @@ class Heartbeat(threading.Thread):
                 failing = False
             except NotFound:
                 self.lost = True
+                if self.on_lost is not None:
+                    self.on_lost()
+                    return
                 self.warn(
                     f"WARNING: lease {self.lease_id} is LOST (expired or released on {self.client.address}); "
                     "the GPUs may be given to someone else while this command still runs. "
@@ -58,3 +72,12 @@ class Heartbeat(threading.Thread):
                 if not failing:
                     self.warn(f"warning: heartbeat failed, retrying: {err!r}")
                 failing = True
+            self._housekeeping()
+
+    def _housekeeping(self) -> None:
+        if self.on_beat is None:
+            return
+        try:
+            self.on_beat()
+        except Exception:  # housekeeping must never stop the heartbeats
+            log.debug("on_beat failed", exc_info=True)

@@ -8,20 +8,24 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Set
 
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
-from ..core.errors import GpupoolError, NotFound
+from ..core.errors import GpupoolError, LeaseLost, NotFound
 from ..core.model import Claim, Holder, Lease
 from ..core.quantity import format_mib
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
+from .guard import Guard
 from .heartbeat import Heartbeat
+from .prctl import become_subreaper, parent_death_signal
+from .tree import end_tree, reap_all, reap_orphans
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,12 @@ class RunOptions:
     devices_spec: Optional[str] = None
     quiet: bool = False
     say: Callable[[str], None] = field(default=lambda line: None)
+    # What a lost lease does to the command: "kill" ends its tree, "warn" only says so.
+    on_lease_loss: str = "kill"
+    # SIGTERM to SIGKILL, when the tree is ended (release, lost lease, the guard after kill -9).
+    grace_s: float = 0.5
+    # Lines shown even when quiet (the lost-lease notice); None: `say`.
+    warn: Optional[Callable[[str], None]] = None
 
 
 def progress(quiet: bool) -> Callable[[str], None]:
@@ -66,6 +76,7 @@ def current_holder(label: str = "") -> Holder:
 def run(command: Sequence[str], options: RunOptions) -> int:
     """Run `command` on a share of the pool; returns the exit code for the runner to exit with."""
     say = options.say
+    warn = options.warn or say
     claim = options.claim
     relay = SignalRelay().install()
     terminal = Terminal()
@@ -74,7 +85,9 @@ def run(command: Sequence[str], options: RunOptions) -> int:
     lease: Optional[Lease] = None
     workdir: Optional[Path] = None
     heartbeat: Optional[Heartbeat] = None
+    guard: Optional[Guard] = None
     child = None
+    subreaper = False
     try:
         clients = connect_all(options.servers, options.state_dir, options.devices_spec)
         addresses = ", ".join(c.address for c in clients)
@@ -86,6 +99,10 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         client, lease = choose_and_claim(
             clients, claim, current_holder(options.label), wait_s=options.wait_s, ttl_s=options.ttl_s, progress=say
         )
+        # Before any thread exists (the guard is a fork): orphans of the child re-parent to the
+        # runner, and the guard ends the lease's processes if the runner is killed.
+        subreaper = become_subreaper()
+        guard = Guard.spawn(lease.id, options.grace_s)
         gpus = shares(lease, client.status().devices)
         workdir = _workdir(lease.id)
         contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")))
@@ -98,14 +115,24 @@ def run(command: Sequence[str], options: RunOptions) -> int:
             f"Locked {len(gpus)} GPUs with partial memory [{sizes}] on {client.address} as lease {lease.id}, "
             f"configuration saved to {config_file}"
         )
-        heartbeat = Heartbeat(client, lease.id, options.ttl_s / 3, say)
-        heartbeat.start()
         say(f"Running client command '{_join(command)}' on GPUs [{contract['CUDA_VISIBLE_DEVICES']}]")
-        child = start(command, child_env(os.environ, contract))
+        child = start(command, child_env(os.environ, contract), parent_death_signal())
+        if guard is not None:
+            guard.watch(child.pid)
         relay.child = child
+        keep = {child.pid} | ({guard.pid} if guard is not None else set())
+        on_lost = None
+        if options.on_lease_loss == "kill":
+            on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn)
+        heartbeat = Heartbeat(
+            client, lease.id, options.ttl_s / 3, say, on_lost=on_lost, on_beat=lambda: reap_orphans(keep)
+        )
+        heartbeat.start()
         terminal.give(child.pid)
         returncode = child.wait()
         terminal.take_back()
+        if on_lost is not None and heartbeat.lost:
+            return LeaseLost.exit_code
         if heartbeat.lost:
             say(f"warning: the command finished, but lease {lease.id} had been lost while it ran")
         code = exit_code(returncode)
@@ -123,13 +150,55 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         terminal.take_back()
         if heartbeat is not None:
             heartbeat.stop()
+        if child is not None:
+            _end_run_tree(child, guard, options.grace_s, None if subreaper else lease)
+        if guard is not None:
+            guard.done()
         _release(client, lease, workdir, say)
+        if guard is not None:
+            guard.collect()
         for c in clients:
             try:
                 c.close()
             except Exception:  # closing must not hide the real outcome
                 log.debug("close failed", exc_info=True)
         relay.restore()
+
+
+def _ender(
+    lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None]
+) -> Callable[[], None]:
+    """What the heartbeat thread does when the lease is gone: say so and end the whole tree. The
+    main thread's child.wait() then returns, and the runner exits with LeaseLost.exit_code."""
+
+    def end() -> None:
+        warn(
+            f"lease {lease_id} was lost (expired or released by an admin): ending the command; "
+            "use --on-lease-loss warn to keep it running"
+        )
+        try:
+            # Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours.
+            end_tree(pgid, grace_s, exclude=keep - {pgid})
+        except Exception:  # the main thread's release path ends the tree again
+            log.exception("ending the tree after the lease was lost")
+
+    return end
+
+
+def _end_run_tree(child: subprocess.Popen, guard: Optional[Guard], grace_s: float, lease: Optional[Lease]) -> None:
+    """End everything the command left (background jobs, daemons) before the lease is released,
+    then reap it. `lease` is given where there is no subreaper: its env finds the orphans then."""
+    exclude = {guard.pid} if guard is not None else set()
+    lease_id = lease.id if lease is not None else None
+    try:
+        if child.poll() is None:  # an error left it running: end it first, so wait() cannot hang
+            end_tree(child.pid, grace_s, exclude=exclude, lease_id=lease_id)
+            child.wait(timeout=5)
+        end_tree(child.pid, grace_s, exclude=exclude, lease_id=lease_id)
+    except Exception:  # the release must happen whatever went wrong here
+        log.exception("ending the command's process tree")
+    finally:
+        reap_all()
 
 
 def _release(

@@ -1,0 +1,209 @@
+"""Process trees from Linux /proc (stdlib only): who descends from whom, which lease or pod a process
+belongs to, and ending a set of processes (SIGTERM, grace, SIGKILL).
+
+Used by the runner (its child's whole tree ends with the lease) and by the server-side watchdog
+(which processes on a GPU belong to which lease). Every reader tolerates processes that vanish
+while it reads: a pid that is gone is simply skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set
+
+from .env import LEASE_ID_ENV
+
+PROC = "/proc"
+# A ppid chain longer than this is a loop in a racy snapshot, not a real tree (pid_max is 4M,
+# but real trees are a few dozen deep).
+MAX_DEPTH = 4096
+_POLL_S = 0.01
+# After SIGKILL the kernel still needs a moment to tear a process down; wait at most this long.
+_KILL_SETTLE_S = 1.0
+
+# The pod UID in a cgroup path: cgroupfs driver `.../pod<uid>/...` (dashes), systemd driver
+# `kubepods-<qos>-pod<uid>.slice` (underscores). Static pods have a 32-hex UID without dashes.
+_POD_RE = re.compile(
+    r"(?:^|[/-])pod("
+    r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+    r"|[0-9a-fA-F]{32}"
+    r")(?:\.slice)?(?=/|$)"
+)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process: its id, its parent's and its process group's."""
+
+    pid: int
+    ppid: int
+    pgid: int
+
+
+def _stat_fields(pid: int, proc_root: str = PROC) -> Optional[List[str]]:
+    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # comm may hold spaces and ')' itself: the real end of it is the LAST ')'.
+    end = data.rfind(b")")
+    if end < 0:
+        return None
+    fields = data[end + 1 :].split()
+    return [f.decode("ascii", "replace") for f in fields] if len(fields) >= 3 else None
+
+
+def read_process(pid: int, proc_root: str = PROC) -> Optional[ProcessInfo]:
+    """`pid` as a ProcessInfo, or None when it does not exist (any more)."""
+    fields = _stat_fields(pid, proc_root)
+    if fields is None:
+        return None
+    try:
+        return ProcessInfo(pid, int(fields[1]), int(fields[2]))
+    except ValueError:
+        return None
+
+
+def process_table(proc_root: str = PROC) -> Dict[int, ProcessInfo]:
+    """Every process visible in /proc, by pid (a snapshot: some may be gone already)."""
+    table: Dict[int, ProcessInfo] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        info = read_process(int(name), proc_root)
+        if info is not None:
+            table[info.pid] = info
+    return table
+
+
+def descendants(pid: int, table: Optional[Dict[int, ProcessInfo]] = None) -> List[int]:
+    """All processes below `pid` (children, grandchildren ...) in `table`, parents before children."""
+    table = process_table() if table is None else table
+    children: Dict[int, List[int]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: List[int] = []
+    seen: Set[int] = {pid}
+    queue = [pid]
+    while queue:
+        for child in children.get(queue.pop(0), ()):
+            if child not in seen:  # a racy snapshot can hold a cycle through a reused pid
+                seen.add(child)
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def group_members(pgid: int, table: Optional[Dict[int, ProcessInfo]] = None) -> List[int]:
+    """The processes of process group `pgid` in `table`."""
+    table = process_table() if table is None else table
+    return sorted(info.pid for info in table.values() if info.pgid == pgid)
+
+
+def is_descendant(pid: int, ancestor: int, table: Optional[Dict[int, ProcessInfo]] = None) -> bool:
+    """Whether `ancestor` is on `pid`'s parent chain (not counting `pid` itself)."""
+    table = process_table() if table is None else table
+    current = pid
+    for _ in range(MAX_DEPTH):
+        info = table.get(current)
+        if info is None or info.ppid <= 0 or info.ppid == current:
+            return False
+        if info.ppid == ancestor:
+            return True
+        current = info.ppid
+    return False
+
+
+def lease_id_of(pid: int, proc_root: str = PROC) -> Optional[str]:
+    """The GPUPOOL_LEASE_ID `pid` was started with, or None (absent, gone, or not ours to read)."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    prefix = LEASE_ID_ENV.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("utf-8", "replace") or None
+    return None
+
+
+def pod_uid_of(pid: int, proc_root: str = PROC) -> Optional[str]:
+    """The Kubernetes pod UID (with dashes) from `pid`'s cgroup path, or None outside a pod."""
+    try:
+        with open(f"{proc_root}/{pid}/cgroup", "r", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # cgroup v1 "ID:controllers:/path", v2 "0::/path": the path is everything after the 2nd ':'.
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        match = _POD_RE.search(parts[2])
+        if match:
+            return match.group(1).replace("_", "-").lower()
+    return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (a zombie has ended; only its status is left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, but someone else's
+    fields = _stat_fields(pid)
+    if fields is None:
+        return False
+    return fields[0] not in ("Z", "X", "x")
+
+
+def terminate(pids: Iterable[int], grace_s: float) -> List[int]:
+    """End `pids`: SIGTERM, up to `grace_s` for them to go, then SIGKILL; returns the SIGKILLed ones.
+
+    Pids already gone or not ours to signal are skipped; this process and init never are signalled.
+    """
+    me = os.getpid()
+    targets: List[int] = []
+    for pid in dict.fromkeys(pids):  # unique, order kept
+        if pid <= 1 or pid == me:
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+            # A stopped process would hold SIGTERM until continued: let it see it now.
+            os.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            continue
+        targets.append(pid)
+    remaining = _wait_gone(targets, grace_s)
+    killed: List[int] = []
+    for pid in remaining:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    _wait_gone(killed, _KILL_SETTLE_S)
+    return killed
+
+
+def _wait_gone(pids: List[int], timeout_s: float) -> List[int]:
+    """Poll until every pid is gone or a zombie, or `timeout_s` passes; returns those still alive."""
+    remaining = [p for p in pids if alive(p)]
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while remaining and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        remaining = [p for p in remaining if alive(p)]
+    return remaining
