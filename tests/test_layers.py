@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpupool"
 FLOOR = {
     "core": 0,
     "store": 1, "devices": 1, "isolation": 1, "pool": 1,
-    "client": 2, "runner": 2, "server": 2,
+    "client": 2, "runner": 2, "server": 2, "enforcement": 2,
     "train": 3, "jobs": 3, "kube": 3,
     "cli": 4,
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any, Dict
 
 
 def register(subparsers) -> None:
@@ -32,7 +33,41 @@ def register(subparsers) -> None:
     p.add_argument("--tls", choices=["auto", "off"], default="off", help="auto: self-signed CA + cert in STATE/tls")
     p.add_argument("--tls-name", action="append", default=[], metavar="NAME", help="extra host name for --tls auto")
     p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="default lease TTL in seconds (default 30)")
+    add_enforcement_arguments(p)
     p.set_defaults(func=handle)
+
+
+def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
+    """--isolation and the watchdog's flags, shared by `gpupool server` and the node agent."""
+    modes = ("kill", "warn", "off")
+    p.add_argument(
+        "--isolation", choices=("mps", "hooks", "none"), default="hooks",
+        help="how leases are held to their share: mps (CUDA MPS daemon, driver-enforced), "
+        "hooks (env + import hook, default) or none",
+    )
+    p.add_argument(
+        "--enforce", choices=modes, default="kill",
+        help="a lease using more GPU memory than its share past the grace period: kill (default), warn or off",
+    )
+    p.add_argument(
+        "--enforce-unleased", choices=modes, default="warn",
+        help="a process on a pooled GPU that belongs to no lease: kill, warn (default) or off",
+    )
+    p.add_argument("--enforce-grace", type=float, default=5.0, metavar="S", help="seconds before acting (default 5)")
+    p.add_argument(
+        "--usage-interval", type=float, default=1.0, metavar="S", help="seconds between GPU usage samples (default 1)"
+    )
+
+
+def enforcement_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The ServerConfig fields of `add_enforcement_arguments`."""
+    return dict(
+        isolation=args.isolation,
+        enforce=args.enforce,
+        enforce_unleased=args.enforce_unleased,
+        enforce_grace_s=args.enforce_grace,
+        usage_interval_s=args.usage_interval,
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -51,6 +86,7 @@ def handle(args: argparse.Namespace) -> int:
             tls_names=args.tls_name,
             ttl_s=args.ttl,
             log_level="info" if args.verbose else "warning",
+            **enforcement_kwargs(args),
         )
     )
     return 0

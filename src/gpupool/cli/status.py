@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from .pool_options import add_pool_arguments, pool_kwargs
 
@@ -47,8 +47,13 @@ def handle_status(args: argparse.Namespace) -> int:
         print(json.dumps(status.to_dict()))
         return 0
     data = status.to_dict()
-    print(_device_table(data["devices"]))
+    usage = data.get("usage") or {}
+    print(_device_table(data["devices"], usage))
     print()
+    lease_used: Dict[str, int] = {}
+    for proc in usage.get("processes", []):
+        if proc["lease_id"]:
+            lease_used[proc["lease_id"]] = lease_used.get(proc["lease_id"], 0) + proc["memory_mib"]
     if data["leases"]:
         now = time.time()
         rows = []
@@ -56,12 +61,36 @@ def handle_status(args: argparse.Namespace) -> int:
             holder = lease["holder"]
             who = f"{holder['name'] or '?'}@{holder['host']}:{holder['pid']}" if holder["host"] else holder["name"]
             gpus = ", ".join(f"{d['uuid']}={_mib(d['memory_mib'])}" for d in lease["devices"])
-            rows.append([lease["id"], who, holder.get("label", ""), gpus, f"{max(lease['expires_at'] - now, 0):.0f}s"])
-        print(_table(["LEASE", "HOLDER", "LABEL", "GPUS", "EXPIRES IN"], rows))
+            used = _mib(lease_used.get(lease["id"], 0)) if usage else "-"
+            rows.append([lease["id"], who, holder.get("label", ""), gpus, used,
+                         f"{max(lease['expires_at'] - now, 0):.0f}s"])
+        print(_table(["LEASE", "HOLDER", "LABEL", "GPUS", "USED", "EXPIRES IN"], rows))
     else:
         print("no leases")
     print(f"queued claims: {data['queued']}")
+    _print_enforcement(data.get("isolation") or {}, usage)
     return 0
+
+
+def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None:
+    """Isolation mode, processes without a lease, and the watchdog's recent actions."""
+    print(f"isolation: {isolation.get('mode', 'hooks')}")
+    if not usage:
+        print("usage: not sampled (the embedded pool has no watchdog; a server or node agent samples)")
+        return
+    age = max(time.time() - float(usage.get("sampled_at", 0)), 0)
+    print(f"usage sampled {age:.0f}s ago")
+    unleased = [p for p in usage.get("processes", []) if not p["lease_id"]]
+    if unleased:
+        print()
+        print(_table(["UNLEASED PID", "GPU", "USED"],
+                     [[str(p["pid"]), p["device_uuid"], _mib(p["memory_mib"])] for p in unleased]))
+    actions = usage.get("actions") or []
+    if actions:
+        print()
+        rows = [[time.strftime("%H:%M:%S", time.localtime(a["at"])), a["reason"], a["mode"], str(a["pid"]),
+                 a["lease_id"] or "-", a["holder"] or "-", _mib(a["memory_mib"])] for a in actions[-10:]]
+        print(_table(["AT", "REASON", "ACTION", "PID", "LEASE", "HOLDER", "USED"], rows))
 
 
 def handle_list_gpus(args: argparse.Namespace) -> int:
@@ -94,8 +123,9 @@ def handle_release(args: argparse.Namespace) -> int:
             c.close()
 
 
-def _device_table(devices: Sequence[Dict[str, Any]]) -> str:
+def _device_table(devices: Sequence[Dict[str, Any]], usage: Optional[Dict[str, Any]] = None) -> str:
     """The devices of `status --json` as the table of `status` and `list-gpus`."""
+    sampled = {u["uuid"]: u["memory_used_mib"] for u in (usage or {}).get("devices", [])}
     rows = []
     for d in devices:
         total, used = d["memory_mib"], d["allocated_mib"]
@@ -104,8 +134,9 @@ def _device_table(devices: Sequence[Dict[str, Any]]) -> str:
         rows.append([
             str(d["index"]), d.get("node", ""), d["uuid"], d["name"] + health,
             _mib(total), _mib(used) + pct, _mib(max(total - used, 0)),
+            _mib(sampled[d["uuid"]]) if d["uuid"] in sampled else "-",
         ])
-    return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE"], rows)
+    return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE", "USED"], rows)
 
 
 def _mib(mib: int) -> str:

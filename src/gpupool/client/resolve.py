@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..core.usage import UsageReport
 from ..core.placement import could_ever_fit, place
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
@@ -175,6 +176,7 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
     if len(clients) == 1:
         return clients[0].status()
     devices, leases, queued, nodes = [], [], 0, []
+    usages: List[UsageReport] = []
     errors: List[GpupoolError] = []
     for client in clients:
         try:
@@ -187,6 +189,9 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
         leases.extend(status.leases)
         queued += status.queued
         nodes.append(status.node)
+        if status.usage is not None:
+            usages.append(status.usage)
     if len(errors) == len(clients):
         raise errors[0]
-    return PoolStatus(tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n))
+    usage = UsageReport.merge(usages) if usages else None
+    return PoolStatus(tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n), usage=usage)

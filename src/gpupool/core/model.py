@@ -180,6 +180,13 @@ class Claim:
         )
 
 
+def pod_uid_of_label(label: str) -> str:
+    """The pod UID in a lease label written by the webhook's wrapper: 'pod:NS/NAME:UID'."""
+    if not label.startswith("pod:"):
+        return ""
+    return label.rsplit(":", 1)[-1]
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lease: token or user name, process, host and a free label (pod UID ...)."""
@@ -196,6 +203,11 @@ class Holder:
         if self.label:
             parts.append(self.label)
         return "@".join(parts[:2]) + (f" [{self.label}]" if self.label else "")
+
+    @property
+    def pod_uid(self) -> str:
+        """The pod UID of a holder labelled by the webhook's wrapper ('pod:NS/NAME:UID'), else ''."""
+        return pod_uid_of_label(self.label)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "host": self.host, "label": self.label}
@@ -324,4 +336,5 @@ __all__: List[str] = [
     "Lease",
     "PoolStatus",
     "allocated_by_device",
+    "pod_uid_of_label",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import InvalidInput
 
@@ -192,6 +192,21 @@ class UsageReport:
 
     def device(self, uuid: str) -> Optional[DeviceUsage]:
         return next((d for d in self.devices if d.uuid == uuid), None)
+
+    @classmethod
+    def merge(cls, reports: Sequence["UsageReport"]) -> "UsageReport":
+        """One report over several nodes (status of several servers); dated by the oldest sample."""
+        totals: Dict[str, int] = {}
+        for report in reports:
+            for reason, count in report.actions_total.items():
+                totals[reason] = totals.get(reason, 0) + count
+        return cls(
+            sampled_at=min(r.sampled_at for r in reports),
+            devices=tuple(d for r in reports for d in r.devices),
+            processes=tuple(p for r in reports for p in r.processes),
+            actions=tuple(sorted((a for r in reports for a in r.actions), key=lambda a: a.at)),
+            actions_total=totals,
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         return {

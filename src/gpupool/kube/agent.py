@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Set, Tuple
 
-from ..core.model import Lease
+from ..core.model import Lease, pod_uid_of_label
 from .apiserver import core_v1
-from .extender import pod_uid_of_label
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
-from ..core.model import Claim, Device, Lease, Policy
+from ..core.model import Claim, Device, Lease, Policy, pod_uid_of_label
 from ..core.placement import place
 from . import annotations as ann
 from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask
@@ -69,13 +69,6 @@ class NodeState:
             for s in placed.slices or ():
                 allocated[s.device_uuid] = allocated.get(s.device_uuid, 0) + s.memory_mib
         return NodeState(self.devices, allocated, self.holders)
-
-
-def pod_uid_of_label(label: str) -> str:
-    """The pod UID in a lease label written by the webhook's wrapper: 'pod:NS/NAME:UID'."""
-    if not label.startswith("pod:"):
-        return ""
-    return label.rsplit(":", 1)[-1]
 
 
 def pod_claim(pod: Mapping[str, Any]) -> Optional[Claim]:

@@ -10,9 +10,11 @@ import logging
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.model import PoolStatus
+from ..core.usage import Violation
 from ..pool import Pool
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,7 @@ class PoolCollector(Collector):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         try:
             status = self.pool.status()
         except Exception:  # a scrape must not fail because the DB is busy
@@ -49,6 +51,58 @@ class PoolCollector(Collector):
         yield healthy
         yield GaugeMetricFamily("gpupool_leases", "Live leases", value=len(status.leases))
         yield GaugeMetricFamily("gpupool_queue_length", "Claims waiting in the FIFO queue", value=status.queued)
+        yield from _usage_metrics(status)
+
+
+MIB_BYTES = 1024 * 1024
+
+
+def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
+    """The watchdog's usage record, in base units (bytes, ratios, seconds)."""
+    usage = status.usage
+    labels = ["uuid", "index", "name", "node"]
+    used = GaugeMetricFamily(
+        "gpupool_device_memory_used_bytes", "GPU memory really used by all processes, as last sampled", labels=labels
+    )
+    busy = GaugeMetricFamily(
+        "gpupool_device_utilization_ratio", "Share of the last sample period the GPU was busy (0-1)", labels=labels
+    )
+    lease_used = GaugeMetricFamily(
+        "gpupool_lease_memory_used_bytes", "GPU memory really used by the processes of each lease",
+        labels=["lease", "holder"],
+    )
+    actions = CounterMetricFamily(
+        "gpupool_enforcement_actions", "Watchdog actions (kills, or warnings in warn mode) by reason",
+        labels=["reason"],
+    )
+    if usage is not None:
+        for d in status.devices:
+            sample = usage.device(d.uuid)
+            if sample is None:
+                continue
+            values = [d.uuid, str(d.index), d.name, d.node]
+            used.add_metric(values, sample.memory_used_mib * MIB_BYTES)
+            if sample.utilization is not None:
+                busy.add_metric(values, sample.utilization)
+        by_lease = usage.lease_memory_mib()
+        for lease in status.leases:
+            lease_used.add_metric([lease.id, lease.holder.name], by_lease.get(lease.id, 0) * MIB_BYTES)
+        for reason in Violation:
+            actions.add_metric([reason.value], usage.actions_total.get(reason.value, 0))
+        yield GaugeMetricFamily(
+            "gpupool_usage_sampled_timestamp_seconds", "When the GPU usage was last sampled", value=usage.sampled_at
+        )
+        yield GaugeMetricFamily(
+            "gpupool_unleased_processes", "Processes on pooled GPUs that belong to no lease",
+            value=len(usage.unleased()),
+        )
+    else:
+        for reason in Violation:
+            actions.add_metric([reason.value], 0)
+    yield used
+    yield busy
+    yield lease_used
+    yield actions
 
 
 class Metrics:

@@ -19,6 +19,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
+from ..core.usage import EnforceMode, IsolationMode, NodeIsolation
+from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock
 from .auth import Authenticator, load_or_create_token_file
@@ -45,6 +47,11 @@ class ServerConfig:
     ttl_s: float = DEFAULT_TTL_S
     expire_interval_s: float = 1.0
     log_level: str = "warning"
+    isolation: str = IsolationMode.HOOKS.value
+    enforce: str = EnforceMode.KILL.value  # over-share leases
+    enforce_unleased: str = EnforceMode.WARN.value  # processes on pooled GPUs without a lease
+    enforce_grace_s: float = DEFAULT_GRACE_S
+    usage_interval_s: float = DEFAULT_INTERVAL_S
 
 
 @dataclass
@@ -60,12 +67,37 @@ class Prepared:
     ssl_keyfile: Optional[str]
     auth: bool
     config: ServerConfig
+    isolation: IsolationMode = IsolationMode.HOOKS
+    watch: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def close(self) -> None:
         """Close the socket and the pool, then release the state dir (idempotent)."""
         self.sock.close()  # uvicorn closes it when it served; not when it failed to start
         self.pool.close()
         self.lock.release()
+
+    @contextlib.contextmanager
+    def node_services(self) -> Iterator[None]:
+        """The MPS daemon (in mps mode) and the usage watchdog, for as long as the server serves."""
+        mps = None
+        watchdog = None
+        try:
+            if self.isolation is IsolationMode.MPS:
+                from ..isolation.mps import MpsDaemon
+
+                mps = MpsDaemon(self.pool.state_dir)
+                self.pool.set_isolation(mps.start())
+            else:
+                self.pool.set_isolation(NodeIsolation(self.isolation))
+            from ..enforcement import Watchdog
+
+            watchdog = Watchdog(self.pool, self.watch).start()
+            yield
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+            if mps is not None:
+                mps.stop()
 
 
 def parse_listen(listen: str) -> Tuple[str, int]:
@@ -113,6 +145,13 @@ def prepare(config: ServerConfig) -> Prepared:
         raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
     if not MIN_TTL_S <= config.ttl_s <= MAX_TTL_S:  # else every claim without its own ttl_s is refused
         raise InvalidInput(f"--ttl {config.ttl_s:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
+    isolation = IsolationMode.parse(config.isolation)
+    watch = WatchdogConfig(
+        interval_s=config.usage_interval_s,
+        over_share=EnforceMode.parse(config.enforce, "--enforce"),
+        unleased=EnforceMode.parse(config.enforce_unleased, "--enforce-unleased"),
+        grace_s=config.enforce_grace_s,
+    )
     state = Path(config.state_dir).expanduser()
     lock = StateLock(state).acquire()
     pool: Optional[Pool] = None
@@ -147,7 +186,7 @@ def prepare(config: ServerConfig) -> Prepared:
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"{'https' if certfile else 'http'}://{shown}:{bound_port}"
-    return Prepared(app, pool, lock, sock, url, certfile, keyfile, authenticator is not None, config)
+    return Prepared(app, pool, lock, sock, url, certfile, keyfile, authenticator is not None, config, isolation, watch)
 
 
 @contextlib.contextmanager
@@ -182,11 +221,12 @@ def run(prepared: Prepared) -> None:
         devices = prepared.pool.devices()
         print(
             f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
-            f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'})",
+            f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'}, "
+            f"isolation {prepared.isolation.value})",
             file=sys.stderr,
             flush=True,
         )
-        with _stop_signals_recorded() as received:
+        with prepared.node_services(), _stop_signals_recorded() as received:
             server.run(sockets=[prepared.sock])
         log.info("server stopped (signal %s)", received or "none")
     finally:

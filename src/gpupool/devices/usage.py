@@ -1,0 +1,154 @@
+"""What each process really uses on each pooled GPU: NVML for real devices, a JSON file for emulated ones.
+
+The emulated seam (env GPUPOOL_EMULATED_USAGE) names a file holding
+``{"GPU-uuid": {"PID": MiB, ...}, ...}``; it is read at every sample exactly
+where NVML's running-process list would be, so accounting and enforcement run
+in tests with real processes on machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..core.model import Device
+from ..core.usage import DeviceUsage, ProcessUsage
+from .health import is_emulated
+from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
+
+log = logging.getLogger(__name__)
+
+EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
+# A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.
+MAX_USAGE_FILE_BYTES = 1 << 20
+MIB = 1024 * 1024
+
+Sample = Tuple[Tuple[DeviceUsage, ...], Tuple[ProcessUsage, ...]]
+
+
+class UsageSampler:
+    """Samples the usage of `devices`; keeps NVML open between samples. `close()` ends it."""
+
+    def __init__(self, devices: Sequence[Device], usage_file: Optional[str] = None) -> None:
+        self.devices = list(devices)
+        self.usage_file = usage_file if usage_file is not None else os.environ.get(EMULATED_USAGE_ENV, "")
+        self._nvml: Any = None
+        self._last_seen: Dict[str, int] = {}  # per uuid: NVML timestamp of the newest utilisation sample
+        self._warned_file = ""
+        if any(not is_emulated(d.uuid) for d in self.devices):
+            try:
+                self._nvml = load_nvml()
+            except NvmlUnavailable as err:  # usage is then unknown, never invented
+                log.warning("GPU usage cannot be sampled: %s", err.message)
+
+    def sample(self) -> Sample:
+        """(per-device usage, per-process usage) of this moment; processes carry no lease yet."""
+        devices: List[DeviceUsage] = []
+        processes: List[ProcessUsage] = []
+        emulated = self._read_usage_file() if any(is_emulated(d.uuid) for d in self.devices) else {}
+        for device in self.devices:
+            if is_emulated(device.uuid):
+                rows = [ProcessUsage(pid, device.uuid, mib) for pid, mib in emulated.get(device.uuid, {}).items()]
+                devices.append(DeviceUsage(device.uuid, sum(r.memory_mib for r in rows), None))
+            elif self._nvml is not None:
+                usage, rows = self._nvml_sample(device.uuid)
+                if usage is None:
+                    continue
+                devices.append(usage)
+            else:
+                continue
+            processes.extend(rows)
+        return tuple(devices), tuple(processes)
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            shutdown_nvml(self._nvml)
+            self._nvml = None
+
+    # --- emulated -------------------------------------------------------------
+    def _read_usage_file(self) -> Dict[str, Dict[int, int]]:
+        """The usage file as {uuid: {pid: MiB}}; missing is empty, damaged is empty with one warning."""
+        path = self.usage_file
+        if not path:
+            return {}
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_USAGE_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return {}
+        except OSError as err:
+            self._warn_once(path, f"cannot read {EMULATED_USAGE_ENV} file {path}: {err.strerror}")
+            return {}
+        try:
+            if len(raw) > MAX_USAGE_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_USAGE_FILE_BYTES} bytes")
+            return parse_usage(json.loads(raw))
+        except (ValueError, RecursionError) as err:
+            self._warn_once(
+                path, f"{EMULATED_USAGE_ENV} file {path} is not {{\"GPU-uuid\": {{\"PID\": MiB}}}}: {err}"
+            )
+            return {}
+
+    def _warn_once(self, path: str, message: str) -> None:
+        if self._warned_file != path:
+            log.warning("%s; usage counts as empty until it is fixed", message)
+            self._warned_file = path
+
+    # --- NVML -----------------------------------------------------------------
+    def _nvml_sample(self, uuid: str) -> Tuple[Optional[DeviceUsage], List[ProcessUsage]]:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            used = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as err:  # a GPU that stopped answering is reported by health, not here
+            log.debug("NVML usage of %s failed: %s", uuid, err)
+            return None, []
+        busy: Optional[float] = None
+        try:
+            busy = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+        except Exception:
+            pass
+        sm = self._process_utilization(handle, uuid)
+        rows = []
+        for proc in running:
+            # usedGpuMemory is None where the driver cannot tell (e.g. without privileges)
+            mib = int(proc.usedGpuMemory or 0) // MIB
+            rows.append(ProcessUsage(int(proc.pid), uuid, mib, sm.get(int(proc.pid))))
+        return DeviceUsage(uuid, used, busy), rows
+
+    def _process_utilization(self, handle: Any, uuid: str) -> Dict[int, float]:
+        """SM share per pid since the last sample (NVML answers NOT_FOUND when there is none)."""
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen.get(uuid, 0))
+        except Exception:
+            return {}
+        result: Dict[int, float] = {}
+        for s in samples:
+            result[int(s.pid)] = max(result.get(int(s.pid), 0.0), float(s.smUtil) / 100.0)
+            self._last_seen[uuid] = max(self._last_seen.get(uuid, 0), int(s.timeStamp))
+        return result
+
+
+def parse_usage(data: object) -> Dict[str, Dict[int, int]]:
+    """Check and convert the usage file's JSON; ValueError names what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("the top level must be an object keyed by GPU UUID")
+    result: Dict[str, Dict[int, int]] = {}
+    for uuid, pids in data.items():
+        if not isinstance(pids, dict):
+            raise ValueError(f"{uuid!r} must map to an object of PID: MiB")
+        rows: Dict[int, int] = {}
+        for pid, mib in pids.items():
+            try:
+                number = int(pid)
+            except ValueError:
+                raise ValueError(f"PID {pid!r} of {uuid!r} is not an integer") from None
+            if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib < 2**40:
+                raise ValueError(f"MiB {mib!r} of PID {pid} on {uuid!r} must be a number >= 0")
+            if number > 0:
+                rows[number] = int(mib)
+        result[str(uuid)] = rows
+    return result

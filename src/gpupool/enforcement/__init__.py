@@ -1,0 +1,12 @@
+"""Who really uses the pooled GPUs, and what happens to those who break their share.
+
+Owns: mapping sampled GPU processes to leases (`attribution`) and the watchdog
+that records usage in the pool and warns about or ends offenders (`watchdog`).
+The server and the node agent run it; the embedded pool does not (no process
+lives long enough to watch). May import core, devices, isolation and pool.
+"""
+
+from .attribution import Attributor
+from .watchdog import Watchdog, WatchdogConfig
+
+__all__ = ["Attributor", "Watchdog", "WatchdogConfig"]
