@@ -114,6 +114,20 @@ def test_torch_with_cuda_gets_a_fraction_per_visible_gpu_at_cuda_init(hook_env, 
     assert calls(hook_env) == [["fraction", 0.5, 0], ["fraction", 0.25, 1]]
 
 
+def test_the_allocator_caps_win_over_the_grant(hook_env, tmp_path):
+    """The contract's allocator caps (grant less the CUDA context reserve) are what the frameworks get."""
+    hook_env.update(GPUPOOL_ALLOCATOR_FRACTION="0.4687,0.2187", GPUPOOL_ALLOCATOR_LIMIT_MIB="7680,3584")
+    fake = fake_package(tmp_path / "fake", "torch", FAKE_TORCH)
+    fake_package(tmp_path / "fake", "tensorflow", FAKE_TF)
+    done = python("import torch, tensorflow\ntorch.cuda.init()", hook_env, fake)
+    assert done.returncode == 0, done.stderr
+    assert sorted(calls(hook_env)) == sorted([
+        ["fraction", 0.4687, 0], ["fraction", 0.2187, 1],
+        ["logical", "/physical_device:GPU:0", [7680]], ["logical", "/physical_device:GPU:1", [3584]],
+    ])
+    assert "installed (fractions=0.4687,0.2187, limits_mib=7680,3584)" in done.stderr
+
+
 def test_submodule_import_triggers_the_hook_too(hook_env, tmp_path):
     fake = fake_package(tmp_path / "fake", "torch", FAKE_TORCH)
     (tmp_path / "fake" / "torch" / "nn.py").write_text("X = 1\n")

@@ -1,4 +1,9 @@
-"""The env contract of a `gpupool run` child: which GPUs it sees and how much of each it may use."""
+"""The env contract of a `gpupool run` child: which GPUs it sees and how much of each it may use.
+
+Every variable name of the contract is defined here once; the post-import hook
+(hook/sitecustomize.py) cannot import gpupool, so it repeats the names it reads
+and tests/isolation checks that they agree.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,37 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..core.errors import InvalidInput
 from ..core.model import Device, Lease, Slice
+from ..core.usage import IsolationMode, NodeIsolation
 
 HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
 # The lease a process belongs to; the runner's guard and the server's watchdog find processes by it.
 LEASE_ID_ENV = "GPUPOOL_LEASE_ID"
+HOOK_DIR_ENV = "GPUPOOL_HOOK_DIR"
+# The grant, per visible GPU: what the pool accounted for this lease.
+MEMORY_LIMIT_ENV = "GPUPOOL_MEMORY_LIMIT_MIB"
+MEMORY_FRACTION_ENV = "GPUPOOL_MEMORY_FRACTION"
+# What the hook caps the framework's allocator at: the grant less the CUDA context reserve.
+ALLOCATOR_LIMIT_ENV = "GPUPOOL_ALLOCATOR_LIMIT_MIB"
+ALLOCATOR_FRACTION_ENV = "GPUPOOL_ALLOCATOR_FRACTION"
+XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+# Read from the runner's environment: overrides CONTEXT_RESERVE_MIB.
+CONTEXT_RESERVE_ENV = "GPUPOOL_CONTEXT_RESERVE_MIB"
+# NVIDIA MPS: where the control daemon listens, and the per-client limits it enforces.
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+# Device memory each process pays for its CUDA context (kernels, handles, workspaces)
+# outside the framework's caching allocator. An ESTIMATE (typical torch/cuDNN
+# contexts take 300-600 MiB on recent GPUs); `make gpu-check` measures the real figure
+# (benchmarks/results/gpu-*.json, "context_overhead_mib") to set it from.
+CONTEXT_RESERVE_MIB = 512
+# The allocator keeps at least this share of the grant however large the reserve,
+# so a small share still runs (and may then overrun its grant by the context).
+MIN_ALLOCATOR_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -27,7 +58,22 @@ class GpuShare:
         # Rounded down, so a framework limit never exceeds what the pool granted.
         if self.device_memory_mib <= 0:
             return 1.0
-        return max(math.floor(self.memory_mib / self.device_memory_mib * 10000) / 10000, 0.0001)
+        return _floor4(self.memory_mib / self.device_memory_mib)
+
+    def allocator_mib(self, reserve_mib: int) -> int:
+        """The framework allocator's cap: the grant less the context reserve, never below the floor."""
+        floor = math.ceil(self.memory_mib * MIN_ALLOCATOR_SHARE)
+        return max(self.memory_mib - max(reserve_mib, 0), floor, 1)
+
+    def allocator_fraction(self, reserve_mib: int) -> float:
+        """`allocator_mib` as a share of the whole device (what torch's memory fraction takes)."""
+        if self.device_memory_mib <= 0:
+            return 1.0
+        return _floor4(self.allocator_mib(reserve_mib) / self.device_memory_mib)
+
+
+def _floor4(share: float) -> float:
+    return max(math.floor(share * 10000) / 10000, 0.0001)
 
 
 def shares(lease: Lease, devices: Sequence[Device], group: Optional[int] = None) -> List[GpuShare]:
@@ -43,29 +89,80 @@ def shares(lease: Lease, devices: Sequence[Device], group: Optional[int] = None)
     return result
 
 
+def context_reserve_mib(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The CUDA context reserve in MiB: $GPUPOOL_CONTEXT_RESERVE_MIB, else CONTEXT_RESERVE_MIB."""
+    text = (os.environ if environ is None else environ).get(CONTEXT_RESERVE_ENV, "").strip()
+    if not text:
+        return CONTEXT_RESERVE_MIB
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidInput(
+            f"{CONTEXT_RESERVE_ENV}={text!r} is not a whole number of MiB: set it to e.g. "
+            f"{CONTEXT_RESERVE_MIB} (the CUDA context size `make gpu-check` measured), or unset it"
+        )
+    return value
+
+
 def _fmt(fraction: float) -> str:
     return f"{fraction:.4f}".rstrip("0").rstrip(".")
 
 
-def isolation_env(lease_id: str, gpus: Sequence[GpuShare], hook_dir: Optional[str] = None) -> Dict[str, str]:
-    """The contract variables for a child holding `gpus` (see docs/CONTRACTS.md)."""
+def isolation_env(
+    lease_id: str,
+    gpus: Sequence[GpuShare],
+    hook_dir: Optional[str] = None,
+    *,
+    isolation: NodeIsolation = NodeIsolation(),
+    reserve_mib: Optional[int] = None,
+) -> Dict[str, str]:
+    """The contract variables for a child holding `gpus` on a node isolated by `isolation`.
+
+    Args:
+        isolation: the node's mode (`PoolStatus.isolation`); `hooks` when not known.
+        reserve_mib: the CUDA context reserve; None reads $GPUPOOL_CONTEXT_RESERVE_MIB or the default.
+    See docs/CONTRACTS.md and README "Isolation modes".
+    """
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
         LEASE_ID_ENV: lease_id,
-        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
-        "GPUPOOL_MEMORY_FRACTION": ",".join(_fmt(g.fraction) for g in gpus),
-        # MPS numbers devices as the client sees them, i.e. after CUDA_VISIBLE_DEVICES.
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={g.memory_mib}M" for i, g in enumerate(gpus)),
     }
+    if isolation.mode is IsolationMode.NONE:
+        return env
+    reserve = context_reserve_mib() if reserve_mib is None else reserve_mib
+    env[MEMORY_LIMIT_ENV] = ",".join(str(g.memory_mib) for g in gpus)
+    env[MEMORY_FRACTION_ENV] = ",".join(_fmt(g.fraction) for g in gpus)
+    env[ALLOCATOR_LIMIT_ENV] = ",".join(str(g.allocator_mib(reserve)) for g in gpus)
+    env[ALLOCATOR_FRACTION_ENV] = ",".join(_fmt(g.allocator_fraction(reserve)) for g in gpus)
     if gpus:
-        # One value for all GPUs in both cases: take the largest share for
-        # compute (never starve) and the smallest for JAX memory (never overrun).
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(
+        # One value for all GPUs: the smallest allocator share, so JAX never overruns.
+        env[XLA_FRACTION_ENV] = _fmt(min(g.allocator_fraction(reserve) for g in gpus))
+    if isolation.mode is IsolationMode.MPS:
+        env.update(mps_env(gpus, isolation))
+    if hook_dir:
+        env[HOOK_DIR_ENV] = hook_dir
+    return env
+
+
+def mps_env(gpus: Sequence[GpuShare], isolation: NodeIsolation) -> Dict[str, str]:
+    """The MPS client variables: the daemon's folders and the per-client limits the MPS server enforces."""
+    env = {
+        # MPS numbers devices as the client sees them, i.e. after CUDA_VISIBLE_DEVICES.
+        # The whole grant: MPS clients share the server's context, so no reserve is taken off.
+        MPS_MEMORY_LIMIT_ENV: ",".join(f"{i}={g.memory_mib}M" for i, g in enumerate(gpus)),
+    }
+    # Empty folders (a node that did not say) leave the driver's defaults (/tmp/nvidia-mps).
+    if isolation.mps_pipe_dir:
+        env[MPS_PIPE_ENV] = isolation.mps_pipe_dir
+    if isolation.mps_log_dir:
+        env[MPS_LOG_ENV] = isolation.mps_log_dir
+    if gpus:
+        # One value for all GPUs: take the largest share, so compute never starves.
+        env[MPS_THREAD_PERCENTAGE_ENV] = str(
             min(100, max(1, math.ceil(max(g.fraction for g in gpus) * 100 - 1e-9)))
         )
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = _fmt(min(g.fraction for g in gpus))
-    if hook_dir:
-        env["GPUPOOL_HOOK_DIR"] = hook_dir
     return env
 
 
@@ -73,7 +170,7 @@ def child_env(base: Mapping[str, str], contract: Mapping[str, str]) -> Dict[str,
     """`base` (the runner's env) with `contract` applied and the hook dir first on PYTHONPATH."""
     env = dict(base)
     env.update(contract)
-    hook_dir = contract.get("GPUPOOL_HOOK_DIR")
+    hook_dir = contract.get(HOOK_DIR_ENV)
     if hook_dir:
         rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook_dir]
         env["PYTHONPATH"] = os.pathsep.join([hook_dir] + rest)

@@ -7,8 +7,11 @@ have gpupool installed. It then:
 
 1. runs the `sitecustomize` this one shadows, if there is one;
 2. installs a meta-path finder that, after `torch` or `tensorflow` finished
-   importing, applies the per-GPU limits from the env contract
-   (GPUPOOL_MEMORY_FRACTION / GPUPOOL_MEMORY_LIMIT_MIB, visible order).
+   importing, applies the per-GPU allocator caps from the env contract
+   (GPUPOOL_ALLOCATOR_FRACTION / GPUPOOL_ALLOCATOR_LIMIT_MIB, visible order:
+   the grant less the CUDA context reserve, computed by gpupool's
+   isolation/env.py; an older runner's GPUPOOL_MEMORY_FRACTION /
+   GPUPOOL_MEMORY_LIMIT_MIB, the whole grant, serve when those are absent).
 
 It never breaks an import: every failure is swallowed (and printed when
 GPUPOOL_HOOK_DEBUG=1, the test seam that also reports what was applied).
@@ -29,6 +32,19 @@ def _say(message):
         sys.stderr.flush()
 
 
+# The names are defined in gpupool/isolation/env.py; this file cannot import it.
+FRACTION_ENVS = ("GPUPOOL_ALLOCATOR_FRACTION", "GPUPOOL_MEMORY_FRACTION")
+LIMIT_ENVS = ("GPUPOOL_ALLOCATOR_LIMIT_MIB", "GPUPOOL_MEMORY_LIMIT_MIB")
+
+
+def _first(names):
+    """The first of `names` that is set (the allocator cap, else the whole grant)."""
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return name
+    return names[-1]
+
+
 def _floats(name):
     text = os.environ.get(name, "").strip()
     if not text:
@@ -42,9 +58,10 @@ def _floats(name):
 
 def _apply_torch(torch):
     """Cap the caching allocator of every visible GPU at the lease's fraction."""
-    fractions = _floats("GPUPOOL_MEMORY_FRACTION")
+    name = _first(FRACTION_ENVS)
+    fractions = _floats(name)
     if not fractions:
-        _say("torch: skipped (no GPUPOOL_MEMORY_FRACTION)")
+        _say("torch: skipped (no %s)" % name)
         return
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_available():
@@ -69,9 +86,10 @@ def _apply_torch(torch):
 
 def _apply_tensorflow(tf):
     """Give every visible GPU one logical device capped at the lease's MiB (before TF initialises GPUs)."""
-    limits = _floats("GPUPOOL_MEMORY_LIMIT_MIB")
+    name = _first(LIMIT_ENVS)
+    limits = _floats(name)
     if not limits:
-        _say("tensorflow: skipped (no GPUPOOL_MEMORY_LIMIT_MIB)")
+        _say("tensorflow: skipped (no %s)" % name)
         return
     config = getattr(tf, "config", None)
     if config is None:
@@ -151,7 +169,7 @@ def _install():
             _run_hook(name, sys.modules[name])
     sys.meta_path.insert(0, _PostImportFinder())
     _say("installed (fractions=%s, limits_mib=%s)" % (
-        os.environ.get("GPUPOOL_MEMORY_FRACTION", ""), os.environ.get("GPUPOOL_MEMORY_LIMIT_MIB", "")))
+        os.environ.get(_first(FRACTION_ENVS), ""), os.environ.get(_first(LIMIT_ENVS), "")))
 
 
 _install()

@@ -1,0 +1,212 @@
+"""MPS daemon supervision against a stand-in `nvidia-cuda-mps-control` (real processes, a UNIX socket)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+
+from gpupool.core.errors import Unavailable
+from gpupool.core.usage import IsolationMode
+from gpupool.isolation import mps
+from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
+
+# Behaves like the control daemon for what gpupool uses: `-f` serves control commands
+# on PIPE/control until `quit`; `-d` does the same in a detached grandchild; no flag is
+# the client (`echo CMD | nvidia-cuda-mps-control`), which fails without a daemon.
+STAND_IN = r'''#!PYTHON
+import json, os, socket, subprocess, sys, time
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+path = os.path.join(pipe, "control")
+
+def serve():
+    record = os.environ.get("FAKE_MPS_RECORD")
+    if record:
+        with open(os.path.join(record, "%d.json" % os.getpid()), "w") as f:
+            json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
+    if os.environ.get("FAKE_MPS_SERVER"):  # an "MPS server" in the daemon's process group
+        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(os.path.join(record, "server-%d.pid" % os.getpid()), "w").write(str(server.pid))
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.listen(8)
+    while True:
+        conn, _ = sock.accept()
+        command = conn.makefile().readline().strip()
+        if command == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
+            conn.sendall(b"")
+            conn.close()
+            os.unlink(path)
+            sys.exit(0)
+        conn.sendall(b"100\n")
+        conn.close()
+
+if sys.argv[1:] == ["-f"]:
+    serve()
+elif sys.argv[1:] == ["-d"]:
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            serve()
+        os._exit(0)
+    os.wait()
+else:
+    for line in sys.stdin:
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(path)
+        except OSError:
+            sys.stderr.write("Cannot find MPS control daemon process\n")
+            sys.exit(1)
+        sock.sendall(line.encode())
+        sys.stdout.write(sock.makefile().read())
+'''
+
+
+@pytest.fixture
+def fake_mps(tmp_path: Path, monkeypatch) -> Path:
+    """A stand-in control binary first on PATH; returns the folder where its daemons record themselves."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    binary = bin_dir / MPS_CONTROL
+    binary.write_text(STAND_IN.replace("PYTHON", sys.executable))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-should-not-reach-the-daemon")
+    monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
+    return record
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent has not reaped it yet).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def daemons(record: Path) -> List[dict]:
+    return [dict(json.loads(p.read_text()), pid=int(p.stem)) for p in sorted(record.glob("*.json"))]
+
+
+def test_start_and_stop_leave_no_process(fake_mps, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_SERVER", "1")
+    daemon = MpsDaemon(tmp_path / "state")
+    isolation = daemon.start()
+    assert isolation.mode is IsolationMode.MPS
+    assert isolation.mps_pipe_dir == str(tmp_path / "state" / "mps" / "pipe")
+    assert isolation.mps_log_dir == str(tmp_path / "state" / "mps" / "log")
+    assert Path(isolation.mps_pipe_dir).is_dir() and Path(isolation.mps_log_dir).is_dir()
+    assert daemon.start() == isolation  # idempotent
+    [seen] = daemons(fake_mps)
+    assert seen["argv"] == ["-f"]
+    assert seen["env"]["CUDA_MPS_PIPE_DIRECTORY"] == isolation.mps_pipe_dir
+    assert seen["env"]["CUDA_MPS_LOG_DIRECTORY"] == isolation.mps_log_dir
+    assert "CUDA_VISIBLE_DEVICES" not in seen["env"]
+    server = int((fake_mps / f"server-{seen['pid']}.pid").read_text())
+    assert alive(seen["pid"]) and alive(server)
+    daemon.stop()
+    assert not alive(seen["pid"]) and wait_for(lambda: not alive(server))
+    assert not (Path(isolation.mps_pipe_dir) / "control").exists()  # it quit, it was not killed
+    daemon.stop()  # idempotent
+
+
+def test_a_killed_daemon_is_restarted(fake_mps, tmp_path):
+    with MpsDaemon(tmp_path / "state") as daemon:
+        first = daemon.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: daemon.pid not in (None, first))
+        assert daemon.restarts == 1
+        assert mps.answers(daemon.pipe_dir, daemon.log_dir)
+        second = daemon.pid
+    assert second is not None and not alive(second)
+
+
+def test_stop_after_kill_9_ends_cleanly(fake_mps, tmp_path, monkeypatch):
+    monkeypatch.setattr(mps, "BACKOFF_START_S", 30.0)  # stop() comes while the supervisor waits
+    daemon = MpsDaemon(tmp_path / "state")
+    daemon.start()
+    pid = daemon.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not alive(pid))
+    started = time.monotonic()
+    daemon.stop()
+    assert time.monotonic() - started < 5
+    assert daemon.pid is None and len(daemons(fake_mps)) == 1
+
+
+def test_a_daemon_that_ignores_quit_is_terminated(fake_mps, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_IGNORE_QUIT", "1")
+    daemon = MpsDaemon(tmp_path / "state", quit_s=0.5)
+    daemon.start()
+    pid = daemon.pid
+    daemon.stop()
+    assert pid is not None and not alive(pid)
+
+
+def test_missing_binary_is_mps_unavailable_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(MpsUnavailable) as err:
+        MpsDaemon(tmp_path / "state").start()
+    message = err.value.message
+    assert MPS_CONTROL in message and "--isolation hooks" in message and "NVIDIA driver utilities" in message
+    assert "\n" not in message and err.value.exit_code == 2
+    with pytest.raises(MpsUnavailable):
+        ensure_detached(tmp_path / "state")
+
+
+def test_a_daemon_that_dies_at_start_is_reported(fake_mps, tmp_path):
+    bad = tmp_path / "bin" / "broken-mps-control"
+    bad.write_text("#!/bin/sh\necho 'cannot open device' >&2\nexit 7\n")
+    bad.chmod(0o755)
+    with pytest.raises(Unavailable, match="exited with 7 at start"):
+        MpsDaemon(tmp_path / "state", binary=str(bad)).start()
+
+
+def test_second_daemon_on_the_same_folder_is_refused(fake_mps, tmp_path):
+    with MpsDaemon(tmp_path / "state"):
+        with pytest.raises(Unavailable, match="already answers"):
+            MpsDaemon(tmp_path / "state").start()
+
+
+def test_ensure_detached_starts_once_and_stays_until_stopped(fake_mps, tmp_path):
+    state = tmp_path / "state"
+    isolation = ensure_detached(state)
+    assert isolation.mode is IsolationMode.MPS and isolation.mps_pipe_dir == str(state / "mps" / "pipe")
+    assert ensure_detached(state) == isolation  # answers already: no second daemon
+    [seen] = daemons(fake_mps)
+    assert alive(seen["pid"])  # outlives the call that started it
+    assert stop_detached(state) is True
+    assert wait_for(lambda: not alive(seen["pid"]))
+    assert stop_detached(state) is False
