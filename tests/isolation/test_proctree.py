@@ -1,0 +1,176 @@
+"""isolation/proctree: /proc parsing, trees, lease and pod identity, and ending processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from gpupool.isolation.env import LEASE_ID_ENV
+from gpupool.isolation.proctree import (
+    ProcessInfo,
+    alive,
+    descendants,
+    group_members,
+    is_descendant,
+    lease_id_of,
+    pod_uid_of,
+    process_table,
+    read_process,
+    terminate,
+)
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+
+UID = "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"
+CID = "0123456789abcdef" * 4
+
+
+def kill_all(procs: List[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+
+
+def fake_proc(tmp_path: Path, pid: int, **files: str) -> str:
+    folder = tmp_path / "proc" / str(pid)
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return str(tmp_path / "proc")
+
+
+def test_stat_is_parsed_after_the_last_parenthesis(tmp_path):
+    root = fake_proc(tmp_path, 4242, stat="4242 (evil) name) (x) S 7 4240 4240 0 -1 4194560 ...\n")
+    assert read_process(4242, root) == ProcessInfo(pid=4242, ppid=7, pgid=4240)
+    assert process_table(root) == {4242: ProcessInfo(4242, 7, 4240)}
+    assert read_process(9999, root) is None
+
+
+def test_process_table_sees_this_process():
+    info = process_table()[os.getpid()]
+    assert info == ProcessInfo(os.getpid(), os.getppid(), os.getpgrp())
+
+
+def test_descendants_and_is_descendant_on_a_synthetic_table():
+    table = {p.pid: p for p in [ProcessInfo(10, 1, 10), ProcessInfo(11, 10, 10), ProcessInfo(12, 11, 12),
+                                ProcessInfo(13, 1, 13), ProcessInfo(20, 21, 20), ProcessInfo(21, 20, 20)]}
+    assert descendants(10, table) == [11, 12]
+    assert descendants(13, table) == []
+    assert is_descendant(12, 10, table) and is_descendant(11, 10, table)
+    assert not is_descendant(13, 10, table) and not is_descendant(10, 10, table)
+    assert not is_descendant(20, 99, table)  # a ppid cycle (racy snapshot) ends, it does not loop
+    assert sorted(descendants(20, table)) == [21]
+    assert group_members(10, table) == [10, 11]
+
+
+def test_descendants_of_real_processes():
+    code = "import subprocess, sys; p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); p.wait()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        table = process_table()
+        assert {child.pid, grandchild} <= set(descendants(os.getpid(), table))
+        assert descendants(child.pid, table) == [grandchild]
+        assert is_descendant(grandchild, os.getpid(), table)
+    finally:
+        terminate([child.pid, grandchild], 1.0)
+        kill_all([child])
+
+
+def test_lease_id_of_reads_the_start_environment():
+    with_lease = subprocess.Popen(["sleep", "30"], env=dict(os.environ, **{LEASE_ID_ENV: "lease-abc"}))
+    without = subprocess.Popen(["sleep", "30"], env={k: v for k, v in os.environ.items() if k != LEASE_ID_ENV})
+    try:
+        assert lease_id_of(with_lease.pid) == "lease-abc"
+        assert lease_id_of(without.pid) is None
+    finally:
+        kill_all([with_lease, without])
+    assert lease_id_of(with_lease.pid) is None  # gone
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        # cgroup v1, cgroupfs driver
+        f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{CID}\n",
+        f"4:pids:/kubepods/pod{UID}/{CID}\n",
+        # cgroup v1, systemd driver
+        f"10:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+        f"/cri-containerd-{CID}.scope\n",
+        # cgroup v2, systemd driver (guaranteed QoS has no QoS slice)
+        f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+        # cgroup v2, cgroupfs driver, docker-in-docker style prefix
+        f"0::/docker/{CID}/kubepods/burstable/pod{UID}/{CID}\n",
+    ],
+)
+def test_pod_uid_from_cgroup(tmp_path, cgroup):
+    root = fake_proc(tmp_path, 77, cgroup=cgroup)
+    assert pod_uid_of(77, proc_root=root) == UID
+
+
+@pytest.mark.parametrize(
+    "cgroup, expected",
+    [
+        ("0::/\n", None),  # inside a cgroup namespace: nothing to see
+        ("0::/user.slice/user-1000.slice/session-2.scope\n", None),
+        ("1:name=systemd:/system.slice/podman.service\n", None),  # "pod" as part of a word
+        (f"0::/kubepods/besteffort/pod{'ab' * 16}/{CID}\n", "ab" * 16),  # static pod: a 32-hex hash
+    ],
+)
+def test_pod_uid_absent_or_static(tmp_path, cgroup, expected):
+    root = fake_proc(tmp_path, 78, cgroup=cgroup)
+    assert pod_uid_of(78, proc_root=root) == expected
+    assert pod_uid_of(79, proc_root=root) is None  # no such process
+
+
+def test_alive_counts_zombies_as_dead():
+    assert alive(os.getpid())
+    proc = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not alive(proc.pid)  # exited, not yet waited for: a zombie
+        assert Path(f"/proc/{proc.pid}").exists()
+    finally:
+        proc.wait()
+    assert not alive(proc.pid)
+
+
+def test_terminate_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    polite = subprocess.Popen(["sleep", "60"])
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        killed = terminate([stubborn.pid, polite.pid, stubborn.pid], grace_s=0.3)
+        assert killed == [stubborn.pid]
+        assert 0.3 <= time.monotonic() - started < 3
+        assert stubborn.wait(timeout=5) == -signal.SIGKILL
+        assert polite.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        kill_all([stubborn, polite])
+
+
+def test_terminate_skips_gone_foreign_and_zombie_processes():
+    zombie = subprocess.Popen(["true"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        time.sleep(0.2)
+        started = time.monotonic()
+        # pid 1 and this process are never signalled; a zombie counts as gone at once.
+        assert terminate([zombie.pid, gone.pid, 1, os.getpid()], grace_s=5) == []
+        assert time.monotonic() - started < 1
+    finally:
+        zombie.wait()
