@@ -150,7 +150,8 @@ def test_killed_runner_lease_is_reclaimed_after_ttl(pool, tmp_path):
 
 def test_heartbeat_keeps_lease_past_ttl_and_warns_when_lost(pool, tmp_path):
     record, stop = tmp_path / "rec.json", tmp_path / "stop"
-    runner = pool.start("run", "-p", "0.5", "--ttl", "1", "--", sys.executable, HOLDER, str(record), str(stop))
+    runner = pool.start("run", "-p", "0.5", "--ttl", "1", "--on-lease-loss", "warn", "--",
+                        sys.executable, HOLDER, str(record), str(stop))
     try:
         env = read_record(record)["env"]
         time.sleep(1.6)  # longer than the TTL: only heartbeats keep it
