@@ -13,6 +13,7 @@ import os
 import sys
 
 from ..core.errors import InvalidInput
+from .server import add_enforcement_arguments, node_enforcement
 
 
 def register(subparsers) -> None:
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
                    help="reap with the pod UIDs listed in FILE (one a line) instead of the API server (tests, dev)")
     p.add_argument("--reap-interval", type=float, default=30.0, metavar="SECONDS",
                    help="seconds between passes of the reaper (default 30)")
+    add_enforcement_arguments(p)
     p.set_defaults(func=handle_agent)
 
     p = verbs.add_parser("certs", help="write the webhook's CA and serving certificate")
@@ -122,7 +124,8 @@ def handle_agent(args: argparse.Namespace) -> int:
     run_agent(AgentConfig(kubelet_dir=args.kubelet_dir, devices=args.devices, listen=args.listen,
                           state_dir=args.state, token_file=args.token_file, tokens_dir=args.tokens_dir,
                           node=args.node, advertise=args.advertise, in_cluster=not args.no_reap,
-                          live_pods_file=args.live_pods_file, reap_interval_s=args.reap_interval))
+                          live_pods_file=args.live_pods_file, reap_interval_s=args.reap_interval,
+                          enforcement=node_enforcement(args)))
     return 0
 
 

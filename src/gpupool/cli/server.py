@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Dict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..server.serve import NodeEnforcement
 
 
 def register(subparsers) -> None:
@@ -59,9 +62,11 @@ def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def enforcement_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
-    """The ServerConfig fields of `add_enforcement_arguments`."""
-    return dict(
+def node_enforcement(args: argparse.Namespace) -> "NodeEnforcement":
+    """The settings of `add_enforcement_arguments`."""
+    from ..server.serve import NodeEnforcement
+
+    return NodeEnforcement(
         isolation=args.isolation,
         enforce=args.enforce,
         enforce_unleased=args.enforce_unleased,
@@ -86,7 +91,7 @@ def handle(args: argparse.Namespace) -> int:
             tls_names=args.tls_name,
             ttl_s=args.ttl,
             log_level="info" if args.verbose else "warning",
-            **enforcement_kwargs(args),
+            enforcement=node_enforcement(args),
         )
     )
     return 0

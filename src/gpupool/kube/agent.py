@@ -13,11 +13,12 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Set, Tuple
 
 from ..core.model import Lease, pod_uid_of_label
+from ..server.serve import NodeEnforcement
 from .apiserver import core_v1
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class AgentConfig:
     reap_interval_s: float = 30.0
     in_cluster: bool = True  # reap with the node's pod list from the API server
     live_pods_file: Optional[str] = None  # reap with the pod UIDs of this file instead (tests, development)
+    enforcement: NodeEnforcement = field(default_factory=NodeEnforcement)  # isolation mode and watchdog
 
 
 def release_orphans(pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
@@ -159,7 +161,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
         live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
     devices = discover(config.devices, node)
     prepared = prepare(ServerConfig(listen=config.listen, state_dir=config.state_dir, token_file=config.token_file,
-                                    device_list=devices, node=node))
+                                    device_list=devices, node=node, enforcement=config.enforcement))
     port = prepared.sock.getsockname()[1]  # the bound one: --listen may say :0
     advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()

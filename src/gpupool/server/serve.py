@@ -31,6 +31,27 @@ DEFAULT_PORT = 56001
 
 
 @dataclass
+class NodeEnforcement:
+    """The node's isolation mode and watchdog settings (flags of `gpupool server` and the node agent)."""
+
+    isolation: str = IsolationMode.HOOKS.value
+    enforce: str = EnforceMode.KILL.value  # over-share leases
+    enforce_unleased: str = EnforceMode.WARN.value  # processes on pooled GPUs without a lease
+    enforce_grace_s: float = DEFAULT_GRACE_S
+    usage_interval_s: float = DEFAULT_INTERVAL_S
+
+    def parse(self) -> Tuple[IsolationMode, WatchdogConfig]:
+        """Checked modes and settings; InvalidInput names the flag."""
+        watch = WatchdogConfig(
+            interval_s=self.usage_interval_s,
+            over_share=EnforceMode.parse(self.enforce, "--enforce"),
+            unleased=EnforceMode.parse(self.enforce_unleased, "--enforce-unleased"),
+            grace_s=self.enforce_grace_s,
+        )
+        return IsolationMode.parse(self.isolation), watch
+
+
+@dataclass
 class ServerConfig:
     """Everything `gpupool server` takes from its flags."""
 
@@ -47,11 +68,7 @@ class ServerConfig:
     ttl_s: float = DEFAULT_TTL_S
     expire_interval_s: float = 1.0
     log_level: str = "warning"
-    isolation: str = IsolationMode.HOOKS.value
-    enforce: str = EnforceMode.KILL.value  # over-share leases
-    enforce_unleased: str = EnforceMode.WARN.value  # processes on pooled GPUs without a lease
-    enforce_grace_s: float = DEFAULT_GRACE_S
-    usage_interval_s: float = DEFAULT_INTERVAL_S
+    enforcement: "NodeEnforcement" = field(default_factory=lambda: NodeEnforcement())
 
 
 @dataclass
@@ -145,13 +162,7 @@ def prepare(config: ServerConfig) -> Prepared:
         raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
     if not MIN_TTL_S <= config.ttl_s <= MAX_TTL_S:  # else every claim without its own ttl_s is refused
         raise InvalidInput(f"--ttl {config.ttl_s:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
-    isolation = IsolationMode.parse(config.isolation)
-    watch = WatchdogConfig(
-        interval_s=config.usage_interval_s,
-        over_share=EnforceMode.parse(config.enforce, "--enforce"),
-        unleased=EnforceMode.parse(config.enforce_unleased, "--enforce-unleased"),
-        grace_s=config.enforce_grace_s,
-    )
+    isolation, watch = config.enforcement.parse()
     state = Path(config.state_dir).expanduser()
     lock = StateLock(state).acquire()
     pool: Optional[Pool] = None
