@@ -23,7 +23,7 @@ class Heartbeat(threading.Thread):
         interval_s: float,
         warn: Callable[[str], None],
         on_lost: Optional[Callable[[], None]] = None,
-        on_beat: Optional[Callable[[], None]] = None,
+        on_beat: Optional[Callable[[], object]] = None,
     ) -> None:
         """`on_lost` (on this thread) replaces the loud warning when the lease is gone;
         `on_beat` runs after every beat, successful or not (housekeeping such as reaping)."""
