@@ -105,3 +105,39 @@ def test_certs_command_writes_a_component(tmp_path):
     assert main(["kube", "certs", "--out", str(out), "--ca-cert", str(out / "ca.crt"),
                  "--ca-key", str(out / "ca.key")]) == 0
     assert (out / "ca.crt").read_bytes() == first_ca and (out / "tls.crt").read_bytes() != old
+
+
+def test_agent_sees_host_pids_and_shares_its_dev_shm(objects):
+    agent = load(next(o for o in objects if o["kind"] == "DaemonSet"), "V1DaemonSet")
+    spec = agent.spec.template.spec
+    assert spec.host_pid is True  # the watchdog maps NVML's host PIDs to container processes
+    mounts = {m.name: m.mount_path for m in spec.containers[0].volume_mounts}
+    volumes = {v.name: v for v in spec.volumes}
+    assert mounts["mps-shm"] == "/dev/shm"
+    assert volumes["mps-shm"].host_path.path == "/run/gpupool/mps/shm"
+
+
+def test_mps_component_patches_apply_and_match_the_webhook_defaults(objects):
+    """deploy/mps: its patches apply to the agent and webhook; the folders agree with what pods get."""
+    from gpupool.isolation.mps import mps_dirs
+    from gpupool.kube.mutate import MutateConfig
+
+    from .conftest import apply_patch
+
+    component = yaml.safe_load((DEPLOY / "mps" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    patched = {}
+    for entry in component["patches"]:
+        target = entry["target"]
+        obj = next(o for o in objects if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"])
+        patched[target["kind"]] = apply_patch(obj, yaml.safe_load(entry["patch"]))
+    agent = load(patched["DaemonSet"], "V1DaemonSet").spec.template.spec
+    webhook = load(patched["Deployment"], "V1Deployment").spec.template.spec
+    assert "--isolation=mps" in agent.containers[0].args and "--isolation=mps" in webhook.containers[0].args
+    state = next(a.split("=", 1)[1] for a in agent.containers[0].args if a.startswith("--state="))
+    pipe, _ = mps_dirs(pathlib.Path(state))
+    assert f"--mps-pipe-dir={pipe}" in webhook.containers[0].args
+    assert str(pipe) == "/var/lib/gpupool/mps/pipe"
+    shm = next(v for v in agent.volumes if v.name == "mps-shm").host_path.path
+    assert f"--mps-shm-dir={shm}" in webhook.containers[0].args and MutateConfig().mps_shm_dir == shm
+    assert {"SETUID", "SETGID"} <= set(agent.containers[0].security_context.capabilities.add)

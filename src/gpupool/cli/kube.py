@@ -34,6 +34,12 @@ def register(subparsers) -> None:
     p.add_argument("--gpu-memory", help="GPU size for gpu-memory asks while no agent has reported (e.g. 80GiB)")
     p.add_argument("--wait", type=float, default=300.0, help="seconds the runner queues for its share (default 300)")
     p.add_argument("--refresh", type=float, default=2.0, help="seconds between agent polls (default 2)")
+    p.add_argument("--isolation", default="hooks", metavar="mps|hooks|none",
+                   help="the agents' isolation mode; mps gives GPU containers the agent's MPS pipe and /dev/shm")
+    p.add_argument("--mps-pipe-dir", default="/var/lib/gpupool/mps/pipe", metavar="HOST_PATH",
+                   help="the agents' MPS pipe folder: their --state + /mps/pipe (default /var/lib/gpupool/mps/pipe)")
+    p.add_argument("--mps-shm-dir", default="/run/gpupool/mps/shm", metavar="HOST_PATH",
+                   help="host folder the agents mount as /dev/shm (default /run/gpupool/mps/shm)")
     p.set_defaults(func=handle_webhook)
 
     p = verbs.add_parser("agent", help="node agent: device plugin + the node's pool server")
@@ -75,12 +81,14 @@ def handle_webhook(args: argparse.Namespace) -> int:
     import threading
 
     from ..core.quantity import parse_memory_mib
+    from ..core.usage import IsolationMode
     from ..kube.admission import WebhookApp, serve
     from ..kube.mutate import MutateConfig
     from ..kube.nodestate import ClusterState, kube_pending, kube_targets, static_targets
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
+    mps = IsolationMode.parse(args.isolation) is IsolationMode.MPS
     for flag, path, fix in (
         ("--tls-cert", args.tls_cert, "`gpupool kube certs --out DIR` writes DIR/tls.crt"),
         ("--tls-key", args.tls_key, "`gpupool kube certs --out DIR` writes DIR/tls.key"),
@@ -91,13 +99,15 @@ def handle_webhook(args: argparse.Namespace) -> int:
     token = open(args.agent_token_file).read().strip() if args.agent_token_file else ""
     in_cluster = args.agents == "kube"
     targets = kube_targets(args.agent_port) if in_cluster else static_targets(args.agents)
-    cluster = ClusterState(targets, token=token, pending=kube_pending() if in_cluster else None)
-    cluster.start(args.refresh)
+    # Before the cluster poller starts, so that a bad flag leaves no thread behind.
     config = MutateConfig(
         runner_image=args.runner_image, agent_port=args.agent_port, token_secret=args.token_secret,
         gpu_memory_mib=parse_memory_mib(args.gpu_memory, "--gpu-memory") if args.gpu_memory else None,
         wait_s=args.wait,
+        mps_pipe_dir=args.mps_pipe_dir if mps else "", mps_shm_dir=args.mps_shm_dir,
     )
+    cluster = ClusterState(targets, token=token, pending=kube_pending() if in_cluster else None)
+    cluster.start(args.refresh)
     server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host

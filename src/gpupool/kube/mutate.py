@@ -3,6 +3,8 @@
 It translates GPU resources to `gpupool.io/gpu` units, injects the runner
 zipapp (init container + emptyDir), the token Secret, downward-API identity,
 and wraps each GPU container's command with `gpupool-run run ... --`.
+In MPS mode (`mps_pipe_dir` set) GPU containers also get the node agent's MPS
+pipe folder and shared-memory folder, as NVIDIA's device plugin gives its MPS clients.
 A pod carrying the marker annotation is left alone, so a second pass is a no-op.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core.errors import InvalidInput
+from ..isolation.env import MPS_PIPE_ENV
 from . import annotations as ann
 from .resources import ALIASES, UNITS, USER_KEYS, GpuAsk, asks_for_gpu, read_ask
 
@@ -20,6 +23,11 @@ RUNNER_VOLUME = "gpupool-runner"
 TOKEN_VOLUME = "gpupool-token"
 INSTALL_CONTAINER = "gpupool-runner-install"
 POD_LABEL = "pod:$(GPUPOOL_POD_NAMESPACE)/$(GPUPOOL_POD_NAME):$(GPUPOOL_POD_UID)"
+MPS_PIPE_VOLUME = "gpupool-mps-pipe"
+MPS_SHM_VOLUME = "gpupool-mps-shm"
+# MPS clients and their server exchange shared memory through /dev/shm, so the
+# container's must be the agent's (NVIDIA's device plugin mounts it the same way).
+SHM_PATH = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,15 @@ class MutateConfig:
     lib_dir: str = "/gpupool/lib"
     gpu_memory_mib: Optional[int] = None  # fallback GPU size for gpu-memory asks
     wait_s: float = 300.0  # the runner queues this long if a just-ended pod's lease is not yet released
+    # MPS mode: the agent's pipe folder (its --state + /mps/pipe), mounted at the same path; "" = not MPS.
+    mps_pipe_dir: str = ""
+    mps_shm_dir: str = "/run/gpupool/mps/shm"  # host folder the agent mounts as its /dev/shm
+
+    def __post_init__(self) -> None:
+        for flag, path in (("--mps-pipe-dir", self.mps_pipe_dir), ("--mps-shm-dir", self.mps_shm_dir)):
+            if path and not path.startswith("/"):
+                raise InvalidInput(f"{flag} {path!r} must be an absolute host path, e.g. "
+                                   f"/var/lib/gpupool/mps/pipe (the agent's --state + /mps/pipe)")
 
     @property
     def runner_path(self) -> str:
@@ -123,10 +140,27 @@ def _container(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig,
     for volume, path in ((RUNNER_VOLUME, config.mount_path), (TOKEN_VOLUME, config.token_path)):
         if volume not in taken and path not in taken:
             mounts.append({"name": volume, "mountPath": path, "readOnly": True})
+    if config.mps_pipe_dir:
+        _add_mps_mounts(mounts, taken, config, name, warnings)
     new["volumeMounts"] = mounts
     if wrap:
         new["command"] = _wrapped_command(container, ask, config, filters, warnings)
     return new
+
+
+def _add_mps_mounts(mounts: List[Dict[str, Any]], taken: set, config: MutateConfig, name: str,
+                    warnings: List[str]) -> None:
+    """The agent's MPS pipe folder (same path) and shared memory (/dev/shm); read-write, MPS writes both."""
+    if MPS_PIPE_VOLUME not in taken and config.mps_pipe_dir not in taken:
+        mounts.append({"name": MPS_PIPE_VOLUME, "mountPath": config.mps_pipe_dir})
+    if MPS_SHM_VOLUME in taken:
+        return
+    if SHM_PATH in taken:
+        warnings.append(f"container {name!r} mounts its own {SHM_PATH}, which MPS needs to share with the "
+                        f"node agent's MPS server: CUDA will not reach the server (and the share is then held "
+                        f"by the import hook only); remove that volumeMount")
+        return
+    mounts.append({"name": MPS_SHM_VOLUME, "mountPath": SHM_PATH})
 
 
 def _copy(value: Any) -> Any:
@@ -192,6 +226,9 @@ def _env(env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warn
     ]
     if config.agent_scheme == "https":
         wanted.append(("GPUPOOL_CA", {"value": f"{config.token_path}/ca.crt"}))
+    if config.mps_pipe_dir:
+        # Also for injection-only containers that start gpupool-run themselves, or not at all.
+        wanted.append((MPS_PIPE_ENV, {"value": config.mps_pipe_dir}))
     for var, source in wanted:
         if var not in have:
             out.append(dict({"name": var}, **source))
@@ -237,6 +274,10 @@ def _add_volumes(spec: Mapping[str, Any], config: MutateConfig, patch: List[Dict
         # optional: a pod in a namespace without the Secret still starts; the runner then says what is missing.
         {"name": TOKEN_VOLUME, "secret": {"secretName": config.token_secret, "optional": True}},
     ]
+    if config.mps_pipe_dir:
+        # DirectoryOrCreate: a pod that starts before the agent created the folders still starts.
+        new.append({"name": MPS_PIPE_VOLUME, "hostPath": {"path": config.mps_pipe_dir, "type": "DirectoryOrCreate"}})
+        new.append({"name": MPS_SHM_VOLUME, "hostPath": {"path": config.mps_shm_dir, "type": "DirectoryOrCreate"}})
     new = [v for v in new if v["name"] not in names]
     if not new:
         return
