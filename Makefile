@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo demo-sharing test test-fast bench deploy undeploy clean
+.PHONY: all install pyz demo demo-sharing test test-fast gpu-check bench deploy undeploy clean
 
 all: install pyz
 
@@ -34,6 +34,11 @@ test: install pyz
 
 test-fast: install pyz
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# On a machine with an NVIDIA GPU: the shares hold (hooks, MPS), two half shares fit, and the
+# CUDA context overhead per process; figures in benchmarks/results/gpu-*.json.
+gpu-check: install pyz
+	$(BIN)/python -m pytest -m gpu tests/gpu -v -rs
 
 bench: install pyz
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
