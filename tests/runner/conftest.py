@@ -22,7 +22,7 @@ class Pool:
         self.devices = devices
         self.env = dict(os.environ)
         self.env.update({"GPUPOOL_STATE": str(state), "GPUPOOL_DEVICES": devices, "PYTHONUNBUFFERED": "1"})
-        for name in ("GPUPOOL_SERVER", "GPUPOOL_CONFIG", "GPUPOOL_TOKEN", "PYTHONPATH"):
+        for name in ("GPUPOOL_SERVER", "GPUPOOL_CONFIG", "GPUPOOL_TOKEN", "GPUPOOL_CONTEXT_RESERVE_MIB", "PYTHONPATH"):
             self.env.pop(name, None)
         self.env["HOME"] = str(state.parent / "home")  # no ~/.gpupool of the developer
 
