@@ -48,6 +48,11 @@ class Guard:
             pid = os.fork()
             if pid == 0:
                 _serve(read_fd, lease_id, grace_s)  # never returns
+        except OSError as err:  # out of processes: run unguarded rather than not at all
+            log.warning("could not start the guard (%s): kill -9 of the runner would leave daemons running", err)
+            os.close(read_fd)
+            os.close(write_fd)
+            return None
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         os.close(read_fd)
