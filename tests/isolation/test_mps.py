@@ -147,7 +147,7 @@ def test_a_killed_daemon_is_restarted(fake_mps, tmp_path):
         os.kill(first, signal.SIGKILL)
         assert wait_for(lambda: daemon.pid not in (None, first))
         assert daemon.restarts == 1
-        assert mps.answers(daemon.pipe_dir, daemon.log_dir)
+        assert wait_for(lambda: mps.answers(daemon.pipe_dir, daemon.log_dir))  # the new one serves
         second = daemon.pid
     assert second is not None and not alive(second)
 

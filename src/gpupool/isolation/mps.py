@@ -159,9 +159,9 @@ class MpsDaemon:
                     f"{MPS_PIPE_ENV}={self.pipe_dir} {self.binary}` and start again"
                 )
             self._stopping.clear()
-            self._proc = self._spawn(path)
+            proc = self._proc = self._spawn(path)
         try:
-            self._wait_ready(self._proc)
+            self._wait_ready(proc)
         except BaseException:
             self.stop()
             raise
@@ -169,7 +169,7 @@ class MpsDaemon:
         with self._lock:
             self._thread = thread
         thread.start()
-        log.info("MPS control daemon %d serving %s", self._proc.pid, self.pipe_dir)
+        log.info("MPS control daemon %d serving %s", proc.pid, self.pipe_dir)
         return self.isolation
 
     def _spawn(self, path: str) -> subprocess.Popen:
@@ -219,13 +219,13 @@ class MpsDaemon:
                 if self._stopping.is_set():
                     return
                 try:
-                    self._proc = self._spawn(path)
+                    new = self._proc = self._spawn(path)
                 except OSError as err:
                     log.error("MPS control daemon could not be restarted: %s", err)
                     continue
                 self.restarts += 1
                 started = time.monotonic()
-            log.info("MPS control daemon restarted as %d", self._proc.pid)
+            log.info("MPS control daemon restarted as %d", new.pid)
 
     def stop(self) -> None:
         """Quit the daemon through its control interface, then terminate/kill what is left. Idempotent."""
