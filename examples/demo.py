@@ -31,9 +31,9 @@ GPUPOOL = [sys.executable, str(PYZ)] if PYZ.exists() else [sys.executable, "-m",
 CHILD = """\
 import os, sys, time
 e = os.environ
-print("sees CUDA_VISIBLE_DEVICES=%s limit_mib=%s fraction=%s mps=%s" % (
+print("sees CUDA_VISIBLE_DEVICES=%s limit_mib=%s fraction=%s allocator_limit_mib=%s" % (
     e["CUDA_VISIBLE_DEVICES"], e["GPUPOOL_MEMORY_LIMIT_MIB"], e["GPUPOOL_MEMORY_FRACTION"],
-    e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]), flush=True)
+    e["GPUPOOL_ALLOCATOR_LIMIT_MIB"]), flush=True)
 time.sleep(float(sys.argv[1]))
 """
 
