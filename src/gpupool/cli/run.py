@@ -41,6 +41,11 @@ def register(subparsers) -> None:
         help="when the lease is lost (expired, or released by an admin): kill ends the command and "
         "exits 6 (default), warn only says so and lets it run on",
     )
+    p.add_argument(
+        "--isolation", choices=("mps", "hooks", "none"), default=None,
+        help="set the embedded pool's isolation mode (mps starts a detached MPS control daemon for the "
+        "state dir); default: the mode it has (hooks on a new pool)",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -53,6 +58,7 @@ def handle(args: argparse.Namespace) -> int:
     from ..core.filters import Filter
     from ..core.model import Claim, Policy
     from ..core.quantity import parse_fraction, parse_memory_mib
+    from ..core.usage import IsolationMode
     from ..runner import RunOptions, progress, run
 
     command = list(args.cmd)
@@ -78,6 +84,7 @@ def handle(args: argparse.Namespace) -> int:
     say = progress(args.quiet)
     options = RunOptions(
         claim=claim, wait_s=args.wait, ttl_s=args.ttl, label=args.label, quiet=args.quiet, say=say,
-        on_lease_loss=args.on_lease_loss, warn=progress(False), **pool_kwargs(args),
+        on_lease_loss=args.on_lease_loss, warn=progress(False),
+        isolation=IsolationMode.parse(args.isolation) if args.isolation else None, **pool_kwargs(args),
     )
     return run(command, options)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.usage import IsolationMode, NodeIsolation
 from .base import PoolClient
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class EmbeddedPoolClient(PoolClient):
         state_dir: Optional[Path] = None,
         devices: Optional[Sequence[Device]] = None,
         node: str = "",
+        isolation: Optional[IsolationMode] = None,
     ) -> None:
         from ..pool import Pool  # imported here: the pool is only needed without a server
 
@@ -44,6 +46,17 @@ class EmbeddedPoolClient(PoolClient):
         self.address = f"embedded:{self.state_dir}"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._pool = Pool.open(self.state_dir, devices=list(devices) if devices is not None else None, node=node)
+        try:
+            if isolation is IsolationMode.MPS:
+                from ..isolation.mps import ensure_detached
+
+                # No process of the embedded pool lives long: its MPS daemon stays as pool infrastructure.
+                self._pool.set_isolation(ensure_detached(self.state_dir))
+            elif isolation is not None:
+                self._pool.set_isolation(NodeIsolation(isolation))
+        except BaseException:
+            self._pool.close()
+            raise
 
     def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0) -> Lease:
         return self._pool.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)

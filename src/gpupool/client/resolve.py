@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Holder, Lease, PoolStatus
-from ..core.usage import UsageReport
+from ..core.usage import IsolationMode, UsageReport
 from ..core.placement import could_ever_fit, place
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
@@ -54,14 +54,23 @@ def connect_all(
     servers: Optional[Sequence[str]] = None,
     state_dir: Optional[Path] = None,
     devices_spec: Optional[str] = None,
+    isolation: Optional[IsolationMode] = None,
 ) -> List[PoolClient]:
-    """One client per pool to use (at least one: the embedded pool when no server is named)."""
+    """One client per pool to use (at least one: the embedded pool when no server is named).
+
+    `isolation` sets the embedded pool's mode; a server's mode is its own (`gpupool server --isolation`).
+    """
     config: Optional[ClientConfig] = None
     if not servers and not os.environ.get(SERVER_ENV, "").strip():
         config = load_client_config()
     addresses = server_addresses(servers, config)
     if not addresses:
-        return [_embedded(state_dir, devices_spec)]
+        return [_embedded(state_dir, devices_spec, isolation)]
+    if isolation is not None and not all(a.lower().startswith(EMBEDDED) for a in addresses):
+        raise InvalidInput(
+            f"--isolation {isolation.value} applies to the embedded pool only: a server keeps the mode it was "
+            "started with (gpupool server --isolation); drop the flag or the --server"
+        )
     if config is None:
         try:
             config = load_client_config()
@@ -72,7 +81,7 @@ def connect_all(
     for address in addresses:
         if address.lower().startswith(EMBEDDED):
             path = address[len(EMBEDDED):]
-            clients.append(_embedded(Path(path) if path else state_dir, devices_spec))
+            clients.append(_embedded(Path(path) if path else state_dir, devices_spec, isolation))
             continue
         from .http import HttpPoolClient
 
@@ -95,7 +104,9 @@ def connect(
     return clients[0]
 
 
-def _embedded(state_dir: Optional[Path], devices_spec: Optional[str]) -> PoolClient:
+def _embedded(
+    state_dir: Optional[Path], devices_spec: Optional[str], isolation: Optional[IsolationMode] = None
+) -> PoolClient:
     from .embedded import EmbeddedPoolClient
 
     devices = None
@@ -103,7 +114,7 @@ def _embedded(state_dir: Optional[Path], devices_spec: Optional[str]) -> PoolCli
         from ..devices import discover
 
         devices = discover(devices_spec)
-    return EmbeddedPoolClient(state_dir, devices=devices)
+    return EmbeddedPoolClient(state_dir, devices=devices, isolation=isolation)
 
 
 def choose_and_claim(

@@ -179,11 +179,13 @@ class Supervisor:
         from ..isolation import isolation_env, shares, write_hook_dir
         from ..runner.heartbeat import Heartbeat
 
-        devices = self.client.status().devices
+        status = self.client.status()
         hook_dir = str(write_hook_dir(self.job_dir / "hook"))
         for rep in self.reps:
             if rep.group is not None:
-                self.gpu_envs[rep.name] = isolation_env(self.lease.id, shares(self.lease, devices, rep.group), hook_dir)
+                self.gpu_envs[rep.name] = isolation_env(
+                    self.lease.id, shares(self.lease, status.devices, rep.group), hook_dir, isolation=status.isolation
+                )
         self.heartbeat = Heartbeat(self.client, self.lease.id, self.state.ttl_s / 3, log.warning)
         self.heartbeat.start()
 

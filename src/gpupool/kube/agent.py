@@ -165,8 +165,8 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     port = prepared.sock.getsockname()[1]  # the bound one: --listen may say :0
     advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()
-    plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise,
-                                                mounts=[("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]))
+    # In mps mode the webhook mounts the agent's MPS pipe folder (STATE/mps/pipe) into GPU pods.
+    plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise))
     serving = False
     try:
         if config.tokens_dir and os.path.isdir(config.tokens_dir):

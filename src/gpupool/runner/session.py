@@ -20,6 +20,7 @@ from ..client.resolve import choose_and_claim, connect_all
 from ..core.errors import GpupoolError, LeaseLost, NotFound
 from ..core.model import Claim, Holder, Lease
 from ..core.quantity import format_mib
+from ..core.usage import IsolationMode
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
 from .guard import Guard
@@ -41,6 +42,7 @@ class RunOptions:
     servers: Optional[List[str]] = None
     state_dir: Optional[Path] = None
     devices_spec: Optional[str] = None
+    isolation: Optional[IsolationMode] = None  # set the embedded pool's mode; None keeps the stored one
     quiet: bool = False
     say: Callable[[str], None] = field(default=lambda line: None)
     # What a lost lease does to the command: "kill" ends its tree, "warn" only says so.
@@ -89,7 +91,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
     child = None
     subreaper = False
     try:
-        clients = connect_all(options.servers, options.state_dir, options.devices_spec)
+        clients = connect_all(options.servers, options.state_dir, options.devices_spec, options.isolation)
         addresses = ", ".join(c.address for c in clients)
         say(
             f"Requested resources: {claim.describe()} ({claim.policy.value}); "
@@ -103,9 +105,10 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         # runner, and the guard ends the lease's processes if the runner is killed.
         subreaper = become_subreaper()
         guard = Guard.spawn(lease.id, options.grace_s)
-        gpus = shares(lease, client.status().devices)
+        status = client.status()
+        gpus = shares(lease, status.devices)
         workdir = _workdir(lease.id)
-        contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")))
+        contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")), isolation=status.isolation)
         config_file = workdir / "lease.json"
         config_file.write_text(
             json.dumps({"server": client.address, "lease": lease.to_dict(), "env": contract}, indent=2)
