@@ -1,7 +1,8 @@
-"""Shared fixtures: a real `gpupool server` subprocess on a loopback port.
+"""Shared fixtures: a real `gpupool server` subprocess on a loopback port, a stand-in MPS control binary.
 
 `running_server` gives a started server (2 emulated 16 GiB GPUs, admin token,
-TTL 2 s); `server_factory(...)` starts more with other flags.
+TTL 2 s); `server_factory(...)` starts more with other flags; `fake_mps` puts a
+stand-in `nvidia-cuda-mps-control` first on PATH.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import re
 import signal
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -112,3 +114,81 @@ def server_factory(tmp_path) -> Iterator:
 def running_server(server_factory) -> ServerProcess:
     """A server with 2 emulated 16 GiB GPUs, an admin token and a 2 s default TTL."""
     return server_factory("--ttl", "2")
+
+
+# Behaves like the control daemon for what gpupool uses: `-f` serves control commands
+# on PIPE/control until `quit`; `-d` does the same in a detached grandchild; no flag is
+# the client (`echo CMD | nvidia-cuda-mps-control`), which fails without a daemon.
+STAND_IN = r'''#!PYTHON
+import json, os, socket, subprocess, sys, time
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+path = os.path.join(pipe, "control")
+
+def serve():
+    record = os.environ.get("FAKE_MPS_RECORD")
+    if record:
+        with open(os.path.join(record, "%d.json" % os.getpid()), "w") as f:
+            json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
+    if os.environ.get("FAKE_MPS_SERVER"):  # an "MPS server" in the daemon's process group
+        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(os.path.join(record, "server-%d.pid" % os.getpid()), "w").write(str(server.pid))
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.listen(8)
+    while True:
+        conn, _ = sock.accept()
+        command = conn.makefile().readline().strip()
+        if command == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
+            conn.sendall(b"")
+            conn.close()
+            os.unlink(path)
+            sys.exit(0)
+        conn.sendall(b"100\n")
+        conn.close()
+
+if sys.argv[1:] == ["-f"]:
+    serve()
+elif sys.argv[1:] == ["-d"]:
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            serve()
+        os._exit(0)
+    os.wait()
+else:
+    for line in sys.stdin:
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(path)
+        except OSError:
+            sys.stderr.write("Cannot find MPS control daemon process\n")
+            sys.exit(1)
+        sock.sendall(line.encode())
+        sys.stdout.write(sock.makefile().read())
+'''
+
+
+@pytest.fixture
+def fake_mps(tmp_path: Path, monkeypatch) -> Path:
+    """A stand-in control binary first on PATH; returns the folder where its daemons record themselves."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    from gpupool.isolation.mps import MPS_CONTROL
+
+    binary = bin_dir / MPS_CONTROL
+    binary.write_text(STAND_IN.replace("PYTHON", sys.executable))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-should-not-reach-the-daemon")
+    from gpupool.isolation import mps
+
+    monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
+    return record

@@ -123,3 +123,26 @@ def test_bad_enforcement_flags_exit_2_with_a_message(tmp_path):
                                str(tmp_path / "s"), "--devices", "emulated:1x16GiB", *args],
                               capture_output=True, text=True, timeout=30)
         assert done.returncode == 2 and text in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_mps_mode_server_runs_the_daemon_for_its_life(server_factory, fake_mps, tmp_path):
+    """--isolation mps: the server starts the control daemon, runners get its pipe, SIGTERM ends it."""
+    server = server_factory("--isolation", "mps")
+    status = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json()
+    isolation = status["isolation"]
+    assert isolation["mode"] == "mps" and isolation["mps_pipe_dir"] == str(server.state / "mps" / "pipe")
+    (daemon,) = [json.loads(p.read_text()) | {"pid": int(p.stem)} for p in fake_mps.glob("*.json")]
+    assert daemon["argv"] == ["-f"] and daemon["env"]["CUDA_MPS_PIPE_DIRECTORY"] == isolation["mps_pipe_dir"]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "none"), GPUPOOL_TOKEN=server.token)
+    record = tmp_path / "child.json"
+    done = subprocess.run(CLI + ["run", "-q", "--server", server.url, "-p", "0.5", "--", sys.executable, HOLDER,
+                                 str(record)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    child_env = json.loads(record.read_text())["env"]
+    assert child_env["CUDA_MPS_PIPE_DIRECTORY"] == isolation["mps_pipe_dir"]
+    assert child_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+
+    assert server.stop() == 0
+    wait_for(lambda: not alive(daemon["pid"]), 10, "the MPS daemon to end with the server")

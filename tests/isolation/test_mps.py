@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
-import sys
 import time
 from pathlib import Path
 from typing import Callable, List
@@ -17,80 +15,6 @@ from gpupool.core.errors import Unavailable
 from gpupool.core.usage import IsolationMode
 from gpupool.isolation import mps
 from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
-
-# Behaves like the control daemon for what gpupool uses: `-f` serves control commands
-# on PIPE/control until `quit`; `-d` does the same in a detached grandchild; no flag is
-# the client (`echo CMD | nvidia-cuda-mps-control`), which fails without a daemon.
-STAND_IN = r'''#!PYTHON
-import json, os, socket, subprocess, sys, time
-pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-path = os.path.join(pipe, "control")
-
-def serve():
-    record = os.environ.get("FAKE_MPS_RECORD")
-    if record:
-        with open(os.path.join(record, "%d.json" % os.getpid()), "w") as f:
-            json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
-    if os.environ.get("FAKE_MPS_SERVER"):  # an "MPS server" in the daemon's process group
-        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        open(os.path.join(record, "server-%d.pid" % os.getpid()), "w").write(str(server.pid))
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(path)
-    sock.listen(8)
-    while True:
-        conn, _ = sock.accept()
-        command = conn.makefile().readline().strip()
-        if command == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
-            conn.sendall(b"")
-            conn.close()
-            os.unlink(path)
-            sys.exit(0)
-        conn.sendall(b"100\n")
-        conn.close()
-
-if sys.argv[1:] == ["-f"]:
-    serve()
-elif sys.argv[1:] == ["-d"]:
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            serve()
-        os._exit(0)
-    os.wait()
-else:
-    for line in sys.stdin:
-        sock = socket.socket(socket.AF_UNIX)
-        try:
-            sock.connect(path)
-        except OSError:
-            sys.stderr.write("Cannot find MPS control daemon process\n")
-            sys.exit(1)
-        sock.sendall(line.encode())
-        sys.stdout.write(sock.makefile().read())
-'''
-
-
-@pytest.fixture
-def fake_mps(tmp_path: Path, monkeypatch) -> Path:
-    """A stand-in control binary first on PATH; returns the folder where its daemons record themselves."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    binary = bin_dir / MPS_CONTROL
-    binary.write_text(STAND_IN.replace("PYTHON", sys.executable))
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    record = tmp_path / "record"
-    record.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-should-not-reach-the-daemon")
-    monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
-    return record
-
 
 def alive(pid: int) -> bool:
     try:

@@ -230,15 +230,16 @@ def run(prepared: Prepared) -> None:
     try:
         server = _uvicorn_server(prepared)
         devices = prepared.pool.devices()
-        print(
-            f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
-            f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'}, "
-            f"isolation {prepared.isolation.value})",
-            file=sys.stderr,
-            flush=True,
-        )
-        with prepared.node_services(), _stop_signals_recorded() as received:
-            server.run(sockets=[prepared.sock])
+        with prepared.node_services():  # an MPS daemon that cannot start fails here, before "listening"
+            print(
+                f"gpupool server listening on {prepared.url} (state {prepared.pool.state_dir}, "
+                f"{len(devices)} GPU(s), auth {'on' if prepared.auth else 'off: loopback only'}, "
+                f"isolation {prepared.isolation.value})",
+                file=sys.stderr,
+                flush=True,
+            )
+            with _stop_signals_recorded() as received:
+                server.run(sockets=[prepared.sock])
         log.info("server stopped (signal %s)", received or "none")
     finally:
         prepared.close()
