@@ -157,10 +157,6 @@ class Claim:
     ) -> "Claim":
         return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy)
 
-    @property
-    def gpu_count(self) -> int:
-        return sum(r.count for r in self.requests)
-
     def describe(self) -> str:
         return " + ".join(r.describe() for r in self.requests)
 

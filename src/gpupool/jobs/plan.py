@@ -7,7 +7,7 @@ claim group of each replica agree between local runs and Kubernetes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import List, Mapping, Optional, Tuple, Union
 
 from ..core.model import Claim
 from .spec import SERVICE_ROLES, Framework, JobSpec, RoleSpec
@@ -99,11 +99,7 @@ class Endpoints:
 
 
 def local_endpoints(reps: Tuple[Replica, ...], ports: List[int], host: str = "127.0.0.1") -> Endpoints:
-    """Every replica on this host, each on its own port (the last port, if any is left,
-    serves the rendezvous store)."""
+    """Every replica on this host, each on its own port, in order; no rendezvous address
+    (the supervisor adds its Horovod KV store's)."""
     names = [r.name for r in reps]
-    by_name: Dict[str, int] = dict(zip(names, ports))
-    extra = ports[len(names)] if len(ports) > len(names) else None
-    return Endpoints(
-        {n: host for n in names}, by_name, (host, extra) if extra is not None else None
-    )
+    return Endpoints({n: host for n in names}, dict(zip(names, ports)))

@@ -119,10 +119,6 @@ class JobSpec:
         """The role called `name`, or None."""
         return next((r for r in self.roles if r.name == name), None)
 
-    @property
-    def replica_count(self) -> int:
-        return sum(r.replicas for r in self.roles)
-
 
 def load_spec(path: str) -> JobSpec:
     """Read and validate a YAML job spec file."""

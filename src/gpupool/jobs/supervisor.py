@@ -26,7 +26,7 @@ from .environment import expand_command, replica_env
 from .lifecycle import Action, backoff_delay, decide, exit_code_of
 from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
-from .state import JobState, JobStatus, JobStore, ReplicaState
+from .state import JobState, JobStatus, JobStore
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2

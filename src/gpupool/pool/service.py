@@ -28,7 +28,7 @@ import socket
 import time
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -64,7 +64,6 @@ class Waiter:
     holder: Holder
     ttl_s: float
     reason: str = ""
-    polls: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -245,7 +244,6 @@ class Pool:
 
     def try_grant(self, waiter: Waiter) -> Optional[Lease]:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
-        waiter.polls += 1
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)

@@ -35,7 +35,6 @@ class Heartbeat(threading.Thread):
         self.on_lost = on_lost
         self.on_beat = on_beat
         self.lost = False
-        self.beats = 0
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -48,7 +47,6 @@ class Heartbeat(threading.Thread):
         while not self._stop_event.wait(self.interval_s):
             try:
                 self.client.heartbeat(self.lease_id)
-                self.beats += 1
                 if failing:
                     self.warn(f"heartbeat to {self.client.address} works again")
                 failing = False

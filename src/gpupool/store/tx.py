@@ -181,9 +181,6 @@ class Tx:
         row = self.conn.execute("SELECT name, admin FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
         return (row[0], bool(row[1])) if row else None
 
-    def delete_token(self, name: str) -> bool:
-        return self.conn.execute("DELETE FROM tokens WHERE name = ?", (name,)).rowcount > 0
-
 
 def _lease(row: tuple, slices: Iterable[Tuple[str, int, int]]) -> Lease:
     lease_id, holder, ttl_s, created_at, expires_at = row

@@ -120,12 +120,3 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t
-
-
-def broadcast_flag(flag: bool, device: torch.device) -> bool:
-    """Rank 0's boolean, seen by every rank (used for the early-stopping decision)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([1 if flag else 0], device=device)
-    dist.broadcast(t, src=0)
-    return bool(t.item())

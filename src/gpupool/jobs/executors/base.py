@@ -74,9 +74,6 @@ class Executor(abc.ABC):
     def schedule(self, info: DryRunInfo) -> str:
         """Submit what `dryrun` built; returns the job name."""
 
-    def submit(self, spec: JobSpec) -> str:
-        return self.schedule(self.dryrun(spec))
-
     @abc.abstractmethod
     def describe(self, name: str) -> JobDescription:
         """The job's state; raises NotFound for an unknown name."""

@@ -16,7 +16,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import yaml
 
-from ...core.errors import InvalidInput, NotFound, Unsatisfiable
+from ...core.errors import InvalidInput, Unsatisfiable
 from ...core.placement import could_ever_fit
 from .. import ports, processes
 from ..environment import expand_command, replica_env

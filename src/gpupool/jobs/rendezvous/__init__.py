@@ -22,12 +22,7 @@ def rendezvous_env(spec: JobSpec, reps: Tuple[Replica, ...], endpoints: Endpoint
     return {}
 
 
-def ports_needed(spec: JobSpec, reps: Tuple[Replica, ...]) -> int:
-    """Ports a local run must reserve: one per replica, plus Horovod's KV store."""
-    return len(reps) + (1 if spec.framework is Framework.HOROVOD else 0)
-
-
 __all__ = [
-    "rendezvous_env", "ports_needed", "tf_config", "cluster_spec", "tensorflow_env",
+    "rendezvous_env", "tf_config", "cluster_spec", "tensorflow_env",
     "torch_env", "horovod_env", "hostfile",
 ]

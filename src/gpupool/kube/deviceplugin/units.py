@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, Iterable, List, Tuple
+from typing import Iterable, List, Tuple
 
 from ...core.model import Device
 from ..resources import UNITS_PER_GPU
@@ -25,13 +25,3 @@ def unit_ids(devices: Iterable[Device]) -> List[Tuple[str, Device]]:
         key = gpu_key(d.uuid)
         out.extend((f"{key}-{i:02d}", d) for i in range(UNITS_PER_GPU))
     return out
-
-
-def units_by_gpu(ids: Iterable[str], table: Dict[str, Device]) -> Dict[str, int]:
-    """How many of `ids` fall on each GPU uuid (unknown IDs are left out)."""
-    counts: Dict[str, int] = {}
-    for i in ids:
-        d = table.get(i)
-        if d is not None:
-            counts[d.uuid] = counts.get(d.uuid, 0) + 1
-    return counts
