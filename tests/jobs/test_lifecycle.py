@@ -1,8 +1,9 @@
 """Restart and success rules, without processes."""
 
-from gpupool.jobs.lifecycle import Action, backoff_delay, decide, exit_code_of
+from gpupool.jobs.lifecycle import Action, backoff_delay, decide
 from gpupool.jobs.plan import replicas
 from gpupool.jobs.spec import parse_spec
+from gpupool.runner.child import exit_code
 
 
 def job(framework="pytorch", policy="OnFailure", limit=2, success="chief", roles=None):
@@ -11,8 +12,9 @@ def job(framework="pytorch", policy="OnFailure", limit=2, success="chief", roles
                        "successPolicy": success, "roles": roles})
 
 
-def test_exit_code_of_signals():
-    assert exit_code_of(-9) == 137 and exit_code_of(3) == 3
+def test_replica_exit_codes_follow_the_shell():
+    # the supervisor records replicas' exits with the runner's mapping: signal N is 128+N
+    assert exit_code(-9) == 137 and exit_code(3) == 3
 
 
 def test_pytorch_failure_restarts_whole_group():

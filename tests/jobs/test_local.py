@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from gpupool.isolation.proctree import alive
 from gpupool.jobs import processes
 
 DDP = r"""
@@ -80,12 +81,12 @@ def test_cancel_from_another_shell_leaves_nothing(shell):
     st = shell.wait_for("sleepy", lambda s: s["status"] == "Running")
     assert len(shell.leases()) == 1  # one gang lease for both replicas
     pids = [r["pid"] for r in st["replicas"].values()]
-    assert all(processes.pid_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     shell.run("cancel", "sleepy")
     st = shell.state_of("sleepy")
     assert st["status"] == "Cancelled"
     assert processes.marked_processes(shell.state / "jobs" / "sleepy") == []
-    assert not any(processes.pid_alive(p) for p in pids + [st["supervisor_pid"]])
+    assert not any(alive(p) for p in pids + [st["supervisor_pid"]])
     assert shell.leases() == []
     assert "already cancelled" in shell.run("cancel", "sleepy").stderr
 

@@ -157,7 +157,14 @@ def pod_uid_of(pid: int, proc_root: str = PROC) -> Optional[str]:
 
 
 def alive(pid: int) -> bool:
-    """Whether `pid` exists and is not a zombie (a zombie has ended; only its status is left)."""
+    """Whether `pid` exists and is not a zombie (a zombie has ended; only its status is left).
+
+    The one answer to "is this pid alive" (runner, pool, jobs). A pid <= 0 names no single
+    process (0 is our own group, -1 every process, -N group N), so it is never alive; callers
+    for whom 0 means "pid unknown" decide that themselves.
+    """
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +173,8 @@ def alive(pid: int) -> bool:
         pass  # exists, but someone else's
     fields = _stat_fields(pid)
     if fields is None:
-        return False
+        # Reaped since the kill above; or no /proc (not Linux), where the kill is all we know.
+        return not os.path.isdir(PROC)
     return fields[0] not in ("Z", "X", "x")
 
 

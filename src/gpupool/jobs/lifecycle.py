@@ -29,11 +29,6 @@ class Decision:
     message: str = ""
 
 
-def exit_code_of(returncode: int) -> int:
-    """Popen's -N (killed by signal N) as the shell's 128+N, the convention ExitCode uses."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def backoff_delay(spec: JobSpec, restarts_done: int) -> float:
     """Exponential back-off before restart number `restarts_done + 1`, capped at 5 minutes."""
     return min(spec.backoff_seconds * (2 ** restarts_done), 300.0)

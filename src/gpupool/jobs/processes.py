@@ -42,23 +42,6 @@ def signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists and has not exited (a zombie awaiting its reaper is gone)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def group_alive(pgid: int) -> bool:
     return signal_group(pgid, 0)
 

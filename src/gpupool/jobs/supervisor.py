@@ -21,9 +21,11 @@ from typing import IO, Dict, List, Optional
 
 from ..core.errors import GpupoolError, Unavailable
 from ..core.model import Holder, Lease
+from ..isolation.proctree import alive
+from ..runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
 from . import ports, processes
 from .environment import expand_command, replica_env
-from .lifecycle import Action, backoff_delay, decide, exit_code_of
+from .lifecycle import Action, backoff_delay, decide
 from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
 from .state import JobState, JobStatus, JobStore
@@ -148,7 +150,7 @@ class Supervisor:
                 if proc.poll() is None:
                     processes.stop_groups([proc.pid], children=[proc])
         if proc.returncode != 0:
-            raise JobFailed(f"setup exited with {exit_code_of(proc.returncode)}; see gpupool logs {self.name} --replica setup")
+            raise JobFailed(f"setup exited with {exit_code(proc.returncode)}; see gpupool logs {self.name} --replica setup")
 
     def _claim(self) -> None:
         """One gang claim for every replica's GPUs: granted whole or queued whole."""
@@ -233,7 +235,7 @@ class Supervisor:
                 proc = self.procs.get(rep.name)
                 if proc is None or self.exits.get(rep.name) is not None or proc.poll() is None:
                     continue
-                code = exit_code_of(proc.returncode)
+                code = exit_code(proc.returncode)
                 self.exits[rep.name] = code
                 rs = self.state.replicas[rep.name]
                 rs.exit_code, rs.status = code, "Succeeded" if code == 0 else "Failed"
@@ -292,7 +294,7 @@ class Supervisor:
                 continue
             rs = self.state.replicas[n]
             if self.exits.get(n) is None and proc.returncode is not None:
-                self.exits[n] = exit_code_of(proc.returncode)
+                self.exits[n] = exit_code(proc.returncode)
                 rs.exit_code, rs.status = self.exits[n], "Stopped"
 
     # --- end -------------------------------------------------------------------
@@ -334,7 +336,7 @@ class Supervisor:
             other = self.store.load(name)
         except GpupoolError:
             return False
-        return not other.job_status.terminal and processes.pid_alive(other.supervisor_pid)
+        return not other.job_status.terminal and alive(other.supervisor_pid)
 
 
 def _base_env() -> Dict[str, str]:

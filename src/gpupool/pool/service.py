@@ -36,6 +36,7 @@ from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsati
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.usage import NodeIsolation, UsageReport
 from ..core.placement import could_ever_fit, place
+from ..isolation.proctree import alive
 from ..store import Store
 from ..store.tx import Tx
 
@@ -416,22 +417,11 @@ class Pool:
                     lease.id, lease.holder.describe(), lease.ttl_s,
                 )
         for ticket, host, pid, expires_at in tx.tickets():
-            if expires_at < now or (host == self._host and not _alive(pid)):
+            # A ticket without a pid (<= 0) is only ever dropped by its expiry.
+            if expires_at < now or (host == self._host and pid > 0 and not alive(pid)):
                 tx.delete_ticket(ticket)
                 log.info("dropped ticket %d of a waiter that is gone", ticket)
         return expired
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
 
 
 def _gone(lease_id: object) -> str:

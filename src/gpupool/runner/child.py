@@ -27,7 +27,10 @@ class Interrupted(Exception):
 
 
 def exit_code(returncode: int) -> int:
-    """The shell convention: 128+N when the child died of signal N."""
+    """The shell convention: 128+N when the child died of signal N (Popen's -N).
+
+    The one mapping: `gpupool run` exits with it and the job supervisor records replicas' with it.
+    """
     return 128 - returncode if returncode < 0 else returncode
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from ...core.errors import InvalidInput, Unsatisfiable
 from ...core.placement import could_ever_fit
+from ...isolation.proctree import alive
 from .. import ports, processes
 from ..environment import expand_command, replica_env
 from ..plan import Endpoints, gang_claim, replicas, role_of
@@ -143,7 +144,7 @@ class LocalExecutor(Executor):
         if state.job_status.terminal:
             return True
         # A supervisor killed with -9 never writes a terminal state: stop following it.
-        return bool(state.supervisor_pid) and not processes.pid_alive(state.supervisor_pid)
+        return bool(state.supervisor_pid) and not alive(state.supervisor_pid)
 
     def wait(self, name: str, poll_s: float = 0.2) -> JobDescription:
         """Block until the job is terminal (or its supervisor is gone)."""
@@ -151,7 +152,7 @@ class LocalExecutor(Executor):
             time.sleep(poll_s)
             sup = getattr(self, "_supervisor", None)
             if sup is not None:
-                sup.poll()  # reap our own supervisor child so pid_alive sees it gone
+                sup.poll()  # reap our own supervisor child so alive() sees it gone
         return self.describe(name)
 
     # --- cancel ----------------------------------------------------------------
@@ -161,14 +162,14 @@ class LocalExecutor(Executor):
             return f"job {name} already {state.status.lower()}"
         self.store.request_cancel(name)
         pid = state.supervisor_pid
-        if pid and processes.pid_alive(pid):
+        if pid and alive(pid):
             os.kill(pid, 15)
             end = time.monotonic() + CANCEL_WAIT_S
             while time.monotonic() < end:
                 sup = getattr(self, "_supervisor", None)
                 if sup is not None:
                     sup.poll()
-                if self.store.load(name).job_status.terminal and not processes.pid_alive(pid):
+                if self.store.load(name).job_status.terminal and not alive(pid):
                     return f"job {name} cancelled"
                 time.sleep(0.1)
         return self._cleanup_orphaned(name)
@@ -176,7 +177,7 @@ class LocalExecutor(Executor):
     def _cleanup_orphaned(self, name: str) -> str:
         """The supervisor is gone (or hung): kill the job's processes and free its lease here."""
         state = self.store.load(name)
-        if state.supervisor_pid and processes.pid_alive(state.supervisor_pid):
+        if state.supervisor_pid and alive(state.supervisor_pid):
             processes.signal_group(state.supervisor_pid, 9)
             try:
                 os.kill(state.supervisor_pid, 9)
@@ -211,7 +212,7 @@ class LocalExecutor(Executor):
 
 def _description(state: JobState) -> JobDescription:
     message = state.message
-    if not state.job_status.terminal and state.supervisor_pid and not processes.pid_alive(state.supervisor_pid):
+    if not state.job_status.terminal and state.supervisor_pid and not alive(state.supervisor_pid):
         message = f"supervisor (pid {state.supervisor_pid}) is gone; run gpupool cancel {state.name} to clean up"
     return JobDescription(
         name=state.name,
