@@ -9,6 +9,7 @@ import yaml
 
 from gpupool.jobs.manifests import render_indexed, render_kubeflow
 from gpupool.jobs.spec import parse_spec
+from gpupool.kube.resources import GpuAsk, read_ask
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s  # noqa: E402
@@ -96,6 +97,13 @@ def test_indexed_resources_policies_and_names():
     assert master["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert master["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
     assert master["spec"]["backoffLimit"] == 2 and master["spec"]["activeDeadlineSeconds"] == 600
+
+
+def test_indexed_gpu_limits_read_back_by_the_webhook():
+    # one resource model: what a job manifest writes is what the mutating webhook reads
+    _, master, worker = render_indexed(parse_spec(PT))
+    asks = [read_ask(obj["spec"]["template"]["spec"]["containers"][0]) for obj in (master, worker)]
+    assert asks == [(GpuAsk(1, percent=50), []), (GpuAsk(1, memory_mib=4096), [])]
 
 
 def test_torch_env_per_replica_on_kubernetes():

@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..jobs.executors import TARGETS
+
 
 def register(subparsers: Any) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="local", choices=("local", "kubernetes", "kubeflow"),
+        p.add_argument("--target", default="local", choices=TARGETS,
                        help="where the job runs (default: local)")
         p.add_argument("--state", metavar="DIR",
                        help="state dir holding local jobs (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")

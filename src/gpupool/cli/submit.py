@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..jobs.executors import TARGETS
 from .pool_options import add_pool_arguments
 
 
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
         "with TF_CONFIG / torchrun / Horovod env; locally, or as Kubernetes manifests.",
     )
     parser.add_argument("spec", help="job spec YAML (see examples/digits-ddp.yaml)")
-    parser.add_argument("--target", default="local", choices=("local", "kubernetes", "kubeflow"),
+    parser.add_argument("--target", default="local", choices=TARGETS,
                         help="local processes (default), a Kubernetes Indexed Job + headless Service, "
                         "or a Kubeflow TFJob/PyTorchJob")
     parser.add_argument("--dry-run", action="store_true", help="print exactly what would be submitted, start nothing")

@@ -16,6 +16,19 @@ from .spec import JobSpec
 
 _VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
+# gpupool's own variables in every replica (names defined here only).
+JOB_NAME_ENV = "GPUPOOL_JOB_NAME"
+JOB_DIR_ENV = "GPUPOOL_JOB_DIR"  # also the marker `processes.sweep` finds strays by
+REPLICA_ENV = "GPUPOOL_REPLICA"
+ROLE_ENV = "GPUPOOL_ROLE"
+REPLICA_INDEX_ENV = "GPUPOOL_REPLICA_INDEX"
+RESTART_COUNT_ENV = "GPUPOOL_RESTART_COUNT"
+
+
+def job_env(name: str, job_dir: str) -> Dict[str, str]:
+    """What every process of a job sees, its setup command included: the job's name and dir."""
+    return {JOB_NAME_ENV: name, JOB_DIR_ENV: job_dir}
+
 
 def replica_env(
     spec: JobSpec,
@@ -38,14 +51,13 @@ def replica_env(
     env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     env.update(spec.env)
     env.update(role_of(spec, replica).env)
+    env.update(job_env(spec.name, job_dir))
     env.update(
         {
-            "GPUPOOL_JOB_NAME": spec.name,
-            "GPUPOOL_JOB_DIR": job_dir,
-            "GPUPOOL_REPLICA": replica.name,
-            "GPUPOOL_ROLE": replica.role,
-            "GPUPOOL_REPLICA_INDEX": str(replica.index),
-            "GPUPOOL_RESTART_COUNT": str(attempt),
+            REPLICA_ENV: replica.name,
+            ROLE_ENV: replica.role,
+            REPLICA_INDEX_ENV: str(replica.index),
+            RESTART_COUNT_ENV: str(attempt),
         }
     )
     env.update(gpu_env if gpu_env is not None else {"CUDA_VISIBLE_DEVICES": ""})

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, List, Mapping, Optional, Sequence
 
+from .environment import JOB_DIR_ENV
+
 
 def start(command: Sequence[str], env: Mapping[str, str], log: IO[bytes], cwd: Optional[str]) -> subprocess.Popen:
     """Start `command` as the leader of a new session, stdout and stderr into `log`."""
@@ -71,7 +73,7 @@ def stop_groups(pgids: Iterable[int], grace_s: float = 5.0, children: Sequence[s
 
 def marked_processes(job_dir: Path) -> List[int]:
     """Pids of this user's processes whose env holds GPUPOOL_JOB_DIR=`job_dir`."""
-    marker = f"GPUPOOL_JOB_DIR={job_dir}".encode()
+    marker = f"{JOB_DIR_ENV}={job_dir}".encode()
     found = []
     proc = Path("/proc")
     if not proc.is_dir():

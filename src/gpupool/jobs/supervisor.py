@@ -21,10 +21,11 @@ from typing import IO, Dict, List, Optional
 
 from ..core.errors import GpupoolError, Unavailable
 from ..core.model import Holder, Lease
+from ..isolation.env import HOOK_DIR_ENV
 from ..isolation.proctree import alive
 from ..runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
 from . import ports, processes
-from .environment import expand_command, replica_env
+from .environment import expand_command, job_env, replica_env
 from .lifecycle import Action, backoff_delay, decide
 from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
@@ -137,7 +138,7 @@ class Supervisor:
 
     def _run_setup(self) -> None:
         """The spec's setup command, once, before any GPU is claimed (downloads, exports)."""
-        env = dict(_base_env(), GPUPOOL_JOB_NAME=self.name, GPUPOOL_JOB_DIR=str(self.job_dir), CUDA_VISIBLE_DEVICES="")
+        env = dict(_base_env(), **job_env(self.name, str(self.job_dir)), CUDA_VISIBLE_DEVICES="")
         env.update(self.spec.env)
         self.state.message = "running setup"
         self._save()
@@ -200,7 +201,7 @@ class Supervisor:
         )
         env = _base_env()
         env.update(extra)
-        hook = extra.get("GPUPOOL_HOOK_DIR")
+        hook = extra.get(HOOK_DIR_ENV)
         if hook:
             from ..isolation import child_env
 

@@ -72,6 +72,19 @@ class GpuAsk:
         share = ["-p", f"{self.percent / 100:g}"] if self.percent is not None else ["-m", str(self.memory_mib)]
         return ["-n", str(self.amount)] + share
 
+    def limits(self) -> Dict[str, str]:
+        """The container `resources.limits` a user (or a job manifest) writes for this ask."""
+        share = {PERCENT: str(self.percent)} if self.percent is not None else {MEMORY: f"{self.memory_mib}Mi"}
+        return {AMOUNT: str(self.amount), **share}
+
+    @classmethod
+    def of_request(cls, request: GpuRequest) -> "GpuAsk":
+        """The ask for a core GpuRequest; a fraction becomes whole percent, rounded up
+        (the webhook's unit is 1 % of a GPU), filters are left out."""
+        if request.fraction is not None:
+            return cls(request.count, percent=max(1, math.ceil(request.fraction * 100 - 1e-9)))
+        return cls(request.count, memory_mib=request.memory_mib)
+
     def to_dict(self) -> Dict[str, Any]:
         return {"amount": self.amount, "percent": self.percent, "memory_mib": self.memory_mib}
 

@@ -15,18 +15,18 @@ import math
 import shlex
 from typing import Any, Dict, List, Tuple
 
-from ..environment import replica_env
+from ...kube.resources import DOMAIN, GpuAsk
+from ..environment import REPLICA_ENV, REPLICA_INDEX_ENV, job_env, replica_env
 from ..plan import Endpoints, Replica, replicas
 from ..spec import Framework, JobSpec, RestartPolicy, RoleSpec, SuccessPolicy
 
-DOMAIN = "gpupool.io"
 JOB_LABEL = f"{DOMAIN}/job-name"
 ROLE_LABEL = f"{DOMAIN}/replica-role"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_DIR = "/gpupool/job"  # an emptyDir per pod; mount a PVC there to share checkpoints
 PORTS = {Framework.TENSORFLOW: 2222, Framework.PYTORCH: 23456, Framework.HOROVOD: 2222, Framework.NONE: 2222}
 KVSTORE_PORT = 29400
-_INDEX = "$(GPUPOOL_REPLICA_INDEX)"
+_INDEX = f"$({REPLICA_INDEX_ENV})"
 _RANK = "$(GPUPOOL_RANK)"
 
 
@@ -41,13 +41,7 @@ def gpu_resources(role: RoleSpec) -> Dict[str, Any]:
     """`gpupool.io/gpu-amount` + `gpu-percent` (or `gpu-memory`): what the mutating webhook reads."""
     if role.gpu is None:
         return {}
-    limits = {f"{DOMAIN}/gpu-amount": str(role.gpu.count)}
-    if role.gpu.fraction is not None:
-        # Whole percent, rounded up: the webhook's unit is 1 % of a GPU.
-        limits[f"{DOMAIN}/gpu-percent"] = str(max(1, math.ceil(role.gpu.fraction * 100 - 1e-9)))
-    else:
-        limits[f"{DOMAIN}/gpu-memory"] = f"{role.gpu.memory_mib}Mi"
-    return {"limits": limits}
+    return {"limits": GpuAsk.of_request(role.gpu).limits()}
 
 
 def job_container(
@@ -100,13 +94,13 @@ def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str,
     reps = replicas(spec)
     symbolic = Replica(role.name, _INDEX, _RANK, None)  # type: ignore[arg-type]
     env = replica_env(spec, reps, cluster_endpoints(spec, reps), symbolic, JOB_DIR, {})
-    env["GPUPOOL_REPLICA"] = f"{role.name}-{_INDEX}"
+    env[REPLICA_ENV] = f"{role.name}-{_INDEX}"
     if "TF_CONFIG" in env:
         # The index must be a JSON number in TF_CONFIG, so unquote the placeholder.
         env["TF_CONFIG"] = env["TF_CONFIG"].replace(json.dumps(_INDEX), _INDEX)
-    env.pop("GPUPOOL_REPLICA_INDEX", None)
+    env.pop(REPLICA_INDEX_ENV, None)
     items: List[Dict[str, Any]] = [
-        {"name": "GPUPOOL_REPLICA_INDEX",
+        {"name": REPLICA_INDEX_ENV,
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
     ]
     wrapped: Dict[str, str] = {}
@@ -214,7 +208,7 @@ def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
     if not spec.setup:
         return []
     env = [{"name": k, "value": v} for k, v in spec.env]
-    env += [{"name": "GPUPOOL_JOB_NAME", "value": spec.name}, {"name": "GPUPOOL_JOB_DIR", "value": JOB_DIR}]
+    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR).items()]
     return [{
         "name": "setup",
         "image": image,

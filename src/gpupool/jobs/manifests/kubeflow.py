@@ -11,6 +11,7 @@ import math
 from typing import Any, Dict, List
 
 from ...core.errors import InvalidInput
+from ..environment import ROLE_ENV, job_env
 from ..spec import Framework, JobSpec, RoleSpec, SuccessPolicy
 from .indexed import JOB_DIR, job_container, job_labels, pod_annotations, setup_containers
 
@@ -21,11 +22,8 @@ TF_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Eval
 def _container(spec: JobSpec, role: RoleSpec, name: str, port_name: str) -> Dict[str, Any]:
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     env += [{"name": k, "value": v} for k, v in spec.env + role.env]
-    env += [
-        {"name": "GPUPOOL_JOB_NAME", "value": spec.name},
-        {"name": "GPUPOOL_JOB_DIR", "value": JOB_DIR},
-        {"name": "GPUPOOL_ROLE", "value": role.name},
-    ]
+    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR).items()]
+    env += [{"name": ROLE_ENV, "value": role.name}]
     # the operator finds its container by the default name it is given here
     return job_container(spec, role, name, list(role.command), env, port_name)
 
