@@ -11,7 +11,9 @@ import threading
 import urllib.parse
 from typing import Any, Dict, Optional
 
-from ..core.errors import GpupoolError, InvalidInput, ServerUnreachable, Unauthorized, error_from_dict
+from ..core.errors import (
+    GpupoolError, InvalidInput, ServerUnreachable, Unauthorized, error_for_status, error_from_dict,
+)
 from ..core.model import Claim, Holder, Lease, PoolStatus
 from .base import PoolClient
 from .config import normalize_url
@@ -128,9 +130,9 @@ class HttpPoolClient(PoolClient):
         if isinstance(data, dict) and isinstance(data.get("error"), dict):
             err = error_from_dict(data, status)
         elif isinstance(data, dict) and "detail" in data:  # a framework error, not ours
-            err = _by_status(status, f"{self.address}: {data['detail']}")
+            err = error_for_status(status, f"{self.address}: {data['detail']}")
         else:
-            err = _by_status(status, f"{self.address} answered {method} {path} with HTTP {status}")
+            err = error_for_status(status, f"{self.address} answered {method} {path} with HTTP {status}")
         if isinstance(err, Unauthorized):
             err = Unauthorized(
                 f"{err.message} (server {self.address}): "
@@ -178,21 +180,6 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
-
-
-def _by_status(status: int, message: str) -> GpupoolError:
-    from ..core import errors
-
-    by_status = {
-        400: errors.InvalidInput,
-        401: errors.Unauthorized,
-        403: errors.Forbidden,
-        404: errors.NotFound,
-        409: errors.Unavailable,
-        422: errors.InvalidClaim,
-        503: errors.ServerUnreachable,
-    }
-    return by_status.get(status, GpupoolError)(message)
 
 
 def _quote(text: str) -> str:

@@ -6,7 +6,7 @@ user as is (CLI stderr, HTTP JSON error body).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple, Type
 
 
 class GpupoolError(Exception):
@@ -103,22 +103,30 @@ class LeaseLost(GpupoolError):
     exit_code = 6
 
 
-_BY_CODE = {
-    cls.code: cls
-    for cls in (
-        GpupoolError,
-        InvalidInput,
-        InvalidClaim,
-        Unsatisfiable,
-        Unavailable,
-        NotFound,
-        Unauthorized,
-        Forbidden,
-        StateLocked,
-        ServerUnreachable,
-        LeaseLost,
-    )
-}
+# General classes before their subclasses: the first class of an HTTP status is its reading.
+_CLASSES: Tuple[Type[GpupoolError], ...] = (
+    GpupoolError,
+    InvalidInput,
+    InvalidClaim,
+    Unsatisfiable,
+    Unavailable,
+    NotFound,
+    Unauthorized,
+    Forbidden,
+    StateLocked,
+    ServerUnreachable,
+    LeaseLost,
+)
+_BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
+_BY_STATUS: Dict[int, Type[GpupoolError]] = {}
+for _cls in _CLASSES:
+    _BY_STATUS.setdefault(_cls.http_status, _cls)
+
+
+def error_for_status(status: int, message: str) -> GpupoolError:
+    """The error an HTTP status means when the answer carries no error body of ours
+    (a proxy's or the framework's): 409 is Unavailable, 422 InvalidClaim, unknown ones GpupoolError."""
+    return _BY_STATUS.get(status, GpupoolError)(message)
 
 
 def error_from_dict(body: Dict[str, Any], default_status: int = 500) -> GpupoolError:
