@@ -19,6 +19,7 @@ from typing import Callable, List, Optional, Set, Tuple
 
 from ..core.model import Lease, pod_uid_of_label
 from ..server.serve import NodeEnforcement
+from ..store import Store
 from .apiserver import core_v1
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,10 @@ def release_orphans(pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
     return released
 
 
-def sync_tokens(store, tokens_dir: str) -> int:
-    """Put every token of `tokens_dir` (file name = token name) into the pool's token table."""
-    from ..server.auth import check_name, token_hash
+def sync_tokens(store: Store, tokens_dir: str) -> int:
+    """Put every token of `tokens_dir` (file name = token name) into the pool's token table,
+    through the auth module; returns how many were new or changed."""
+    from ..server.auth import install_token
 
     count = 0
     for path in sorted(Path(tokens_dir).glob("*")):
@@ -73,14 +75,8 @@ def sync_tokens(store, tokens_dir: str) -> int:
         if len(token) < 16:
             log.warning("token %s is shorter than 16 characters: ignored", path.name)
             continue
-        name = check_name(path.name)
-        with store.read() as tx:
-            known = tx.token_by_hash(token_hash(token))
-        if known and known[0] == name:
-            continue
-        with store.write() as tx:
-            tx.put_token(name, token_hash(token), False, time.time())
-        count += 1
+        if install_token(store, path.name, token):
+            count += 1
     return count
 
 

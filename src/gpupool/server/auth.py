@@ -92,6 +92,20 @@ def create_token(store: Store, name: str, admin: bool = False) -> str:
     return token
 
 
+def install_token(store: Store, name: str, token: str) -> bool:
+    """Store a token made elsewhere (a Kubernetes Secret) under `name`, not admin; False when
+    the table already holds it under that name. The node agent's way into the token table."""
+    check_name(name)
+    digest = token_hash(token)
+    with store.read() as tx:
+        known = tx.token_by_hash(digest)
+    if known is not None and known[0] == name:
+        return False
+    with store.write() as tx:
+        tx.put_token(name, digest, False, time.time())
+    return True
+
+
 class Authenticator:
     """Turns an `Authorization` header into an Identity, or raises Unauthorized.
 
