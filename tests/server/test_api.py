@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 
@@ -161,3 +163,37 @@ def test_metrics_healthz_openapi(running_server):
         assert name in text, name
     spec = httpx.get(s.url + "/openapi.json").json()
     assert "/v1/leases" in spec["paths"] and "ClaimRequest" in spec["components"]["schemas"]
+
+
+def _queued(s) -> int:
+    return httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=5).json()["queued"]
+
+
+def _eventually(check, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("fast_path", ["1", "0"], ids=["fast_path", "routers"])
+def test_a_waiting_claim_whose_client_left_leaves_the_queue(server_factory, monkeypatch, fast_path):
+    monkeypatch.setenv("GPUPOOL_FAST_PATH", fast_path)  # the server subprocess inherits it
+    s = server_factory()
+    full = claim(s, {"requests": [{"count": 2, "fraction": 1.0}]}).json()
+    body = json.dumps({"claim": HALF, "wait_s": 60}).encode()
+    host, port = s.url.split("//")[1].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {s.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    assert _eventually(lambda: _queued(s) == 1, 5)
+    sock.close()
+    # Well before the pool's own ticket timeout (5 s): the server saw the client go.
+    assert _eventually(lambda: _queued(s) == 0, 2)
+    httpx.delete(f"{s.url}/v1/leases/{full['id']}", headers=s.headers())
+    assert httpx.get(s.url + "/v1/leases", headers=s.headers()).json()["leases"] == []
+    assert 'gpupool_claims_total{result="unavailable"} 1.0' in httpx.get(s.url + "/metrics").text

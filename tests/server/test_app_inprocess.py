@@ -1,4 +1,4 @@
-"""The app in-process: FastAPI routes and the hot-path layer answer alike; no input gives a 500."""
+"""The app in-process, through FastAPI's routers alone and behind the fast path: same answers, no 500."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
 from gpupool.server.app import create_app
 from gpupool.server.auth import Authenticator
+from gpupool.server.fastpath import FastPath
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
 
 
-@pytest.fixture(params=[True, False], ids=["fast_path", "fastapi_routes"])
+@pytest.fixture(params=[False, True], ids=["routers", "fast_path"])
 def client(request, tmp_path):
-    pool = Pool(tmp_path / str(request.param), devices=emulated_devices("2x16GiB", "n"))
-    app = create_app(pool, Authenticator(ADMIN, pool.store), fast_path=request.param)
-    with TestClient(app) as c:
+    pool = Pool(tmp_path / "pool", devices=emulated_devices("2x16GiB", "n"))
+    app = create_app(pool, Authenticator(ADMIN, pool.store))
+    with TestClient(FastPath(app, app.state.api) if request.param else app) as c:
         yield c
     pool.close()
 
@@ -39,6 +40,29 @@ def test_same_answers_on_both_paths(client):
     r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "wait_s": 0.2,
                                         "ttl_s": 5}, headers=H)
     assert r.status_code == 201
+    r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    assert 'gpupool_claims_total{result="denied"} 1.0' in client.get("/metrics").text
+
+
+def test_admin_dependency_guards_tokens(client):
+    r = client.post("/v1/tokens", json={"name": "alice"}, headers=H)
+    assert r.status_code == 201
+    alice = {"Authorization": f"Bearer {r.json()['token']}"}
+    assert client.get("/v1/status", headers=alice).status_code == 200
+    r = client.post("/v1/tokens", json={"name": "bob"}, headers=alice)
+    assert r.status_code == 403 and "needs an admin token" in r.json()["error"]["message"]
+    assert client.get("/v1/status").status_code == 401
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_openapi_documents_bodies_and_bearer_auth(client):
+    spec = client.get("/openapi.json").json()
+    assert {"ClaimRequest", "TokenRequest", "LeaseBody", "ErrorBody"} <= set(spec["components"]["schemas"])
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    claim = spec["paths"]["/v1/leases"]["post"]
+    assert claim["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ClaimRequest")
+    assert "401" in claim["responses"] and "/v1/leases/{lease_id}/heartbeat" in spec["paths"]
 
 
 json_values = st.recursive(

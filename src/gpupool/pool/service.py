@@ -49,6 +49,7 @@ TICKET_TTL_S = 5.0
 MAX_WAIT_S = 7 * 24 * 3600.0
 MIN_TTL_S = 0.05
 MAX_TTL_S = 24 * 3600.0
+# A waiting claim polls its ticket 5 ms after queueing, then half as late again each time, up to 100 ms.
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
 # meta keys of the node-wide records every view reads
@@ -171,24 +172,20 @@ class Pool:
         Unavailable (with the placement reason) when the wait runs out.
         """
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
-        deadline = time.monotonic() + wait_s
+        pauses = poll_delays(wait_s)  # the wait counts from here, before the first transaction
         started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
         if isinstance(started, Lease):
             return started
         waiter = started
         granted = False
         try:
-            delay = POLL_MIN_S
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self.timed_out(waiter, wait_s)
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 1.5, POLL_MAX_S)
+            for pause in pauses:
+                time.sleep(pause)
                 lease = self.try_grant(waiter)
                 if lease is not None:
                     granted = True
                     return lease
+            raise self.timed_out(waiter, wait_s)
         finally:
             if not granted:
                 self.cancel(waiter)
@@ -422,6 +419,26 @@ class Pool:
                 tx.delete_ticket(ticket)
                 log.info("dropped ticket %d of a waiter that is gone", ticket)
         return expired
+
+
+def poll_delays(wait_s: float, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
+    """The pauses of a waiting claim between polls of its ticket, ending when `wait_s` has passed.
+
+    The one backoff schedule: `Pool.claim` sleeps them, the server's event loop awaits them.
+    The wait counts from this call, not from the first pause.
+    """
+    deadline = clock() + wait_s
+    return _pauses(deadline, clock)
+
+
+def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
+    delay = POLL_MIN_S
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return
+        yield min(delay, remaining)
+        delay = min(delay * 1.5, POLL_MAX_S)
 
 
 def _gone(lease_id: object) -> str:

@@ -55,7 +55,8 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def check_name(name: str) -> str:
+def check_name(name: object) -> str:
+    """`name` if it may name a token (any JSON value may arrive here); InvalidInput otherwise."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or name == ADMIN_NAME:
         raise InvalidInput(
             f"token name {name!r} is not allowed: use 1-64 letters, digits, '_.@-', and not {ADMIN_NAME!r}"

@@ -1,10 +1,10 @@
 """The lease operations of the API, free of any web framework: identify, claim, heartbeat, release.
 
-Both the FastAPI routes and the hot-path ASGI layer (`fastpath`) call these,
-so the two cannot drift apart. Short pool calls run inline on the event loop:
-each is one small SQLite transaction (well under a millisecond), cheaper than
-the hop to a worker thread, and a waiting claim polls with `asyncio.sleep`,
-so the loop is never held for the length of a wait.
+The routes (`routes`) call these with the caller's Identity from their auth
+dependency. Short pool calls run inline on the event loop: each is one small
+SQLite transaction (well under a millisecond), cheaper than the hop to a
+worker thread, and a waiting claim polls with `asyncio.sleep`, so the loop is
+never held for the length of a wait.
 """
 
 from __future__ import annotations
@@ -16,24 +16,20 @@ import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 
 from ..core.errors import (
-    Forbidden,
     GpupoolError,
     InvalidClaim,
     InvalidInput,
-    Unauthorized,
     Unavailable,
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease
-from ..pool import Pool, Waiter
+from ..pool import Pool, Waiter, poll_delays
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
 
 log = logging.getLogger(__name__)
 
 CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s"}
-POLL_MIN_S = 0.005
-POLL_MAX_S = 0.1
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -50,14 +46,18 @@ class LeaseApi:
         self._claims_by_result = {result: metrics.claims.labels(result) for result in CLAIM_RESULTS}
 
     def identify(self, authorization: Optional[str]) -> Identity:
+        """The Identity of an `Authorization` header value; ANONYMOUS (admin) when auth is off."""
         return ANONYMOUS if self.auth is None else self.auth.identify(authorization)
 
-    async def claim(self, authorization: Optional[str], raw: bytes, disconnected: Disconnected) -> Dict[str, Any]:
+    def claim_denied(self) -> None:
+        """Count a claim refused for its token (the auth dependency refused it before `claim` ran)."""
+        self._claims_by_result["denied"].inc()
+
+    async def claim(self, identity: Identity, raw: bytes, disconnected: Disconnected) -> Dict[str, Any]:
         """POST /v1/leases: the granted lease as a dict; counts and times every outcome."""
         started = time.perf_counter()
         result = "error"
         try:
-            identity = self.identify(authorization)
             claim, holder, wait_s, ttl_s = parse_claim(raw, identity, self.auth is not None, self.default_ttl_s)
             lease = await self._claim(claim, holder, wait_s, ttl_s, disconnected)
             result = "granted"
@@ -71,19 +71,16 @@ class LeaseApi:
         except InvalidInput:
             result = "invalid"
             raise
-        except (Unauthorized, Forbidden):
-            result = "denied"
-            raise
         finally:
             self._claims_by_result[result].inc()
             self.metrics.claim_latency.observe(time.perf_counter() - started)
 
-    def heartbeat(self, authorization: Optional[str], lease_id: str) -> Dict[str, Any]:
-        identity = self.identify(authorization)
+    def heartbeat(self, identity: Identity, lease_id: str) -> Dict[str, Any]:
+        """POST /v1/leases/{id}/heartbeat: the renewed lease (its holder or an admin)."""
         return self.pool.heartbeat(lease_id, identity.requester).to_dict()
 
-    def release(self, authorization: Optional[str], lease_id: str) -> Dict[str, Any]:
-        identity = self.identify(authorization)
+    def release(self, identity: Identity, lease_id: str) -> Dict[str, Any]:
+        """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin)."""
         self.pool.release(lease_id, identity.requester)
         self.metrics.releases.inc()
         return {"released": lease_id}
@@ -97,21 +94,16 @@ class LeaseApi:
         if isinstance(started, Lease):
             return started
         waiter: Optional[Waiter] = started
-        deadline = time.monotonic() + wait_s
-        delay = POLL_MIN_S
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise pool.timed_out(started, wait_s)
-                await asyncio.sleep(min(delay, remaining))
-                delay = min(delay * 1.5, POLL_MAX_S)
+            for pause in poll_delays(wait_s):  # the pool's one backoff schedule
+                await asyncio.sleep(pause)
                 lease = pool.try_grant(started)
                 if lease is not None:
                     waiter = None
                     return lease
                 if await disconnected():
                     raise Unavailable("the client went away while its claim waited")
+            raise pool.timed_out(started, wait_s)
         finally:
             if waiter is not None:
                 pool.cancel(waiter)
@@ -148,6 +140,7 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
 
 
 def json_object(raw: bytes) -> Dict[str, Any]:
+    """A request body that must be one JSON object (empty: {}); InvalidInput (400) otherwise."""
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as err:
@@ -158,4 +151,5 @@ def json_object(raw: bytes) -> Dict[str, Any]:
 
 
 def dumps(data: Any) -> bytes:
+    """Compact JSON bytes of a response body."""
     return json.dumps(data, separators=(",", ":")).encode()

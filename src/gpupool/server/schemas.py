@@ -32,7 +32,7 @@ class HolderBody(BaseModel):
 
 class ClaimRequest(BaseModel):
     claim: ClaimBody
-    holder: HolderBody = Field(default_factory=HolderBody)
+    holder: HolderBody = Field(default_factory=lambda: HolderBody.model_validate({}))
     wait_s: float = Field(0.0, ge=0, description="seconds to wait in the FIFO queue; 0 fails at once")
     ttl_s: float = Field(30.0, gt=0, description="the lease expires this long after the last heartbeat")
 

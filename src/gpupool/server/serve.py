@@ -69,6 +69,8 @@ class ServerConfig:
     expire_interval_s: float = 1.0
     log_level: str = "warning"
     enforcement: "NodeEnforcement" = field(default_factory=lambda: NodeEnforcement())
+    # The hot lease calls answered before FastAPI's routing (see server/fastpath.py, the one seam).
+    fast_path: bool = field(default_factory=lambda: _fast_path_default())
 
 
 @dataclass
@@ -246,18 +248,20 @@ def run(prepared: Prepared) -> None:
 
 
 def _uvicorn_server(prepared: Prepared) -> Any:
-    """The uvicorn server of `prepared`, tuned for many small JSON requests."""
+    """The uvicorn server of `prepared`, tuned for many small JSON requests.
+
+    uvicorn picks httptools and uvloop itself when installed (the server extra
+    installs both), else its pure-Python h11 protocol and asyncio's loop.
+    """
     import uvicorn
 
-    try:
-        from .corked import CorkedHttpToolsProtocol
+    app = prepared.app
+    if prepared.config.fast_path:
+        from .fastpath import FastPath
 
-        http: Any = CorkedHttpToolsProtocol
-    except ImportError:  # no httptools: uvicorn's pure-Python h11 protocol
-        http = "auto"
+        app = FastPath(app, app.state.api)
     uv = uvicorn.Config(
-        prepared.app,
-        http=http,
+        app,
         # Nothing here reads the client address, so X-Forwarded-* need not be parsed per request.
         proxy_headers=False,
         log_level=prepared.config.log_level,
@@ -268,6 +272,12 @@ def _uvicorn_server(prepared: Prepared) -> Any:
         server_header=False,
     )
     return uvicorn.Server(uv)
+
+
+def _fast_path_default() -> bool:
+    from .fastpath import enabled_by_env  # light: fastpath imports no web framework
+
+    return enabled_by_env()
 
 
 def serve(config: ServerConfig) -> None:

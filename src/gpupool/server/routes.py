@@ -1,0 +1,153 @@
+"""The API's routers and their dependencies: who calls (`caller`, `admin`), leases, pool, operations.
+
+Routes find the app's `LeaseApi` on `request.app.state.api` (set by
+`create_app`), so the routers are module-level and several apps (tests) can
+include them. Every dependency is `async def`: FastAPI runs a plain `def`
+dependency in a worker thread, which would cost more than the token lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Dict, Union
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ..core.errors import Forbidden, InvalidInput, Unauthorized
+from .auth import Identity, check_name, create_token, require_admin
+from .handlers import LeaseApi, dumps, json_object
+from .schemas import ClaimRequest, ErrorBody, LeaseBody, TokenRequest, body_schema
+
+ERRORS: Dict[Union[int, str], Dict[str, Any]] = {
+    str(code): {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
+}
+
+
+# --- dependencies -------------------------------------------------------------
+async def lease_api(request: Request) -> LeaseApi:
+    """The `LeaseApi` of the app serving `request`."""
+    api: LeaseApi = request.app.state.api
+    return api
+
+
+Api = Annotated[LeaseApi, Depends(lease_api)]
+
+
+async def caller(request: Request, api: Api) -> Identity:
+    """Who sent the request, from its bearer token; Unauthorized (401) without a valid one."""
+    return api.identify(request.headers.get("authorization"))
+
+
+Caller = Annotated[Identity, Depends(caller)]
+
+
+async def admin(request: Request, identity: Caller) -> Identity:
+    """The caller, who must hold an admin token; Forbidden (403) otherwise."""
+    require_admin(identity, f"{request.method} {request.url.path}")
+    return identity
+
+
+Admin = Annotated[Identity, Depends(admin)]
+
+
+async def claimer(request: Request, api: Api) -> Identity:
+    """The caller of a claim: as `caller`, and a refused token counts as a denied claim in /metrics."""
+    try:
+        return api.identify(request.headers.get("authorization"))
+    except (Unauthorized, Forbidden):
+        api.claim_denied()
+        raise
+
+
+Claimer = Annotated[Identity, Depends(claimer)]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    # A ready Response skips FastAPI's response validation and encoder: the
+    # payloads are already plain dicts in the one wire format (to_dict()).
+    return Response(dumps(data), status_code=status, media_type="application/json")
+
+
+# --- leases ---------------------------------------------------------------------
+lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"], responses=ERRORS)
+
+
+@lease_routes.post("", status_code=201, openapi_extra=body_schema(ClaimRequest), responses={201: {"model": LeaseBody}},
+             summary="Claim GPUs: granted now, after waiting in the FIFO queue, or refused")
+async def claim(request: Request, api: Api, identity: Claimer) -> Response:
+    """POST /v1/leases; a waiting claim polls with asyncio and gives up when the client leaves."""
+    lease = await api.claim(identity, await request.body(), request.is_disconnected)
+    return _json(lease, 201)
+
+
+@lease_routes.get("", summary="Live leases")
+async def list_leases(api: Api, _identity: Caller) -> Response:
+    status = await run_in_threadpool(api.pool.status)
+    return _json({"leases": [lease.to_dict() for lease in status.leases]})
+
+
+@lease_routes.get("/{lease_id}", responses={200: {"model": LeaseBody}}, summary="One live lease")
+async def get_lease(lease_id: str, api: Api, _identity: Caller) -> Response:
+    lease = await run_in_threadpool(api.pool.lease, lease_id)
+    return _json(lease.to_dict())
+
+
+@lease_routes.post("/{lease_id}/heartbeat", responses={200: {"model": LeaseBody}},
+             summary="Renew a lease by its TTL (holder or admin)")
+async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
+    return _json(api.heartbeat(identity, lease_id))
+
+
+@lease_routes.delete("/{lease_id}", summary="Release a lease (holder or admin)")
+async def release(lease_id: str, api: Api, identity: Caller) -> Response:
+    return _json(api.release(identity, lease_id))
+
+
+# --- pool -------------------------------------------------------------------------
+pool_routes = APIRouter(prefix="/v1", tags=["pool"], responses=ERRORS)
+
+
+@pool_routes.get("/status", summary="Devices with their allocation, live leases, queue length")
+async def status(api: Api, _identity: Caller) -> Response:
+    return _json((await run_in_threadpool(api.pool.status)).to_dict())
+
+
+@pool_routes.get("/devices", summary="Devices with their allocated MiB")
+async def devices(api: Api, _identity: Caller) -> Response:
+    return _json({"devices": (await run_in_threadpool(api.pool.status)).to_dict()["devices"]})
+
+
+@pool_routes.post("/tokens", status_code=201, openapi_extra=body_schema(TokenRequest),
+           summary="Create or rotate a named token (admin only)")
+async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
+    body = json_object(await request.body())
+    unknown = set(body) - {"name", "admin"}
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name' and 'admin'")
+    is_admin = body.get("admin", False)
+    if not isinstance(is_admin, bool):
+        raise InvalidInput(f"admin {is_admin!r} must be true or false")
+    name = check_name(body.get("name"))
+    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin)
+    if api.auth is not None:
+        api.auth.forget()  # this process must see the rotation now, not after the lookup cache expires
+    return _json({"name": name, "token": token}, 201)
+
+
+# --- operations (no auth: probes and scrapers carry no token) ---------------------
+operation_routes = APIRouter(tags=["operations"])
+
+
+@operation_routes.get("/healthz", summary="Liveness (no auth)")
+async def healthz() -> Response:
+    return _json({"status": "ok"})
+
+
+@operation_routes.get("/metrics", summary="Prometheus metrics (no auth)")
+async def prometheus(api: Api) -> Response:
+    body = await run_in_threadpool(api.metrics.render)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+ROUTERS = (lease_routes, pool_routes, operation_routes)
