@@ -79,6 +79,11 @@ class _View:
     allocated: Dict[str, int]
     tickets: Optional[int]  # queue length; None: ask the database
     next_expiry: float  # no lease expires before this (a lower bound: may be early, never late)
+    valid: bool = True  # False: dropped at commit, so the next transaction rebuilds it
+
+    def invalidate(self) -> None:
+        """Drop this view after the transaction: it wrote something the view does not follow."""
+        self.valid = False
 
 
 class Pool:
@@ -148,7 +153,7 @@ class Pool:
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
         view.commits = self.store.commits()
-        self._local.view = view
+        self._local.view = view if view.valid else None
 
     def _due(self, tx: Tx, view: _View, now: float) -> List[Lease]:
         """Reclaim expired leases and drop dead waiters, when the view says there may be any."""
@@ -379,7 +384,7 @@ class Pool:
     def set_device_health(self, health: Dict[str, bool]) -> None:
         """Mark devices healthy or not (device plugin); unhealthy ones get no new slices."""
         with self._write() as (tx, view):
-            view.conn = None  # rebuilt next time, with the new devices
+            view.invalidate()  # the device list changed under it
             devices = tx.devices()
             tx.replace_devices([replace(d, healthy=health.get(d.uuid, d.healthy)) for d in devices])
 
