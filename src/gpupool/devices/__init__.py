@@ -1,7 +1,11 @@
 """Device inventory: NVML for real GPUs, emulated devices for tests (stdlib only).
 
 `discover(spec, node)` is the one entry point; `health` answers whether a
-device is still usable (NVML XID events) for the kube device plugin.
+device is still usable (NVML XID events) for the kube device plugin; `usage`
+samples what each process uses on each GPU.
+
+Owns: finding devices, their health and per-process usage samples.
+May import: core (floor 1); nvidia-ml-py only lazily, inside functions.
 """
 
 from .inventory import discover, parse_spec

@@ -3,7 +3,8 @@
 Owns: mapping sampled GPU processes to leases (`attribution`) and the watchdog
 that records usage in the pool and warns about or ends offenders (`watchdog`).
 The server and the node agent run it; the embedded pool does not (no process
-lives long enough to watch). May import core, devices, isolation and pool.
+lives long enough to watch).
+May import: core, floor 1 (devices, isolation, pool, store) and its own floor 2.
 """
 
 from .attribution import Attributor

@@ -1,4 +1,10 @@
-"""The env and hooks that hold a process to its share (stdlib only)."""
+"""The env and hooks that hold a process to its share, and the process tree (stdlib only).
+
+Owns: the runner env contract (`env`: every variable name, defined once), the post-import
+hook (`hook/`, `hookdir`), MPS daemon supervision (`mps`), and /proc process trees
+(`proctree`, with the one `alive(pid)`).
+May import: core (floor 1: its own floor and core); the standard library only.
+"""
 
 from .env import GpuShare, child_env, context_reserve_mib, isolation_env, shares
 from .hookdir import write_hook_dir

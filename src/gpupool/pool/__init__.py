@@ -1,4 +1,9 @@
-"""The pool service: claim / heartbeat / release / expire / queue, over the SQLite store (stdlib only)."""
+"""The pool service: claim / heartbeat / release / expire / queue, over the SQLite store (stdlib only).
+
+Owns: `Pool` (grants, the FIFO queue, expiry, device health, the node's isolation and usage
+records), `Waiter` and `poll_delays` (the one backoff of a waiting claim).
+May import: core, store, devices, isolation (floor 1: its own floor and core); stdlib only.
+"""
 
 from .service import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool, Waiter, poll_delays
 

@@ -3,6 +3,11 @@
 `create_app(pool, auth=...)` builds the ASGI app; `serve(ServerConfig(...))`
 runs it with uvicorn (the kube node agent reuses both). FastAPI is imported
 by `app` and `serve` only; `auth` and `tls` helpers stay light.
+
+Owns: routes and handlers of /v1, tokens (`auth`: the one door to the token table),
+TLS, metrics, serving and the node's enforcement services.
+May import: core, floor 1 (pool, store, devices, isolation) and floor 2 (enforcement ...);
+FastAPI and uvicorn only in the modules that serve.
 """
 
 from .serve import Prepared, ServerConfig, prepare, run, serve  # noqa: E402  (light: FastAPI loads in prepare)

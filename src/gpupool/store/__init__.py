@@ -2,6 +2,10 @@
 
 WAL journal, one `BEGIN IMMEDIATE` transaction per state change, so several
 processes on one state dir serialise their writes through SQLite alone.
+
+Owns: the schema, `Store` (connections, transactions, checkpoints), `Tx` (typed queries),
+the state-dir lock. The token table is written through `server.auth`, never directly.
+May import: core (floor 1: its own floor and core); the standard library only.
 """
 
 from .db import Store, DB_NAME

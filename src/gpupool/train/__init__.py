@@ -4,4 +4,8 @@ on one GPU, a fraction of one, a CPU, or many workers in data-parallel (torchrun
 Nothing here is imported by the rest of gpupool at import time: torch loads only when a
 `train`, `predict` or `data` command runs. Entry points: `trainer.train(config)`,
 `predict.predict_files(...)`, `digits.export_digits(...)`, `imagenet.extract_synsets(...)`.
+
+Owns: models, data loading, the training loop, checkpoints, export and prediction.
+May import: core only (it knows the distributed env contract, nothing of the pool); torch and
+torchvision.
 """

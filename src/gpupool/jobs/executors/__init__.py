@@ -1,4 +1,7 @@
-"""Executors: where a job spec runs. One small ABC (base.Executor), one module per target."""
+"""Executors: where a job spec runs. One small ABC (base.Executor), one module per target.
+
+Owns: `TARGETS` (the one list of --target choices) and `get_executor`.
+"""
 
 from __future__ import annotations
 
