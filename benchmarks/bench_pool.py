@@ -1,7 +1,9 @@
 """Pool benchmark: claim+release over HTTP at 1, 16 and 64 clients, and in-process placement at scale.
 
 HTTP: a `gpupool server` subprocess on loopback with 8 emulated 16 GiB GPUs
-and auth on. N closed-loop clients, each on its own keep-alive connection,
+and auth on, run twice: with the fast path (the default server, "http") and
+with FastAPI's routes alone (GPUPOOL_FAST_PATH=0, "http_plain"); see
+server/fastpath.py. N closed-loop clients, each on its own keep-alive connection,
 looping claim(1 GPU, 10 %) -> wait for the answer -> release -> wait. The
 clients are spread over --client-procs processes, each driving its share
 of the connections from one epoll loop with prebuilt request bytes, so the
@@ -36,7 +38,10 @@ CLAIM = json.dumps(
 ).encode()
 
 
-def start_server(state: Path) -> Tuple[subprocess.Popen, str, str]:
+def start_server(state: Path, fast_path: bool = True) -> Tuple[subprocess.Popen, str, str]:
+    """A `gpupool server` subprocess on state dir `state`: (process, host:port, admin token)."""
+    state.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, GPUPOOL_FAST_PATH="1" if fast_path else "0")
     token_file = state / "token"
     log = state / "server.log"
     args = [
@@ -44,7 +49,7 @@ def start_server(state: Path) -> Tuple[subprocess.Popen, str, str]:
         "--token-file", str(token_file), "--devices", "emulated:8x16GiB",
     ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         match = re.search(r"listening on http://([\d.]+:\d+)", log.read_text())
@@ -256,21 +261,27 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument("--client-procs", type=int, default=2, help="client processes (connections spread over them)")
+    parser.add_argument("--fast-path", choices=("both", "on", "off"), default="both",
+                        help="server variants to measure: with the fast path (http), without (http_plain)")
     parser.add_argument("--out", default=str(ROOT / "results" / "pool.json"))
     args = parser.parse_args()
 
     load_at_start = os.getloadavg()
-    http_results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, addr, token = start_server(Path(tmp))
-        try:
-            for clients in [int(x) for x in args.levels.split(",")]:
-                level = run_level(addr, token, clients, args.seconds, args.warmup, proc.pid, args.client_procs)
-                http_results.append(level)
-                print(json.dumps(level), file=sys.stderr, flush=True)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
+    variants = {"both": (True, False), "on": (True,), "off": (False,)}[args.fast_path]
+    http_by_variant: Dict[str, List[Dict[str, float]]] = {}
+    for fast_path in variants:
+        key = "http" if fast_path else "http_plain"
+        http_by_variant[key] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, addr, token = start_server(Path(tmp), fast_path)
+            try:
+                for clients in [int(x) for x in args.levels.split(",")]:
+                    level = run_level(addr, token, clients, args.seconds, args.warmup, proc.pid, args.client_procs)
+                    http_by_variant[key].append(level)
+                    print(json.dumps(dict(level, variant=key)), file=sys.stderr, flush=True)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
     placement = bench_placement()
     try:
         import uvicorn  # noqa: F401
@@ -292,12 +303,14 @@ def main() -> int:
             "platform": platform.platform(),
             **stack,
         },
-        "server": "gpupool server subprocess: uvicorn (httptools, uvloop) + FastPath ASGI layer, SQLite WAL "
-                  "synchronous=NORMAL, background checkpoints, auth on, 8 emulated 16 GiB GPUs",
+        "server": "gpupool server subprocess: uvicorn (httptools, uvloop), FastAPI routers with an auth dependency; "
+                  "http: with the fast path ASGI layer for claim/heartbeat/release (the default), http_plain: "
+                  "GPUPOOL_FAST_PATH=0; SQLite WAL synchronous=NORMAL, background checkpoints, auth on, "
+                  "8 emulated 16 GiB GPUs",
         "clients": f"closed loop, one keep-alive connection each, claim(1 GPU, 10 %) then release; spread over "
                    f"{args.client_procs} processes with one epoll loop each; {args.seconds:g} s measured per level "
                    f"after {args.warmup:g} s warm-up",
-        "http": http_results,
+        **http_by_variant,
         "placement": placement,
         "target": "claim+release >= 1000/s and round-trip p99 < 10 ms at 16 clients",
     }
