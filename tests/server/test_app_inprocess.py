@@ -6,7 +6,8 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool

@@ -20,7 +20,17 @@ import asyncio
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    MutableMapping,
+    Optional,
+    Tuple,
+)
 
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, Unauthorized
 from .auth import Identity
