@@ -147,7 +147,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
             os.killpg(child.pid, interrupt.signum)
             return exit_code(child.wait())
         say(f"Interrupted by signal {interrupt.signum} before the command started")
-        return 128 + interrupt.signum
+        return exit_code(-interrupt.signum)  # as if the command had died of it
     finally:
         relay.quiet()
         terminal.take_back()
