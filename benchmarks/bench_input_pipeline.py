@@ -81,15 +81,17 @@ def raw_rate(folder: Path, samples: List[Tuple[str, int]], size: int) -> Tuple[f
         return len(samples) / (time.perf_counter() - t0), len(samples) / (time.process_time() - c0)
 
 
-def loader_rate(folder: Path, samples: List[Tuple[str, int]], size: int, batch: int,
-                workers: int) -> Tuple[float, float]:
+def loader_rate(
+    folder: Path, samples: List[Tuple[str, int]], size: int, batch: int, workers: int
+) -> Tuple[float, float]:
     """The trainer's dataset and loader (uint8 out, skip-and-count wrapper included), with
     persistent workers as the trainer uses them: the first pass starts the workers and is
     not timed, the second pass is. Returns (images per wall second, images per CPU second
     of the workers), both per worker."""
     ds = ImageFiles(folder, samples, size)
-    loader, _ = make_loader(ds, batch, workers, pin_memory=False, shuffle=False, seed=0, rank=0,
-                            world_size=1, persistent=True)
+    loader, _ = make_loader(
+        ds, batch, workers, pin_memory=False, shuffle=False, seed=0, rank=0, world_size=1, persistent=True
+    )
     for _ in loader:
         pass
     try:  # private attribute, for the CPU-time figure only
@@ -135,14 +137,23 @@ def main() -> int:
             wall, cpu = loader_rate(folder, samples, args.size, args.batch_size, args.workers)
             ours.append(wall)
             ours_cpu.append(cpu)
-            print(f"round {r + 1}: raw {raw[-1]:.1f} img/s ({raw_cpu[-1]:.1f}/CPU s), "
-                  f"loader {ours[-1]:.1f} img/s/worker ({ours_cpu[-1]:.1f}/CPU s)", file=sys.stderr)
+            print(
+                f"round {r + 1}: raw {raw[-1]:.1f} img/s ({raw_cpu[-1]:.1f}/CPU s), "
+                f"loader {ours[-1]:.1f} img/s/worker ({ours_cpu[-1]:.1f}/CPU s)",
+                file=sys.stderr,
+            )
 
     result: Dict[str, Any] = {
         "benchmark": "input_pipeline",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "settings": {"images": args.images, "source": f"{args.width}x{args.height} JPEG q90", "resize": args.size,
-                     "batch_size": args.batch_size, "workers": args.workers, "rounds": args.rounds},
+        "settings": {
+            "images": args.images,
+            "source": f"{args.width}x{args.height} JPEG q90",
+            "resize": args.size,
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "rounds": args.rounds,
+        },
         "raw_decode_resize_images_per_second": round(max(raw), 1),
         "loader_images_per_second_per_worker": round(max(ours), 1),
         "ratio": round(max(ours) / max(raw), 3),
@@ -154,8 +165,12 @@ def main() -> int:
         "loader_images_per_worker_cpu_second": round(max(ours_cpu), 1),
         "cpu_ratio": round(max(ours_cpu) / max(raw_cpu), 3),
         "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "rounds": {"raw": [round(x, 1) for x in raw], "loader_per_worker": [round(x, 1) for x in ours],
-                   "raw_cpu": [round(x, 1) for x in raw_cpu], "loader_cpu": [round(x, 1) for x in ours_cpu]},
+        "rounds": {
+            "raw": [round(x, 1) for x in raw],
+            "loader_per_worker": [round(x, 1) for x in ours],
+            "raw_cpu": [round(x, 1) for x in raw_cpu],
+            "loader_cpu": [round(x, 1) for x in ours_cpu],
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -45,8 +45,18 @@ def start_server(state: Path, fast_path: bool = True) -> Tuple[subprocess.Popen,
     token_file = state / "token"
     log = state / "server.log"
     args = [
-        sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state / "pool"),
-        "--token-file", str(token_file), "--devices", "emulated:8x16GiB",
+        sys.executable,
+        "-m",
+        "gpupool",
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        str(state / "pool"),
+        "--token-file",
+        str(token_file),
+        "--devices",
+        "emulated:8x16GiB",
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -76,8 +86,14 @@ def _client_process(addr: str, token: str, conns: int, start_at: float, seconds:
     host, port = addr.split(":")
     auth = f"Authorization: Bearer {token}\r\n".encode()
     claim_req = (
-        b"POST /v1/leases HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + auth
-        + b"Content-Type: application/json\r\nContent-Length: " + str(len(CLAIM)).encode() + b"\r\n\r\n" + CLAIM
+        b"POST /v1/leases HTTP/1.1\r\nHost: "
+        + host.encode()
+        + b"\r\n"
+        + auth
+        + b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(CLAIM)).encode()
+        + b"\r\n\r\n"
+        + CLAIM
     )
     release_head = b"DELETE /v1/leases/"
     release_tail = b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + auth + b"Content-Length: 0\r\n\r\n"
@@ -120,7 +136,7 @@ def _client_process(addr: str, token: str, conns: int, start_at: float, seconds:
                 continue
             head = buf[:head_end].lower()
             clen_at = head.find(b"content-length:")
-            clen = int(head[clen_at + 15: head.find(b"\r\n", clen_at) if head.find(b"\r\n", clen_at) > 0 else None])
+            clen = int(head[clen_at + 15 : head.find(b"\r\n", clen_at) if head.find(b"\r\n", clen_at) > 0 else None])
             end = head_end + 4 + clen
             if len(buf) < end:
                 st[4] = buf
@@ -138,9 +154,9 @@ def _client_process(addr: str, token: str, conns: int, start_at: float, seconds:
                     st[2] = perf()
                     s.sendall(claim_req)
                     continue
-                body = buf[head_end + 4: end]
+                body = buf[head_end + 4 : end]
                 i = body.find(b'"id":"') + 6
-                lease_id = body[i: body.find(b'"', i)]
+                lease_id = body[i : body.find(b'"', i)]
                 st[1], st[3] = 1, now
                 s.sendall(release_head + lease_id + release_tail)
             else:
@@ -261,8 +277,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument("--client-procs", type=int, default=2, help="client processes (connections spread over them)")
-    parser.add_argument("--fast-path", choices=("both", "on", "off"), default="both",
-                        help="server variants to measure: with the fast path (http), without (http_plain)")
+    parser.add_argument(
+        "--fast-path",
+        choices=("both", "on", "off"),
+        default="both",
+        help="server variants to measure: with the fast path (http), without (http_plain)",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "pool.json"))
     args = parser.parse_args()
 
@@ -284,8 +304,9 @@ def main() -> int:
                 proc.wait(10)
     placement = bench_placement()
     try:
-        import uvicorn  # noqa: F401
         import importlib.util
+
+        import uvicorn  # noqa: F401
 
         stack = {
             "httptools": importlib.util.find_spec("httptools") is not None,
@@ -304,12 +325,12 @@ def main() -> int:
             **stack,
         },
         "server": "gpupool server subprocess: uvicorn (httptools, uvloop), FastAPI routers with an auth dependency; "
-                  "http: with the fast path ASGI layer for claim/heartbeat/release (the default), http_plain: "
-                  "GPUPOOL_FAST_PATH=0; SQLite WAL synchronous=NORMAL, background checkpoints, auth on, "
-                  "8 emulated 16 GiB GPUs",
+        "http: with the fast path ASGI layer for claim/heartbeat/release (the default), http_plain: "
+        "GPUPOOL_FAST_PATH=0; SQLite WAL synchronous=NORMAL, background checkpoints, auth on, "
+        "8 emulated 16 GiB GPUs",
         "clients": f"closed loop, one keep-alive connection each, claim(1 GPU, 10 %) then release; spread over "
-                   f"{args.client_procs} processes with one epoll loop each; {args.seconds:g} s measured per level "
-                   f"after {args.warmup:g} s warm-up",
+        f"{args.client_procs} processes with one epoll loop each; {args.seconds:g} s measured per level "
+        f"after {args.warmup:g} s warm-up",
         **http_by_variant,
         "placement": placement,
         "target": "claim+release >= 1000/s and round-trip p99 < 10 ms at 16 clients",

@@ -78,11 +78,17 @@ def hand_loop(args: argparse.Namespace, data: Path, split: Split, device: torch.
     amp = device.type == "cuda"
     if amp:
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3,
-                           **({"fused": True} if amp else {}))
-    loader = DataLoader(PlainFiles(data, list(split.train), args.image_size), batch_size=args.batch_size,
-                        shuffle=True, num_workers=args.workers, pin_memory=amp,
-                        persistent_workers=args.workers > 0)
+    opt = torch.optim.Adam(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-3, **({"fused": True} if amp else {})
+    )
+    loader = DataLoader(
+        PlainFiles(data, list(split.train), args.image_size),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=amp,
+        persistent_workers=args.workers > 0,
+    )
     model.train()
     rates: List[float] = []
     for epoch in range(args.epochs):
@@ -113,10 +119,23 @@ def hand_loop(args: argparse.Namespace, data: Path, split: Split, device: torch.
 def trainer_run(args: argparse.Namespace, data: Path, out: Path) -> Tuple[List[float], Split]:
     """`gpupool train` in-process, fresh run dir; returns the steady throughput of each
     epoch after the first, as the trainer itself measured and logged it."""
-    cfg = build_config(str(data), str(out), overrides={
-        "model": args.model, "weights": args.weights, "image_size": args.image_size, "epochs": args.epochs,
-        "batch_size": args.batch_size, "workers": args.workers, "patience": 1000, "resume": False,
-        "device": args.device, "progress": False, "split": (0.7, 0.15, 0.15)})
+    cfg = build_config(
+        str(data),
+        str(out),
+        overrides={
+            "model": args.model,
+            "weights": args.weights,
+            "image_size": args.image_size,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "patience": 1000,
+            "resume": False,
+            "device": args.device,
+            "progress": False,
+            "split": (0.7, 0.15, 0.15),
+        },
+    )
     train(cfg)
     split = Split.from_json(json.loads((out / "split.json").read_text()))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -155,8 +174,12 @@ def main() -> int:
     """Run the comparison and write the JSON result."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="class-folder data set (default: scikit-learn digits, exported)")
-    p.add_argument("--jpegs", type=int, default=0,
-                   help="generate N ImageNet-like 500x375 JPEGs in 10 classes as the data (default: digits)")
+    p.add_argument(
+        "--jpegs",
+        type=int,
+        default=0,
+        help="generate N ImageNet-like 500x375 JPEGs in 10 classes as the data (default: digits)",
+    )
     p.add_argument("--model", default="convnet")
     p.add_argument("--weights", default="none")
     p.add_argument("--image-size", type=int, default=32)
@@ -199,8 +222,11 @@ def main() -> int:
             trainer_rates += rates
             hand_rates += hand
             round_ratios.append(statistics.median(rates) / statistics.median(hand))
-            print(f"round {r + 1}: trainer {max(rates):.1f} img/s, hand loop {max(hand):.1f} img/s, "
-                  f"paired median ratio {round_ratios[-1]:.3f}", file=sys.stderr)
+            print(
+                f"round {r + 1}: trainer {max(rates):.1f} img/s, hand loop {max(hand):.1f} img/s, "
+                f"paired median ratio {round_ratios[-1]:.3f}",
+                file=sys.stderr,
+            )
         synth = synthetic(args, device, len(split.classes))
 
     # Best epoch of each side: on a shared machine, other load only ever slows an epoch
@@ -208,14 +234,25 @@ def main() -> int:
     trainer_ips, hand_ips = max(trainer_rates), max(hand_rates)
     result: Dict[str, Any] = {
         "benchmark": "trainer_overhead",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": str(device),
-                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                    "torch": torch.__version__},
-        "settings": {"data": str(args.data) if args.data else
-                     (f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"), "model": args.model,
-                     "image_size": args.image_size, "batch_size": args.batch_size, "epochs": args.epochs,
-                     "workers": args.workers, "rounds": args.rounds,
-                     "amp": "bf16 + channels_last" if device.type == "cuda" else "none (fp32)"},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+        },
+        "settings": {
+            "data": str(args.data)
+            if args.data
+            else (f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"),
+            "model": args.model,
+            "image_size": args.image_size,
+            "batch_size": args.batch_size,
+            "epochs": args.epochs,
+            "workers": args.workers,
+            "rounds": args.rounds,
+            "amp": "bf16 + channels_last" if device.type == "cuda" else "none (fp32)",
+        },
         "trainer_images_per_second": round(trainer_ips, 1),
         "hand_loop_images_per_second": round(hand_ips, 1),
         "ratio": round(trainer_ips / hand_ips, 3),

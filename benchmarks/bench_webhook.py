@@ -35,12 +35,19 @@ from gpupool.kube.nodestate import ClusterState
 from gpupool.kube.resources import GpuAsk
 
 POD = {
-    "apiVersion": "v1", "kind": "Pod",
+    "apiVersion": "v1",
+    "kind": "Pod",
     "metadata": {"name": "train", "namespace": "team-a", "annotations": {"gpupool.io/inject": "all"}},
-    "spec": {"containers": [{
-        "name": "train", "image": "nvcr.io/nvidia/pytorch:24.01-py3", "command": ["python", "/work/train.py"],
-        "resources": {"limits": {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "50"}},
-    }]},
+    "spec": {
+        "containers": [
+            {
+                "name": "train",
+                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                "command": ["python", "/work/train.py"],
+                "resources": {"limits": {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "50"}},
+            }
+        ]
+    },
 }
 
 
@@ -51,9 +58,14 @@ def percentile(values: List[float], q: float) -> float:
 
 def summary(latencies: List[float], seconds: float) -> Dict[str, float]:
     ms = [x * 1000 for x in latencies]
-    return {"requests": len(ms), "rps": round(len(ms) / seconds, 1), "p50_ms": round(percentile(ms, 50), 3),
-            "p99_ms": round(percentile(ms, 99), 3), "max_ms": round(max(ms), 3),
-            "mean_ms": round(statistics.fmean(ms), 3)}
+    return {
+        "requests": len(ms),
+        "rps": round(len(ms) / seconds, 1),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }
 
 
 def _client_process(port: int, ca: str, conns: int, start_at: float, seconds: float, out) -> None:
@@ -65,11 +77,17 @@ def _client_process(port: int, ca: str, conns: int, start_at: float, seconds: fl
     import socket
 
     ctx = ssl.create_default_context(cafile=ca)
-    template = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "request": {"uid": "@" * 36, "kind": {"kind": "Pod"}, "operation": "CREATE",
-                                       "object": POD}}).encode()
-    head = (b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(template))
+    template = json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "@" * 36, "kind": {"kind": "Pod"}, "operation": "CREATE", "object": POD},
+        }
+    ).encode()
+    head = (
+        b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(template)
+    )
     before, after = template.split(b"@" * 36)
     prefix = b"%08x-0000-4000-8000-" % (os.getpid() & 0xFFFFFFFF)
     counter = [0]
@@ -121,7 +139,7 @@ def _client_process(port: int, ca: str, conns: int, start_at: float, seconds: fl
                 continue
             lower = buf[:head_end].lower()
             at = lower.find(b"content-length:") + 15
-            end = head_end + 4 + int(lower[at:lower.find(b"\r\n", at) if lower.find(b"\r\n", at) > 0 else None])
+            end = head_end + 4 + int(lower[at : lower.find(b"\r\n", at) if lower.find(b"\r\n", at) > 0 else None])
             if len(buf) < end:
                 st[2] = buf
                 continue
@@ -153,8 +171,9 @@ def _cpu_s(pid: int) -> float:
         return float("nan")
 
 
-def webhook_round_trips(port: int, ca: str, clients: int, seconds: float, procs: int = 2,
-                        server_pid: int = 0) -> Dict[str, float]:
+def webhook_round_trips(
+    port: int, ca: str, clients: int, seconds: float, procs: int = 2, server_pid: int = 0
+) -> Dict[str, float]:
     procs = min(procs, clients)
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ctx = multiprocessing.get_context("fork")
@@ -172,9 +191,14 @@ def webhook_round_trips(port: int, ca: str, clients: int, seconds: float, procs:
     latencies = [x for r in results for x in r[0]]
     failures = sum(r[1] for r in results)
     client_cpu = sum(r[2] for r in results)
-    return dict(summary(latencies, seconds), clients=clients, client_procs=procs, failures=failures,
-                client_cpu_cores=round(client_cpu / (seconds + 0.5), 2),
-                server_cpu_ms_per_request=round(cpu_used / max(1, len(latencies)) * 1000, 3))
+    return dict(
+        summary(latencies, seconds),
+        clients=clients,
+        client_procs=procs,
+        failures=failures,
+        client_cpu_cores=round(client_cpu / (seconds + 0.5), 2),
+        server_cpu_ms_per_request=round(cpu_used / max(1, len(latencies)) * 1000, 3),
+    )
 
 
 def extender_filter(nodes: int, gpus: int, runs: int) -> Dict[str, float]:
@@ -183,8 +207,10 @@ def extender_filter(nodes: int, gpus: int, runs: int) -> Dict[str, float]:
     for n in range(nodes):
         devs = tuple(Device(f"GPU-{n}-{i}", i, "A100 80GB", 81920, f"node-{n}") for i in range(gpus))
         states[f"node-{n}"] = NodeState(devs, {d.uuid: rng.choice([0, 20480, 40960, 61440, 81920]) for d in devs})
-    pod = {"metadata": {"annotations": {ann.CLAIM: ann.encode_claim({"train": GpuAsk(2, percent=50)})}},
-           "spec": {"containers": [{"name": "train"}]}}
+    pod = {
+        "metadata": {"annotations": {ann.CLAIM: ann.encode_claim({"train": GpuAsk(2, percent=50)})}},
+        "spec": {"containers": [{"name": "train"}]},
+    }
     args = {"Pod": pod, "NodeNames": list(states)}
     latencies, passed = [], 0
     for _ in range(runs):
@@ -196,14 +222,14 @@ def extender_filter(nodes: int, gpus: int, runs: int) -> Dict[str, float]:
     out.pop("rps")
     # The first call builds each node's free vectors (the webhook server does that when an
     # agent refresh publishes new states, off the request path); it is among the runs above.
-    return dict(out, nodes=nodes, gpus_per_node=gpus, nodes_passing=passed,
-                first_call_ms=round(latencies[0] * 1000, 3))
+    return dict(out, nodes=nodes, gpus_per_node=gpus, nodes_passing=passed, first_call_ms=round(latencies[0] * 1000, 3))
 
 
 def _serve(crt: str, key: str, ports) -> None:
-    cluster = ClusterState(lambda: {})
-    cluster.set_states({"node-0": NodeState(tuple(Device(f"GPU-{i}", i, "A100", 81920, "node-0")
-                                                  for i in range(8)), {})})
+    cluster = ClusterState(dict)
+    cluster.set_states(
+        {"node-0": NodeState(tuple(Device(f"GPU-{i}", i, "A100", 81920, "node-0") for i in range(8)), {})}
+    )
     server = serve("127.0.0.1:0", WebhookApp(MutateConfig(), cluster), crt, key)
     ports.put(server.server_address[1])
     threading.Event().wait()
@@ -226,12 +252,16 @@ def main() -> int:
         load_at_start = os.getloadavg()
         webhook_round_trips(port, str(ca), 1, 0.5)  # warm-up
         results = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                        "load_average_at_start": [round(x, 2) for x in load_at_start],
-                        "note": "clients and server share these CPUs (and whatever else runs on the machine)"},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "load_average_at_start": [round(x, 2) for x in load_at_start],
+                "note": "clients and server share these CPUs (and whatever else runs on the machine)",
+            },
             "server": "one process, asyncio loop (uvloop) with TLS, app called inline (gpupool.kube.aioserver)",
             "clients": f"closed loop, keep-alive TLS connections, spread over {args.client_procs} processes "
-                       "with one epoll loop each",
+            "with one epoll loop each",
             "mutate_1_client": webhook_round_trips(port, str(ca), 1, args.seconds, args.client_procs, proc.pid),
             "mutate_32_clients": webhook_round_trips(port, str(ca), 32, args.seconds, args.client_procs, proc.pid),
             "extender_filter_1000x8": extender_filter(1000, 8, 50),

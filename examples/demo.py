@@ -68,9 +68,21 @@ def main() -> int:
     started = time.time()
     procs, outputs, pumps = {}, {}, []
     for name, share, seconds in JOBS:
-        cmd = GPUPOOL + ["run", *share, "--wait", "30", "--label", name, "--",
-                         PYTHON, str(job.relative_to(ROOT)), str(seconds)]
-        procs[name] = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cmd = GPUPOOL + [
+            "run",
+            *share,
+            "--wait",
+            "30",
+            "--label",
+            name,
+            "--",
+            PYTHON,
+            str(job.relative_to(ROOT)),
+            str(seconds),
+        ]
+        procs[name] = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         outputs[name] = []
         t = threading.Thread(target=pump, args=(name, procs[name].stdout, outputs[name]), daemon=True)
         t.start()
@@ -96,13 +108,13 @@ def main() -> int:
     for t in pumps:
         t.join(timeout=5)
 
-    seen = {name: next((l for l in lines if l.startswith("sees ")), "") for name, lines in outputs.items()}
+    seen = {name: next((ln for ln in lines if ln.startswith("sees ")), "") for name, lines in outputs.items()}
     for name in ("job1", "job2", "job3"):
         if "limit_mib=8192 fraction=0.5 " not in seen[name]:
             problems.append(f"{name} did not see half a GPU: {seen[name]!r}")
     if "limit_mib=8192,8192" not in seen["job4"] or seen["job4"].count("GPU-emu-") != 2:
         problems.append(f"job4 did not see 8 GiB on two GPUs: {seen['job4']!r}")
-    if not any("Waiting up to 30s in the queue" in l for l in outputs["job4"]):
+    if not any("Waiting up to 30s in the queue" in ln for ln in outputs["job4"]):
         problems.append("job4 never waited in the queue")
 
     final = json.loads(gpupool(env, "status", "--json").stdout)

@@ -48,8 +48,13 @@ steps = 0
 for _ in range(STEPS):
     loss = train_step(iterator)
     steps += 1
-result = {"task": task, "steps": steps, "loss": float(loss), "replicas_in_sync": strategy.num_replicas_in_sync,
-          "weights": [round(float(v), 6) for v in tf.reshape(w, [-1]).numpy()]}
+result = {
+    "task": task,
+    "steps": steps,
+    "loss": float(loss),
+    "replicas_in_sync": strategy.num_replicas_in_sync,
+    "weights": [round(float(v), 6) for v in tf.reshape(w, [-1]).numpy()],
+}
 out = Path(os.environ.get("GPUPOOL_JOB_DIR", ".")) / "results"
 out.mkdir(parents=True, exist_ok=True)
 (out / f"{task['type']}-{task['index']}.json").write_text(json.dumps(result))

@@ -15,8 +15,13 @@ STEPS = int(os.environ.get("STEPS", "20"))
 resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 if resolver.task_type in ("worker", "ps"):
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     server.join()
 
 strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -51,8 +56,12 @@ def step(it):
 
 losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(STEPS)]
 coordinator.join()
-result = {"task": {"type": "chief", "index": 0}, "steps": len(losses), "loss": float(losses[-1].fetch()),
-          "workers": len(resolver.cluster_spec().as_dict().get("worker", []))}
+result = {
+    "task": {"type": "chief", "index": 0},
+    "steps": len(losses),
+    "loss": float(losses[-1].fetch()),
+    "workers": len(resolver.cluster_spec().as_dict().get("worker", [])),
+}
 out = Path(os.environ.get("GPUPOOL_JOB_DIR", ".")) / "results"
 out.mkdir(parents=True, exist_ok=True)
 (out / "chief-0.json").write_text(json.dumps(result))

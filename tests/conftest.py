@@ -119,7 +119,7 @@ def running_server(server_factory) -> ServerProcess:
 # Behaves like the control daemon for what gpupool uses: `-f` serves control commands
 # on PIPE/control until `quit`; `-d` does the same in a detached grandchild; no flag is
 # the client (`echo CMD | nvidia-cuda-mps-control`), which fails without a daemon.
-STAND_IN = r'''#!PYTHON
+STAND_IN = r"""#!PYTHON
 import json, os, socket, subprocess, sys, time
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 path = os.path.join(pipe, "control")
@@ -170,7 +170,7 @@ else:
             sys.exit(1)
         sock.sendall(line.encode())
         sys.stdout.write(sock.makefile().read())
-'''
+"""
 
 
 @pytest.fixture

@@ -14,9 +14,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpupool"
 # Lower floors never import higher ones; a package may import its own floor and below.
 FLOOR = {
     "core": 0,
-    "store": 1, "devices": 1, "isolation": 1, "pool": 1,
-    "client": 2, "runner": 2, "server": 2, "enforcement": 2,
-    "train": 3, "jobs": 3, "kube": 3,
+    "store": 1,
+    "devices": 1,
+    "isolation": 1,
+    "pool": 1,
+    "client": 2,
+    "runner": 2,
+    "server": 2,
+    "enforcement": 2,
+    "train": 3,
+    "jobs": 3,
+    "kube": 3,
     "cli": 4,
 }
 # The trainer knows the distributed env contract and nothing of the pool.

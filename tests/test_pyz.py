@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BARE = [p for p in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or "") if p and os.path.exists(p)]
+BARE = [
+    p for p in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or "") if p and os.path.exists(p)
+]
 # The oldest Python the workload side supports, where this machine has one (pyenv, deadsnakes).
 OLDEST = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")) + glob.glob("/usr/bin/python3.9"))
 
@@ -22,8 +24,9 @@ OLDEST = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("dist") / "gpupool-run.pyz"
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_pyz.py"), str(target)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_pyz.py"), str(target)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return target
 
@@ -42,21 +45,32 @@ def test_archive_holds_only_the_workload_side(pyz):
 def test_runs_under_a_bare_python_without_the_venv(pyz, tmp_path, python):
     if python is None:
         pytest.skip("no system python3")
-    env = {"PATH": "/usr/bin:/bin", "GPUPOOL_STATE": str(tmp_path / "state"),
-           "GPUPOOL_DEVICES": "emulated:1x16GiB", "HOME": str(tmp_path)}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUPOOL_STATE": str(tmp_path / "state"),
+        "GPUPOOL_DEVICES": "emulated:1x16GiB",
+        "HOME": str(tmp_path),
+    }
     record = tmp_path / "env.json"
     child = f"import json, os; json.dump(dict(os.environ), open({str(record)!r}, 'w'))"
-    done = subprocess.run([python, "-I", str(pyz), "run", "-n", "1", "-p", "0.5", "--", python, "-c", child],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [python, "-I", str(pyz), "run", "-n", "1", "-p", "0.5", "--", python, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(record.read_text())
     assert seen["CUDA_VISIBLE_DEVICES"].startswith("GPU-emu-")
     assert seen["GPUPOOL_MEMORY_FRACTION"] == "0.5"
-    status = subprocess.run([python, "-I", str(pyz), "status", "--json"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [python, "-I", str(pyz), "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert json.loads(status.stdout)["leases"] == []
-    bad = subprocess.run([python, "-I", str(pyz), "run", "-p", "2", "--", "true"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [python, "-I", str(pyz), "run", "-p", "2", "--", "true"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "outside (0, 1]" in bad.stderr
 
 
@@ -64,6 +78,11 @@ def test_runs_as_an_executable_via_its_shebang(pyz, tmp_path):
     env = dict(os.environ, GPUPOOL_STATE=str(tmp_path / "s"), GPUPOOL_DEVICES="emulated:1x8GiB", HOME=str(tmp_path))
     env.pop("GPUPOOL_SERVER", None)
     env.pop("GPUPOOL_CONFIG", None)
-    done = subprocess.run([str(pyz), "run", "-q", "-m", "1GiB", "--", "sh", "-c", "exit 7"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(pyz), "run", "-q", "-m", "1GiB", "--", "sh", "-c", "exit 7"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 7, done.stderr

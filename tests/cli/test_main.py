@@ -8,20 +8,43 @@ import sys
 
 
 def gpupool(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *args], env=dict(os.environ, **env),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool", *args],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_help_lists_every_verb_without_heavy_imports():
     done = gpupool("--help")
     assert done.returncode == 0
-    for verb in ("server", "token", "run", "status", "train", "predict", "data", "submit", "jobs", "logs",
-                 "cancel", "kube"):
+    for verb in (
+        "server",
+        "token",
+        "run",
+        "status",
+        "train",
+        "predict",
+        "data",
+        "submit",
+        "jobs",
+        "logs",
+        "cancel",
+        "kube",
+    ):
         assert f"    {verb}" in done.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from gpupool.cli.main import build_parser; build_parser(); "
-         "print(sorted(m for m in ('torch', 'fastapi', 'grpc', 'kubernetes', 'yaml') if m in sys.modules))"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpupool.cli.main import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'fastapi', 'grpc', 'kubernetes', 'yaml') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
 

@@ -10,8 +10,14 @@ import pytest
 
 
 def gpupool(*args: str, cwd, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *args], env=dict(os.environ, **env), cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool", *args],
+        env=dict(os.environ, **env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("ca", ["missing.crt", "garbage.crt"])
@@ -25,8 +31,19 @@ def test_client_with_an_unusable_ca_file(tmp_path, ca):
 
 def test_token_create_with_a_ca_that_is_not_pem(tmp_path):
     (tmp_path / "garbage.crt").write_text("not a certificate\n")
-    done = gpupool("token", "create", "--server", "https://gpu1:56001", "--state", str(tmp_path / "state"),
-                   "--ca", "garbage.crt", "--out", "bundle.tar", cwd=tmp_path)
+    done = gpupool(
+        "token",
+        "create",
+        "--server",
+        "https://gpu1:56001",
+        "--state",
+        str(tmp_path / "state"),
+        "--ca",
+        "garbage.crt",
+        "--out",
+        "bundle.tar",
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     assert "--ca garbage.crt is not a PEM certificate" in done.stderr
     assert not (tmp_path / "bundle.tar").exists()

@@ -40,8 +40,22 @@ def dead_url() -> str:
 def test_run_over_http_with_token_env(running_server, tmp_path):
     env = workload_env(tmp_path, GPUPOOL_TOKEN=running_server.token)
     record = tmp_path / "env.txt"
-    done = gp(env, "run", "--server", running_server.url, "-n", "2", "-m", "4GiB", "--ttl", "1", "--",
-              sys.executable, "-c", f"import os,time; open({str(record)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(1.5)")
+    done = gp(
+        env,
+        "run",
+        "--server",
+        running_server.url,
+        "-n",
+        "2",
+        "-m",
+        "4GiB",
+        "--ttl",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        f"import os,time; open({str(record)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(1.5)",
+    )
     assert done.returncode == 0, done.stderr
     assert len(record.read_text().split(",")) == 2
     assert f"Choosing GPUs from server list [{running_server.url}]" in done.stderr
@@ -63,7 +77,7 @@ def test_tls_with_the_client_bundle(server_factory, tmp_path):
     ca = (server.state / "tls" / "ca.crt").read_text()
     write_client_bundle(tmp_path / "bundle", [server.url], server.token, ca)
     env = workload_env(tmp_path, GPUPOOL_CONFIG=str(tmp_path / "bundle" / "client.yaml"))
-    done = gp(env, "run", "-p", "0.5", "--", "sh", "-c", "test -n \"$CUDA_VISIBLE_DEVICES\"")
+    done = gp(env, "run", "-p", "0.5", "--", "sh", "-c", 'test -n "$CUDA_VISIBLE_DEVICES"')
     assert done.returncode == 0, done.stderr
     assert server.url in done.stderr
     # Without the CA the same server is refused, with the fix in the message.
@@ -79,9 +93,17 @@ def test_several_servers_skip_dead_and_full_ones(server_factory, tmp_path):
     # The two servers have different admin tokens: give each its own through a config file.
     config = tmp_path / "cfg" / "client.yaml"
     config.parent.mkdir()
-    config.write_text(json.dumps({"servers": [
-        {"url": dead_url()}, {"url": full.url, "token": full.token}, {"url": free.url, "token": free.token},
-    ]}))
+    config.write_text(
+        json.dumps(
+            {
+                "servers": [
+                    {"url": dead_url()},
+                    {"url": full.url, "token": full.token},
+                    {"url": free.url, "token": free.token},
+                ]
+            }
+        )
+    )
     env = workload_env(tmp_path, GPUPOOL_CONFIG=str(config))
     done = gp(env, "run", "-p", "0.5", "--", "true")
     assert done.returncode == 0, done.stderr

@@ -14,9 +14,12 @@ from gpupool.core.errors import NotFound, ServerUnreachable, Unauthorized, Unava
 from gpupool.core.model import Claim, Holder
 
 LEASE = {
-    "id": "L1", "holder": {"name": "alice", "pid": 1, "host": "h", "label": ""},
+    "id": "L1",
+    "holder": {"name": "alice", "pid": 1, "host": "h", "label": ""},
     "devices": [{"uuid": "GPU-0", "memory_mib": 8192, "group": 0}],
-    "ttl_s": 30.0, "created_at": 1.0, "expires_at": 31.0,
+    "ttl_s": 30.0,
+    "created_at": 1.0,
+    "expires_at": 31.0,
 }
 
 

@@ -51,7 +51,9 @@ def test_waits_on_the_first_pool_that_could_ever_hold_it(tmp_path):
     holder_lease = b.claim(Claim.single(1, fraction=1.0), ME)
     lines = []
     threading.Timer(0.4, lambda: b.release(holder_lease.id)).start()
-    client, lease = choose_and_claim([a, b], Claim.single(1, memory_mib=12 * 1024), ME, wait_s=10, progress=lines.append)
+    client, lease = choose_and_claim(
+        [a, b], Claim.single(1, memory_mib=12 * 1024), ME, wait_s=10, progress=lines.append
+    )
     assert client is b and lease.slices[0].memory_mib == 12 * 1024
     assert any("Waiting up to 10s in the queue of embedded:" in line for line in lines)
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpupool.core.errors import (
-    Forbidden, GpupoolError, InvalidClaim, InvalidInput, LeaseLost, NotFound, ServerUnreachable, Unauthorized,
-    Unavailable, error_for_status, error_from_dict,
+    Forbidden,
+    GpupoolError,
+    InvalidClaim,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    ServerUnreachable,
+    Unauthorized,
+    Unavailable,
+    error_for_status,
+    error_from_dict,
 )
 from gpupool.core.model import Claim, GpuRequest, Holder, Lease, PoolStatus, Slice
 from gpupool.core.quantity import format_mib, parse_fraction, parse_memory_mib
@@ -61,8 +71,16 @@ def test_error_round_trip():
 
 def test_error_for_status_reads_the_classes_own_statuses():
     # the HTTP client's reading of a bare status comes from the classes, not a second table
-    for cls in (InvalidInput, InvalidClaim, Unavailable, NotFound, Unauthorized, Forbidden,
-                ServerUnreachable, LeaseLost):
+    for cls in (
+        InvalidInput,
+        InvalidClaim,
+        Unavailable,
+        NotFound,
+        Unauthorized,
+        Forbidden,
+        ServerUnreachable,
+        LeaseLost,
+    ):
         err = error_for_status(cls.http_status, "m")
         assert type(err) is cls and err.message == "m"
     assert type(error_for_status(409, "m")) is Unavailable  # not StateLocked, a local-only error

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Dict, List
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core.filters import Filter
 from gpupool.core.model import Claim, Device, GpuRequest, Policy
@@ -92,7 +93,8 @@ def test_single_request_is_exact(pool, request, policy):
     devices, allocated = pool
     claim = Claim((request,), policy)
     room = [
-        d for d in devices
+        d
+        for d in devices
         if d.healthy and request.accepts(d) and d.memory_mib - allocated[d.uuid] >= request.memory_on(d)
     ]
     assert place(devices, allocated, claim).fits == (len(room) >= request.count)
@@ -179,7 +181,8 @@ def test_empty_pool_reason():
 
 
 @pytest.mark.parametrize(
-    "text", ["gpu.name=x", "device.name>=3", "device.index=abc", "nonsense"],
+    "text",
+    ["gpu.name=x", "device.name>=3", "device.index=abc", "nonsense"],
 )
 def test_bad_filters_are_rejected(text):
     from gpupool.core.errors import InvalidClaim

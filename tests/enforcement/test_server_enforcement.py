@@ -56,9 +56,27 @@ def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "none"), GPUPOOL_TOKEN=server.token)
     record = tmp_path / "child.json"
-    runner = subprocess.Popen(CLI + ["run", "--server", server.url, "-p", "0.25", "--ttl", "10", "--",
-                                     sys.executable, HOLDER, str(record), str(tmp_path / "never")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(
+        CLI
+        + [
+            "run",
+            "--server",
+            server.url,
+            "-p",
+            "0.25",
+            "--ttl",
+            "10",
+            "--",
+            sys.executable,
+            HOLDER,
+            str(record),
+            str(tmp_path / "never"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         wait_for(record.exists, 20, "the child to start")
@@ -105,8 +123,9 @@ def _other(status: dict, uuid: str) -> str:
 
 
 def _status_cli(env: dict, url: str) -> dict:
-    done = subprocess.run(CLI + ["status", "--json", "--server", url], env=env, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        CLI + ["status", "--json", "--server", url], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -117,11 +136,29 @@ def _lease_used(status: dict, lease_id: str) -> int:
 
 
 def test_bad_enforcement_flags_exit_2_with_a_message(tmp_path):
-    for args, text in [(["--enforce-grace", "nan"], "--enforce-grace"), (["--usage-interval", "0"], "--usage-interval"),
-                       (["--enforce", "maybe"], "invalid choice")]:
-        done = subprocess.run([sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state",
-                               str(tmp_path / "s"), "--devices", "emulated:1x16GiB", *args],
-                              capture_output=True, text=True, timeout=30)
+    for args, text in [
+        (["--enforce-grace", "nan"], "--enforce-grace"),
+        (["--usage-interval", "0"], "--usage-interval"),
+        (["--enforce", "maybe"], "invalid choice"),
+    ]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpupool",
+                "server",
+                "--listen",
+                "127.0.0.1:0",
+                "--state",
+                str(tmp_path / "s"),
+                "--devices",
+                "emulated:1x16GiB",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 2 and text in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
@@ -137,8 +174,13 @@ def test_mps_mode_server_runs_the_daemon_for_its_life(server_factory, fake_mps, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "none"), GPUPOOL_TOKEN=server.token)
     record = tmp_path / "child.json"
-    done = subprocess.run(CLI + ["run", "-q", "--server", server.url, "-p", "0.5", "--", sys.executable, HOLDER,
-                                 str(record)], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        CLI + ["run", "-q", "--server", server.url, "-p", "0.5", "--", sys.executable, HOLDER, str(record)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     child_env = json.loads(record.read_text())["env"]
     assert child_env["CUDA_MPS_PIPE_DIRECTORY"] == isolation["mps_pipe_dir"]

@@ -59,7 +59,7 @@ def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
 
 
 def watchdog(pool: Pool, usage_file: Path, clock: Clock, kills: Kills, **config: object) -> Watchdog:
-    settings = dict(interval_s=1.0, grace_s=5.0)
+    settings = {"interval_s": 1.0, "grace_s": 5.0}
     settings.update(config)
     return Watchdog(
         pool,
@@ -98,8 +98,12 @@ def test_over_share_is_acted_on_after_the_grace_period_only(pool, tmp_path, chil
     report = dog.step()
     assert kills.calls == [[child.pid]]
     (action,) = report.actions
-    assert (action.reason, action.mode, action.lease_id, action.pid) == (Violation.OVER_SHARE, EnforceMode.KILL,
-                                                                         lease_id, child.pid)
+    assert (action.reason, action.mode, action.lease_id, action.pid) == (
+        Violation.OVER_SHARE,
+        EnforceMode.KILL,
+        lease_id,
+        child.pid,
+    )
     assert report.actions_total == {"over_share": 1, "unleased": 0}
     clock.now += 1
     dog.step()
@@ -155,8 +159,10 @@ def test_a_process_carrying_the_lease_id_is_attributed_even_off_the_holders_tree
     lease_id, uuid = own_lease(pool, 0.5, 999_999_999)  # the holder pid is nobody here
     env = dict(os.environ, **{LEASE_ID_ENV: lease_id})
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                env=dict(os.environ, **{LEASE_ID_ENV: "not-a-live-lease"}))
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env=dict(os.environ, **{LEASE_ID_ENV: "not-a-live-lease"}),
+    )
     try:
         usage = tmp_path / "usage.json"
         write_usage(usage, {uuid: {proc.pid: GIB, stranger.pid: GIB}})
@@ -188,8 +194,18 @@ def _row(pid: int, uuid: str):
 
 @pytest.mark.parametrize(
     "text",
-    ["[1, 2]", '{"GPU-x": [1]}', '{"GPU-x": {"abc": 1}}', '{"GPU-x": {"1": -5}}', '{"GPU-x": {"1": NaN}}',
-     '{"GPU-x": {"1": Infinity}}', '{"GPU-x": {"1": 1e400}}', '{"GPU-x": {"1": true}}', "{" * 100_000, "not json"],
+    [
+        "[1, 2]",
+        '{"GPU-x": [1]}',
+        '{"GPU-x": {"abc": 1}}',
+        '{"GPU-x": {"1": -5}}',
+        '{"GPU-x": {"1": NaN}}',
+        '{"GPU-x": {"1": Infinity}}',
+        '{"GPU-x": {"1": 1e400}}',
+        '{"GPU-x": {"1": true}}',
+        "{" * 100_000,
+        "not json",
+    ],
 )
 def test_a_damaged_usage_file_counts_as_empty_with_one_warning(pool, tmp_path, text, caplog):
     usage = tmp_path / "usage.json"
@@ -232,8 +248,16 @@ def _sample_report() -> UsageReport:
     )
 
 
-@pytest.mark.parametrize("field, value", [("interval_s", 0.0), ("interval_s", float("nan")), ("grace_s", -1.0),
-                                          ("grace_s", float("inf")), ("interval_s", 1e9)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("interval_s", 0.0),
+        ("interval_s", float("nan")),
+        ("grace_s", -1.0),
+        ("grace_s", float("inf")),
+        ("interval_s", 1e9),
+    ],
+)
 def test_bad_watchdog_settings_are_refused_with_the_flag_named(field, value):
     with pytest.raises(InvalidInput) as err:
         WatchdogConfig(**{field: value})  # type: ignore[arg-type]
@@ -242,15 +266,25 @@ def test_bad_watchdog_settings_are_refused_with_the_flag_named(field, value):
 
 def test_real_kill_escalates_for_a_process_that_ignores_sigterm(pool, tmp_path):
     """The default terminate: SIGTERM, then SIGKILL after the short grace."""
-    stubborn = subprocess.Popen([sys.executable, "-c",
-                                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                 "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert stubborn.stdout.readline().strip() == "ready"
         usage = tmp_path / "usage.json"
         write_usage(usage, {pool.devices()[0].uuid: {stubborn.pid: GIB}})
-        dog = Watchdog(pool, WatchdogConfig(grace_s=0.0, unleased=EnforceMode.KILL, term_grace_s=0.3),
-                       sampler=UsageSampler(pool.devices(), str(usage)))
+        dog = Watchdog(
+            pool,
+            WatchdogConfig(grace_s=0.0, unleased=EnforceMode.KILL, term_grace_s=0.3),
+            sampler=UsageSampler(pool.devices(), str(usage)),
+        )
         dog.step()
         assert stubborn.wait(timeout=5) == -signal.SIGKILL
     finally:

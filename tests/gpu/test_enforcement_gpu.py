@@ -65,8 +65,13 @@ def record(name: str, figures: Dict[str, Any]) -> None:
 def run(state: Path, fraction: float, *command: str) -> subprocess.Popen:
     env = dict(os.environ, GPUPOOL_STATE=str(state))
     env.pop("GPUPOOL_DEVICES", None)
-    return subprocess.Popen([sys.executable, "-m", "gpupool", "run", "-n", "1", "-p", str(fraction), "--ttl", "30",
-                             "--", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "run", "-n", "1", "-p", str(fraction), "--ttl", "30", "--", *command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -112,9 +117,16 @@ def test_watchdog_stops_a_driver_api_job_over_its_share(tmp_path):
         stopped_after = time.monotonic() - started
         assert not alive(pid), "the over-share process is still running"
         code = runner.wait(timeout=30)
-        record("watchdog_over_share", {"attributed_mib": sum(p.memory_mib for p in mine),
-                                       "stopped_after_s": round(stopped_after, 2), "grace_s": grace,
-                                       "runner_exit": code, "processes_seen": len(seen.processes)})
+        record(
+            "watchdog_over_share",
+            {
+                "attributed_mib": sum(p.memory_mib for p in mine),
+                "stopped_after_s": round(stopped_after, 2),
+                "grace_s": grace,
+                "runner_exit": code,
+                "processes_seen": len(seen.processes),
+            },
+        )
         assert mine, f"NVML showed no process of the lease: {seen.processes}"
     finally:
         if dog is not None:
@@ -139,8 +151,10 @@ def test_a_killed_runner_leaves_no_process_on_the_gpu(tmp_path):
         gone_after = time.monotonic() - started
         time.sleep(0.5)  # the driver frees the context after the process is reaped
         after = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        record("killed_runner", {"child_gone_after_s": round(gone_after, 2), "gpu_processes_before": before,
-                                 "gpu_processes_after": after})
+        record(
+            "killed_runner",
+            {"child_gone_after_s": round(gone_after, 2), "gpu_processes_before": before, "gpu_processes_after": after},
+        )
         assert not alive(pid) and gone_after <= 2.0
         assert after < before or before == 0  # in a container NVML may list no pids at all
     finally:

@@ -47,13 +47,33 @@ print(json.dumps(out))
 """
 
 
-def gpupool_run(state: Path, fraction: float, *child_args: str, wait: str = "0", child: str = CHILD) -> subprocess.Popen:
+def gpupool_run(
+    state: Path, fraction: float, *child_args: str, wait: str = "0", child: str = CHILD
+) -> subprocess.Popen:
     env = dict(os.environ, GPUPOOL_STATE=str(state))
     env.pop("GPUPOOL_DEVICES", None)  # the real GPUs, through NVML
     return subprocess.Popen(
-        [sys.executable, "-m", "gpupool", "run", "-n", "1", "-p", str(fraction), "--wait", wait,
-         "--", sys.executable, "-c", child, *child_args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "run",
+            "-n",
+            "1",
+            "-p",
+            str(fraction),
+            "--wait",
+            wait,
+            "--",
+            sys.executable,
+            "-c",
+            child,
+            *child_args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -168,16 +188,22 @@ def test_cuda_context_overhead_per_process(figures):
     from gpupool.isolation.env import CONTEXT_RESERVE_MIB
 
     before = device_used_mib()
-    done = subprocess.run([sys.executable, "-c", CONTEXT], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")})
+    done = subprocess.run(
+        [sys.executable, "-c", CONTEXT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")},
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     used = (seen["total"] - seen["free"]) // MIB
     context = used - seen["reserved"] // MIB - (before or 0)
     figures["context_overhead_mib"] = context
-    figures["context_overhead_note"] = (
-        "device used after torch init + one matmul, minus allocator reserved"
-        + (", minus what other processes used before" if before is not None else " (other processes not subtracted: no pynvml)")
+    figures["context_overhead_note"] = "device used after torch init + one matmul, minus allocator reserved" + (
+        ", minus what other processes used before"
+        if before is not None
+        else " (other processes not subtracted: no pynvml)"
     )
     figures["context_reserve_mib_default"] = CONTEXT_RESERVE_MIB
     figures["context_reserve_mib_suggested"] = int(math.ceil(context / 64.0) * 64 + 64)
@@ -201,7 +227,8 @@ def test_two_half_shares_that_fill_their_caps_run_at_once(tmp_path, figures):
                     break
                 time.sleep(0.1)
             assert flag.exists(), "a job never filled its cap: " + "".join(
-                j.stderr.read() for j in jobs if j.poll() is not None and j.stderr)
+                j.stderr.read() for j in jobs if j.poll() is not None and j.stderr
+            )
     finally:
         for flag in flags:
             Path(str(flag) + ".go").write_text("")

@@ -11,7 +11,8 @@ import pytest
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Device, Holder, Lease, Slice
 from gpupool.core.usage import IsolationMode, NodeIsolation
-from gpupool.isolation import child_env, context_reserve_mib, env as contract, isolation_env, shares
+from gpupool.isolation import child_env, context_reserve_mib, isolation_env, shares
+from gpupool.isolation import env as contract
 
 DEVICES = [
     Device("GPU-a", 0, "A", 16384),
@@ -38,13 +39,17 @@ def test_hooks_mode_is_the_default_and_sets_no_mps_variables():
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.4687",
         "GPUPOOL_HOOK_DIR": "/hook",
     }
-    assert env == isolation_env("L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), "/hook", reserve_mib=512,
-                                isolation=NodeIsolation(IsolationMode.HOOKS))
+    assert env == isolation_env(
+        "L1",
+        shares(lease(Slice("GPU-a", 8192)), DEVICES),
+        "/hook",
+        reserve_mib=512,
+        isolation=NodeIsolation(IsolationMode.HOOKS),
+    )
 
 
 def test_mps_mode_adds_the_daemon_folders_and_per_client_limits_to_the_hooks():
-    env = isolation_env("L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), "/hook", isolation=MPS,
-                        reserve_mib=512)
+    env = isolation_env("L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), "/hook", isolation=MPS, reserve_mib=512)
     assert env == {
         "CUDA_VISIBLE_DEVICES": "GPU-a",
         "GPUPOOL_LEASE_ID": "L1",
@@ -62,15 +67,17 @@ def test_mps_mode_adds_the_daemon_folders_and_per_client_limits_to_the_hooks():
 
 
 def test_none_mode_sets_the_devices_and_the_lease_only():
-    env = isolation_env("L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), "/hook",
-                        isolation=NodeIsolation(IsolationMode.NONE))
+    env = isolation_env(
+        "L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), "/hook", isolation=NodeIsolation(IsolationMode.NONE)
+    )
     assert env == {"CUDA_VISIBLE_DEVICES": "GPU-a", "GPUPOOL_LEASE_ID": "L1"}
     assert child_env({"PYTHONPATH": "/user"}, env)["PYTHONPATH"] == "/user"  # no hook on the path
 
 
 def test_mps_mode_without_folders_leaves_the_driver_defaults():
-    env = isolation_env("L1", shares(lease(Slice("GPU-a", 8192)), DEVICES),
-                        isolation=NodeIsolation(IsolationMode.MPS), reserve_mib=0)
+    env = isolation_env(
+        "L1", shares(lease(Slice("GPU-a", 8192)), DEVICES), isolation=NodeIsolation(IsolationMode.MPS), reserve_mib=0
+    )
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env and "CUDA_MPS_LOG_DIRECTORY" not in env
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
 

@@ -15,7 +15,7 @@ import pytest
 
 from gpupool.isolation import write_hook_dir
 
-FAKE_TORCH = '''
+FAKE_TORCH = """
 import json, os
 _calls = []
 def _record(*args):
@@ -44,9 +44,9 @@ class cuda:
     @staticmethod
     def set_per_process_memory_fraction(fraction, device):
         _record("fraction", fraction, device)
-'''
+"""
 
-FAKE_TF = '''
+FAKE_TF = """
 import json, os
 def _record(*args):
     with open(os.environ["FAKE_RECORD"], "a") as f:
@@ -60,7 +60,7 @@ class _Config:
     def set_logical_device_configuration(self, gpu, configs):
         _record("logical", gpu, [c.memory_limit for c in configs])
 config = _Config()
-'''
+"""
 
 
 @pytest.fixture
@@ -121,10 +121,14 @@ def test_the_allocator_caps_win_over_the_grant(hook_env, tmp_path):
     fake_package(tmp_path / "fake", "tensorflow", FAKE_TF)
     done = python("import torch, tensorflow\ntorch.cuda.init()", hook_env, fake)
     assert done.returncode == 0, done.stderr
-    assert sorted(calls(hook_env)) == sorted([
-        ["fraction", 0.4687, 0], ["fraction", 0.2187, 1],
-        ["logical", "/physical_device:GPU:0", [7680]], ["logical", "/physical_device:GPU:1", [3584]],
-    ])
+    assert sorted(calls(hook_env)) == sorted(
+        [
+            ["fraction", 0.4687, 0],
+            ["fraction", 0.2187, 1],
+            ["logical", "/physical_device:GPU:0", [7680]],
+            ["logical", "/physical_device:GPU:1", [3584]],
+        ]
+    )
     assert "installed (fractions=0.4687,0.2187, limits_mib=7680,3584)" in done.stderr
 
 

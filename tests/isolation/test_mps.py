@@ -16,6 +16,7 @@ from gpupool.core.usage import IsolationMode
 from gpupool.isolation import mps
 from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
 
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -119,9 +120,8 @@ def test_a_daemon_that_dies_at_start_is_reported(fake_mps, tmp_path):
 
 
 def test_second_daemon_on_the_same_folder_is_refused(fake_mps, tmp_path):
-    with MpsDaemon(tmp_path / "state"):
-        with pytest.raises(Unavailable, match="already answers"):
-            MpsDaemon(tmp_path / "state").start()
+    with MpsDaemon(tmp_path / "state"), pytest.raises(Unavailable, match="already answers"):
+        MpsDaemon(tmp_path / "state").start()
 
 
 def test_ensure_detached_starts_once_and_stays_until_stopped(fake_mps, tmp_path):

@@ -60,8 +60,17 @@ def test_process_table_sees_this_process():
 
 
 def test_descendants_and_is_descendant_on_a_synthetic_table():
-    table = {p.pid: p for p in [ProcessInfo(10, 1, 10), ProcessInfo(11, 10, 10), ProcessInfo(12, 11, 12),
-                                ProcessInfo(13, 1, 13), ProcessInfo(20, 21, 20), ProcessInfo(21, 20, 20)]}
+    table = {
+        p.pid: p
+        for p in [
+            ProcessInfo(10, 1, 10),
+            ProcessInfo(11, 10, 10),
+            ProcessInfo(12, 11, 12),
+            ProcessInfo(13, 1, 13),
+            ProcessInfo(20, 21, 20),
+            ProcessInfo(21, 20, 20),
+        ]
+    }
     assert descendants(10, table) == [11, 12]
     assert descendants(13, table) == []
     assert is_descendant(12, 10, table) and is_descendant(11, 10, table)
@@ -147,8 +156,15 @@ def test_alive_counts_zombies_as_dead():
 
 def test_terminate_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
     stubborn = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     polite = subprocess.Popen(["sleep", "60"])
     try:
         assert stubborn.stdout.readline().strip() == "ready"

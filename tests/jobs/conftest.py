@@ -23,8 +23,14 @@ class Shell:
         self.env.pop("GPUPOOL_SERVER", None)
 
     def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "gpupool", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, cwd=self.state)
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpupool", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.state,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"gpupool {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc

@@ -8,8 +8,16 @@ from gpupool.runner.child import exit_code
 
 def job(framework="pytorch", policy="OnFailure", limit=2, success="chief", roles=None):
     roles = roles or {"worker": {"replicas": 2, "command": ["x"]}}
-    return parse_spec({"name": "j", "framework": framework, "restartPolicy": policy, "backoffLimit": limit,
-                       "successPolicy": success, "roles": roles})
+    return parse_spec(
+        {
+            "name": "j",
+            "framework": framework,
+            "restartPolicy": policy,
+            "backoffLimit": limit,
+            "successPolicy": success,
+            "roles": roles,
+        }
+    )
 
 
 def test_replica_exit_codes_follow_the_shell():
@@ -41,8 +49,10 @@ def test_exit_code_policy():
 
 
 def test_ps_strategy_restarts_one_replica():
-    spec = job("tensorflow", roles={"chief": {"command": ["c"]}, "worker": {"replicas": 2, "command": ["w"]},
-                                    "ps": {"command": ["p"]}})
+    spec = job(
+        "tensorflow",
+        roles={"chief": {"command": ["c"]}, "worker": {"replicas": 2, "command": ["w"]}, "ps": {"command": ["p"]}},
+    )
     reps = replicas(spec)
     d = decide(spec, reps, {"worker-1": 137}, 0)
     assert d.action is Action.RESTART and [r.name for r in d.replicas] == ["worker-1"]
@@ -56,8 +66,11 @@ def test_success_policies():
     allw = job(success="allWorkers")
     assert decide(allw, replicas(allw), {"worker-0": 0, "worker-1": None}, 0).action is Action.CONTINUE
     assert decide(allw, replicas(allw), {"worker-0": 0, "worker-1": 0}, 0).action is Action.SUCCEED
-    ps = job("tensorflow", roles={"worker": {"replicas": 2, "command": ["w"]}, "ps": {"command": ["p"]}},
-             success="allWorkers")
+    ps = job(
+        "tensorflow",
+        roles={"worker": {"replicas": 2, "command": ["w"]}, "ps": {"command": ["p"]}},
+        success="allWorkers",
+    )
     # ps never ends: all workers done is success
     assert decide(ps, replicas(ps), {"worker-0": 0, "worker-1": 0, "ps-0": None}, 0).action is Action.SUCCEED
 

@@ -27,10 +27,14 @@ dist.destroy_process_group()
 
 
 def ddp_spec(name="ddp", **extra):
-    spec = {"name": name, "framework": "pytorch", "restartPolicy": "OnFailure", "backoffLimit": 2,
-            "backoffSeconds": 0.1,
-            "roles": {"worker": {"replicas": 2, "command": ["python", "-c", DDP],
-                                 "gpu": {"count": 1, "fraction": 0.5}}}}
+    spec = {
+        "name": name,
+        "framework": "pytorch",
+        "restartPolicy": "OnFailure",
+        "backoffLimit": 2,
+        "backoffSeconds": 0.1,
+        "roles": {"worker": {"replicas": 2, "command": ["python", "-c", DDP], "gpu": {"count": 1, "fraction": 0.5}}},
+    }
     spec.update(extra)
     return spec
 
@@ -74,8 +78,11 @@ def test_never_policy_fails_with_the_reason(shell):
 
 
 def test_cancel_from_another_shell_leaves_nothing(shell):
-    spec = {"name": "sleepy", "framework": "pytorch",
-            "roles": {"worker": {"replicas": 2, "command": SLEEPER, "gpu": {"fraction": 0.5}}}}
+    spec = {
+        "name": "sleepy",
+        "framework": "pytorch",
+        "roles": {"worker": {"replicas": 2, "command": SLEEPER, "gpu": {"fraction": 0.5}}},
+    }
     shell.run("submit", shell.write_spec(spec))
     st = shell.wait_for("sleepy", lambda s: s["status"] == "Running")
     assert len(shell.leases()) == 1  # one gang lease for both replicas
@@ -130,8 +137,7 @@ def test_gang_that_can_never_fit_is_refused(shell):
 
 def test_two_jobs_get_distinct_ports(shell):
     for name in ("one", "two"):
-        spec = {"name": name, "framework": "tensorflow",
-                "roles": {"worker": {"replicas": 2, "command": SLEEPER}}}
+        spec = {"name": name, "framework": "tensorflow", "roles": {"worker": {"replicas": 2, "command": SLEEPER}}}
         shell.run("submit", shell.write_spec(spec))
     a = shell.wait_for("one", lambda s: s["status"] == "Running")["ports"]
     b = shell.wait_for("two", lambda s: s["status"] == "Running")["ports"]
@@ -144,12 +150,37 @@ def test_two_jobs_get_distinct_ports(shell):
 def test_kill_9_of_a_replica_mid_epoch_still_ends_with_a_report(shell):
     pytest.importorskip("torchvision")
     spec = {
-        "name": "digits", "framework": "pytorch", "restartPolicy": "ExitCode", "backoffLimit": 2,
-        "backoffSeconds": 0.5, "setup": ["gpupool", "data", "digits", "--to", "$(GPUPOOL_JOB_DIR)/data"],
-        "roles": {"worker": {"replicas": 2, "gpu": {"fraction": 0.5}, "env": {"OMP_NUM_THREADS": "1"},
-                             "command": ["gpupool", "train", "--data", "$(GPUPOOL_JOB_DIR)/data", "--model", "convnet",
-                                         "--image-size", "16", "--epochs", "3", "--batch-size", "64",
-                                         "--workers", "0", "--out", "$(GPUPOOL_JOB_DIR)/run"]}},
+        "name": "digits",
+        "framework": "pytorch",
+        "restartPolicy": "ExitCode",
+        "backoffLimit": 2,
+        "backoffSeconds": 0.5,
+        "setup": ["gpupool", "data", "digits", "--to", "$(GPUPOOL_JOB_DIR)/data"],
+        "roles": {
+            "worker": {
+                "replicas": 2,
+                "gpu": {"fraction": 0.5},
+                "env": {"OMP_NUM_THREADS": "1"},
+                "command": [
+                    "gpupool",
+                    "train",
+                    "--data",
+                    "$(GPUPOOL_JOB_DIR)/data",
+                    "--model",
+                    "convnet",
+                    "--image-size",
+                    "16",
+                    "--epochs",
+                    "3",
+                    "--batch-size",
+                    "64",
+                    "--workers",
+                    "0",
+                    "--out",
+                    "$(GPUPOOL_JOB_DIR)/run",
+                ],
+            }
+        },
     }
     shell.run("submit", shell.write_spec(spec))
     log = shell.state / "jobs" / "digits" / "logs" / "worker-0.log"
@@ -168,10 +199,16 @@ def test_kill_9_of_a_replica_mid_epoch_still_ends_with_a_report(shell):
 
 
 def test_horovod_env_and_rendezvous_store(shell):
-    script = ("import os, urllib.request as u; e = os.environ; "
-              "base = f\"http://{e['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/\"; "
-              "u.urlopen(u.Request(base + e['HOROVOD_RANK'], data=b'x', method='PUT')); "
-              "print('hvd', e['HOROVOD_RANK'], e['HOROVOD_SIZE'], e['HOROVOD_CONTROLLER'])")
-    spec = {"name": "hvd", "framework": "horovod", "roles": {"worker": {"replicas": 2, "command": ["python", "-c", script]}}}
+    script = (
+        "import os, urllib.request as u; e = os.environ; "
+        "base = f\"http://{e['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/\"; "
+        "u.urlopen(u.Request(base + e['HOROVOD_RANK'], data=b'x', method='PUT')); "
+        "print('hvd', e['HOROVOD_RANK'], e['HOROVOD_SIZE'], e['HOROVOD_CONTROLLER'])"
+    )
+    spec = {
+        "name": "hvd",
+        "framework": "horovod",
+        "roles": {"worker": {"replicas": 2, "command": ["python", "-c", script]}},
+    }
     out = shell.run("submit", shell.write_spec(spec), "--follow").stdout
     assert "hvd 0 2 gloo" in out and "hvd 1 2 gloo" in out

@@ -48,14 +48,28 @@ def deserialize(obj, type_name):
     return api._ApiClient__deserialize(obj, type_name)
 
 
-PT = {"name": "digits-ddp", "framework": "pytorch", "restartPolicy": "ExitCode", "backoffLimit": 2,
-      "activeDeadlineSeconds": 600,
-      "roles": {"master": {"command": ["python", "train.py"], "gpu": {"fraction": 0.5}},
-                "worker": {"replicas": 2, "command": ["python", "train.py"], "gpu": {"count": 1, "memory": "4Gi"}}}}
-TF = {"name": "mnist-ps", "framework": "tensorflow", "successPolicy": "allWorkers",
-      "roles": {"chief": {"command": ["python", "t.py"], "gpu": {"fraction": 0.25, "filters": ["device.name=*A100*"]}},
-                "worker": {"replicas": 2, "command": ["python", "t.py"]},
-                "ps": {"command": ["python", "t.py"]}, "evaluator": {"command": ["python", "e.py"]}}}
+PT = {
+    "name": "digits-ddp",
+    "framework": "pytorch",
+    "restartPolicy": "ExitCode",
+    "backoffLimit": 2,
+    "activeDeadlineSeconds": 600,
+    "roles": {
+        "master": {"command": ["python", "train.py"], "gpu": {"fraction": 0.5}},
+        "worker": {"replicas": 2, "command": ["python", "train.py"], "gpu": {"count": 1, "memory": "4Gi"}},
+    },
+}
+TF = {
+    "name": "mnist-ps",
+    "framework": "tensorflow",
+    "successPolicy": "allWorkers",
+    "roles": {
+        "chief": {"command": ["python", "t.py"], "gpu": {"fraction": 0.25, "filters": ["device.name=*A100*"]}},
+        "worker": {"replicas": 2, "command": ["python", "t.py"]},
+        "ps": {"command": ["python", "t.py"]},
+        "evaluator": {"command": ["python", "e.py"]},
+    },
+}
 
 
 def env_of(job):
@@ -118,9 +132,13 @@ def test_torch_env_per_replica_on_kubernetes():
     for index in (0, 1):
         env = expand_like_kubelet(worker, index)
         assert "RANK" not in env
-        out = subprocess.run(cmd[:3] + ["sh", "sh", "-c", "echo $RANK $PET_NODE_RANK $GROUP_RANK"],
-                             env={"GPUPOOL_REPLICA_INDEX": str(index), "PATH": "/usr/bin:/bin"},
-                             capture_output=True, text=True, check=True).stdout.split()
+        out = subprocess.run(
+            cmd[:3] + ["sh", "sh", "-c", "echo $RANK $PET_NODE_RANK $GROUP_RANK"],
+            env={"GPUPOOL_REPLICA_INDEX": str(index), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert out == [str(index + 1)] * 3
         assert env["MASTER_ADDR"] == "digits-ddp-master-0.digits-ddp" and env["WORLD_SIZE"] == "3"
 
@@ -128,9 +146,11 @@ def test_torch_env_per_replica_on_kubernetes():
 def test_tf_config_per_replica_on_kubernetes():
     objs = render_indexed(parse_spec(TF))
     by_role = {o["metadata"]["labels"].get("gpupool.io/replica-role"): o for o in objs[1:]}
-    cluster = {"chief": ["mnist-ps-chief-0.mnist-ps:2222"],
-               "worker": ["mnist-ps-worker-0.mnist-ps:2222", "mnist-ps-worker-1.mnist-ps:2222"],
-               "ps": ["mnist-ps-ps-0.mnist-ps:2222"]}
+    cluster = {
+        "chief": ["mnist-ps-chief-0.mnist-ps:2222"],
+        "worker": ["mnist-ps-worker-0.mnist-ps:2222", "mnist-ps-worker-1.mnist-ps:2222"],
+        "ps": ["mnist-ps-ps-0.mnist-ps:2222"],
+    }
     for role, count in (("chief", 1), ("worker", 2), ("ps", 1), ("evaluator", 1)):
         for index in range(count):
             cfg = json.loads(expand_like_kubelet(by_role[role], index)["TF_CONFIG"])

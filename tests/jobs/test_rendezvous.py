@@ -17,13 +17,17 @@ def tf_spec(**roles):
 
 
 def test_tf_config_ps_layout():
-    spec = tf_spec(chief={"command": ["c"]}, worker={"replicas": 2, "command": ["w"]},
-                   ps={"replicas": 1, "command": ["p"]}, evaluator={"command": ["e"]})
+    spec = tf_spec(
+        chief={"command": ["c"]},
+        worker={"replicas": 2, "command": ["w"]},
+        ps={"replicas": 1, "command": ["p"]},
+        evaluator={"command": ["e"]},
+    )
     reps = replicas(spec)
     ep = local_endpoints(reps, [2000, 2001, 2002, 2003, 2004])
     configs = {r.name: tf_config(reps, ep, r) for r in reps}
     cluster = {"chief": ["127.0.0.1:2000"], "worker": ["127.0.0.1:2001", "127.0.0.1:2002"], "ps": ["127.0.0.1:2003"]}
-    for name, cfg in configs.items():
+    for _name, cfg in configs.items():
         assert cfg["cluster"] == cluster  # the same cluster in every process, evaluator left out
     assert configs["chief-0"]["task"] == {"type": "chief", "index": 0}
     assert configs["worker-1"]["task"] == {"type": "worker", "index": 1}
@@ -41,8 +45,13 @@ def test_tf_config_mwms_has_no_chief():
 
 
 def test_torch_env_master_and_workers():
-    spec = parse_spec({"name": "pt", "framework": "pytorch",
-                       "roles": {"master": {"command": ["m"]}, "worker": {"replicas": 2, "command": ["w"]}}})
+    spec = parse_spec(
+        {
+            "name": "pt",
+            "framework": "pytorch",
+            "roles": {"master": {"command": ["m"]}, "worker": {"replicas": 2, "command": ["w"]}},
+        }
+    )
     reps = replicas(spec)
     ep = local_endpoints(reps, [4000, 4001, 4002])
     envs = [torch_env(reps, ep, r) for r in reps]

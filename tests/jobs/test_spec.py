@@ -3,7 +3,7 @@
 import pytest
 
 from gpupool.core.errors import InvalidInput
-from gpupool.jobs.spec import Framework, RestartPolicy, SuccessPolicy, SpecError, load_spec, parse_spec, spec_to_dict
+from gpupool.jobs.spec import Framework, RestartPolicy, SpecError, SuccessPolicy, load_spec, parse_spec, spec_to_dict
 
 GOOD = {
     "name": "digits-ddp",
@@ -15,7 +15,7 @@ GOOD = {
 
 
 def spec(**changes):
-    data = {k: v for k, v in GOOD.items()}
+    data = dict(GOOD.items())
     data.update(changes)
     return data
 
@@ -31,15 +31,29 @@ def test_good_spec_parses():
 
 
 def test_roles_kept_in_framework_rank_order():
-    s = parse_spec({"name": "t", "framework": "tensorflow", "roles": {
-        "evaluator": {"command": ["e"]}, "ps": {"command": ["p"]}, "worker": {"replicas": 2, "command": ["w"]},
-        "chief": {"command": ["c"]}}})
+    s = parse_spec(
+        {
+            "name": "t",
+            "framework": "tensorflow",
+            "roles": {
+                "evaluator": {"command": ["e"]},
+                "ps": {"command": ["p"]},
+                "worker": {"replicas": 2, "command": ["w"]},
+                "chief": {"command": ["c"]},
+            },
+        }
+    )
     assert [r.name for r in s.roles] == ["chief", "worker", "ps", "evaluator"]
 
 
 def test_roundtrip():
-    s = parse_spec(spec(env={"A": 1}, activeDeadlineSeconds=60,
-                        roles={"worker": {"replicas": 2, "command": ["x"], "gpu": {"count": 2, "memory": "8Gi"}}}))
+    s = parse_spec(
+        spec(
+            env={"A": 1},
+            activeDeadlineSeconds=60,
+            roles={"worker": {"replicas": 2, "command": ["x"], "gpu": {"count": 2, "memory": "8Gi"}}},
+        )
+    )
     assert parse_spec(spec_to_dict(s)) == s
 
 
@@ -50,28 +64,43 @@ def test_memory_and_percent_forms():
     assert s.roles[0].gpu.fraction == 0.5
 
 
-@pytest.mark.parametrize("changes, path, hint", [
-    ({"name": "Digits_DDP"}, "name", "lowercase"),
-    ({"framework": "jax"}, "framework", "pytorch"),
-    ({"restartPolicy": "Always"}, "restartPolicy", "OnFailure"),
-    ({"backoffLimit": -1}, "backoffLimit", ">= 0"),
-    ({"successPolicy": "any"}, "successPolicy", "allWorkers"),
-    ({"activeDeadlineSeconds": "soon"}, "activeDeadlineSeconds", "number"),
-    ({"replicas": 2}, "replicas", "unknown field"),
-    ({"roles": {}}, "roles", "at least one role"),
-    ({"roles": {"chief": {"command": ["x"]}}}, "roles.chief", "master, worker"),
-    ({"roles": {"worker": {"replicas": 0, "command": ["x"]}}}, "roles.worker.replicas", ">= 1"),
-    ({"roles": {"worker": {"replicas": 1}}}, "roles.worker.command", "missing"),
-    ({"roles": {"worker": {"command": []}}}, "roles.worker.command", "empty"),
-    ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 1.5}}}}, "roles.worker.gpu", "(0, 1]"),
-    ({"roles": {"worker": {"command": ["x"], "gpu": {"count": 1}}}}, "roles.worker.gpu", "fraction"),
-    ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "memory": "1Gi"}}}}, "roles.worker.gpu", "not both"),
-    ({"roles": {"worker": {"command": ["x"], "gpu": {"memory": "lots"}}}}, "roles.worker.gpu", "8Gi"),
-    ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "cores": 2}}}}, "roles.worker.gpu.cores", "unknown"),
-    ({"roles": {"worker": {"command": ["x"], "env": {"1BAD": "x"}}}}, "roles.worker.env.1BAD", "variable name"),
-    ({"roles": {"master": {"replicas": 2, "command": ["x"]}}}, "roles.master.replicas", "exactly one"),
-    ({"roles": {"worker": {"command": ["x"], "restartPolicy": "Never"}}}, "roles.worker.restartPolicy", "top level"),
-])
+@pytest.mark.parametrize(
+    "changes, path, hint",
+    [
+        ({"name": "Digits_DDP"}, "name", "lowercase"),
+        ({"framework": "jax"}, "framework", "pytorch"),
+        ({"restartPolicy": "Always"}, "restartPolicy", "OnFailure"),
+        ({"backoffLimit": -1}, "backoffLimit", ">= 0"),
+        ({"successPolicy": "any"}, "successPolicy", "allWorkers"),
+        ({"activeDeadlineSeconds": "soon"}, "activeDeadlineSeconds", "number"),
+        ({"replicas": 2}, "replicas", "unknown field"),
+        ({"roles": {}}, "roles", "at least one role"),
+        ({"roles": {"chief": {"command": ["x"]}}}, "roles.chief", "master, worker"),
+        ({"roles": {"worker": {"replicas": 0, "command": ["x"]}}}, "roles.worker.replicas", ">= 1"),
+        ({"roles": {"worker": {"replicas": 1}}}, "roles.worker.command", "missing"),
+        ({"roles": {"worker": {"command": []}}}, "roles.worker.command", "empty"),
+        ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 1.5}}}}, "roles.worker.gpu", "(0, 1]"),
+        ({"roles": {"worker": {"command": ["x"], "gpu": {"count": 1}}}}, "roles.worker.gpu", "fraction"),
+        (
+            {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "memory": "1Gi"}}}},
+            "roles.worker.gpu",
+            "not both",
+        ),
+        ({"roles": {"worker": {"command": ["x"], "gpu": {"memory": "lots"}}}}, "roles.worker.gpu", "8Gi"),
+        (
+            {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "cores": 2}}}},
+            "roles.worker.gpu.cores",
+            "unknown",
+        ),
+        ({"roles": {"worker": {"command": ["x"], "env": {"1BAD": "x"}}}}, "roles.worker.env.1BAD", "variable name"),
+        ({"roles": {"master": {"replicas": 2, "command": ["x"]}}}, "roles.master.replicas", "exactly one"),
+        (
+            {"roles": {"worker": {"command": ["x"], "restartPolicy": "Never"}}},
+            "roles.worker.restartPolicy",
+            "top level",
+        ),
+    ],
+)
 def test_bad_fields_are_named(changes, path, hint):
     with pytest.raises(SpecError) as err:
         parse_spec(spec(**changes))
@@ -84,8 +113,13 @@ def test_tensorflow_rules():
     with pytest.raises(SpecError, match="roles: needs a chief"):
         parse_spec({"name": "t", "framework": "tensorflow", "roles": {"ps": {"command": ["p"]}}})
     with pytest.raises(SpecError, match="roles.evaluator.replicas"):
-        parse_spec({"name": "t", "framework": "tensorflow",
-                    "roles": {"worker": {"command": ["w"]}, "evaluator": {"replicas": 2, "command": ["e"]}}})
+        parse_spec(
+            {
+                "name": "t",
+                "framework": "tensorflow",
+                "roles": {"worker": {"command": ["w"]}, "evaluator": {"replicas": 2, "command": ["e"]}},
+            }
+        )
 
 
 def test_load_spec_errors(tmp_path):

@@ -38,11 +38,13 @@ def tls(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cluster():
-    state = ClusterState(lambda: {})
-    state.set_states({
-        "node-a": NodeState(gpus("a", 2), {}),
-        "node-b": NodeState(gpus("b", 4, 40960), {}),
-    })
+    state = ClusterState(dict)
+    state.set_states(
+        {
+            "node-a": NodeState(gpus("a", 2), {}),
+            "node-b": NodeState(gpus("b", 4, 40960), {}),
+        }
+    )
     return state
 
 
@@ -141,7 +143,7 @@ class Kubelet(rpc.RegistrationServicer):
     """
 
     def __init__(self, directory: str) -> None:
-        self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
+        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
         self.seen: List[pb.RegisterRequest] = []
         self.path = os.path.join(directory, "kubelet.sock")
         self.start()

@@ -43,7 +43,9 @@ def test_user_tokens_from_the_secret_volume(tmp_path):
     try:
         assert sync_tokens(pool.store, str(tokens)) == 1
         assert sync_tokens(pool.store, str(tokens)) == 0  # unchanged: no write
-        who = Authenticator("admin-token-of-16-chars-or-more", pool.store).identify("Bearer a-token-of-at-least-16-chars")
+        who = Authenticator("admin-token-of-16-chars-or-more", pool.store).identify(
+            "Bearer a-token-of-at-least-16-chars"
+        )
         assert who.name == "team-a" and not who.admin
     finally:
         pool.close()

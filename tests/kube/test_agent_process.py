@@ -21,13 +21,12 @@ from typing import Callable, Optional
 
 import grpc
 import pytest
+from conftest import stop_process
 
 from gpupool.client.http import HttpPoolClient
 from gpupool.core.model import Claim, Holder
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
-
-from conftest import stop_process
 
 from .conftest import Kubelet
 
@@ -85,10 +84,33 @@ def start_agent(base: Path, *extra: str) -> Agent:
     tokens.mkdir(exist_ok=True)
     (tokens / "team-a").write_text(USER_TOKEN + "\n")
     log = base / "agent.log"
-    args = [sys.executable, "-m", "gpupool", "-v", "kube", "agent", "--kubelet-dir", str(kubelet_dir),
-            "--devices", "emulated:2x16GiB", "--listen", "127.0.0.1:0", "--state", str(base / "state"),
-            "--token-file", str(base / "admin-token"), "--tokens-dir", str(tokens), "--node", "node-a",
-            "--live-pods-file", str(base / "live-pods"), "--reap-interval", "0.2", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "gpupool",
+        "-v",
+        "kube",
+        "agent",
+        "--kubelet-dir",
+        str(kubelet_dir),
+        "--devices",
+        "emulated:2x16GiB",
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        str(base / "state"),
+        "--token-file",
+        str(base / "admin-token"),
+        "--tokens-dir",
+        str(tokens),
+        "--node",
+        "node-a",
+        "--live-pods-file",
+        str(base / "live-pods"),
+        "--reap-interval",
+        "0.2",
+        *extra,
+    ]
     env = dict(os.environ, HOME=str(base), GPUPOOL_CONFIG=str(base / "no-client.yaml"))
     env.pop("NODE_IP", None)
     with open(log, "wb") as out:
@@ -122,8 +144,9 @@ def plugin_stub(agent: Agent):
 def pyz(tmp_path_factory) -> Path:
     """gpupool-run.pyz built from this tree (what the webhook's init container installs)."""
     target = tmp_path_factory.mktemp("dist") / "gpupool-run.pyz"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_pyz.py"), str(target)], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_pyz.py"), str(target)], check=True, capture_output=True, timeout=60
+    )
     return target
 
 
@@ -151,8 +174,9 @@ def test_registers_streams_units_and_allocates_the_agent_address(node):
         stream.cancel()
         assert len(units) == 200 and {u.health for u in units} == {"Healthy"}
         ids = [u.ID for u in units]
-        resp = dp.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:50])]),
-                           timeout=5)
+        resp = dp.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:50])]), timeout=5
+        )
         envs = resp.container_responses[0].envs
         assert envs["GPUPOOL_SERVER"] == agent.url and envs["GPUPOOL_NODE_AGENT"] == agent.url
         assert envs["GPUPOOL_UNITS"] == "50"
@@ -173,19 +197,42 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
     _, agent = node
     python = shutil.which("python3") or sys.executable
     go, seen = tmp_path / "go", tmp_path / "seen.json"
-    child = ("import json, os, time, pathlib\n"
-             f"pathlib.Path({str(seen)!r}).write_text(json.dumps({{k: v for k, v in os.environ.items() "
-             "if k.startswith(('GPUPOOL_', 'CUDA_'))}))\n"
-             f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-             "raise SystemExit(7)\n")
+    child = (
+        "import json, os, time, pathlib\n"
+        f"pathlib.Path({str(seen)!r}).write_text(json.dumps({{k: v for k, v in os.environ.items() "
+        "if k.startswith(('GPUPOOL_', 'CUDA_'))}))\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        "raise SystemExit(7)\n"
+    )
     label = f"pod:team-a/trainer:{POD_UID}"
     # The webhook's wrapped command, with the env the pod spec gives it (GPUPOOL_TOKEN from the
     # namespace's gpupool-client Secret, the same token the agent reads from gpupool-tokens).
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GPUPOOL_TOKEN": USER_TOKEN,
-           "GPUPOOL_POD_UID": POD_UID}
-    runner = subprocess.Popen([python, str(pyz), "run", "-n", "1", "-p", "0.5", "--wait", "10",
-                               "--server", agent.url, "--label", label, "--", python, "-c", child],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GPUPOOL_TOKEN": USER_TOKEN, "GPUPOOL_POD_UID": POD_UID}
+    runner = subprocess.Popen(
+        [
+            python,
+            str(pyz),
+            "run",
+            "-n",
+            "1",
+            "-p",
+            "0.5",
+            "--wait",
+            "10",
+            "--server",
+            agent.url,
+            "--label",
+            label,
+            "--",
+            python,
+            "-c",
+            child,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     try:
         wait_for("the runner's child to start", lambda: seen.exists() or runner.poll() is not None, timeout=15)
         assert runner.poll() is None, runner.stdout.read().decode()
@@ -200,8 +247,9 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
         # A pod that is gone, whose runner never released (node crash, kill -9).
         admin = HttpPoolClient(agent.url, token=agent.admin)
         try:
-            orphan = admin.claim(Claim.single(1, fraction=0.25),
-                                 Holder("team-a", 1, "gone", f"pod:team-a/gone:{GONE_UID}"), ttl_s=120)
+            orphan = admin.claim(
+                Claim.single(1, fraction=0.25), Holder("team-a", 1, "gone", f"pod:team-a/gone:{GONE_UID}"), ttl_s=120
+            )
         finally:
             admin.close()
         time.sleep(0.5)  # reaper passes without a pod list (no file yet): unknown is not "no pods"
@@ -273,17 +321,39 @@ def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
 
     _, agent = node
     token_file = agent.log.parent / "admin-token"
-    args = [sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0",
-            "--tls-cert", tls["crt"], "--tls-key", tls["key"],
-            "--agents", f"node-a={agent.url},node-x=http://127.0.0.1:9",
-            "--agent-token-file", str(token_file), "--refresh", "0.2"]
+    args = [
+        sys.executable,
+        "-m",
+        "gpupool",
+        "kube",
+        "webhook",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        tls["crt"],
+        "--tls-key",
+        tls["key"],
+        "--agents",
+        f"node-a={agent.url},node-x=http://127.0.0.1:9",
+        "--agent-token-file",
+        str(token_file),
+        "--refresh",
+        "0.2",
+    ]
     log = agent.log.parent / "webhook.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        url = wait_for("the webhook to listen",
-                       lambda: proc.poll() is None and re.search(r"listening on (https://\S+)", log.read_text()),
-                       timeout=20, log=log).group(1).replace("127.0.0.1", "localhost")
+        url = (
+            wait_for(
+                "the webhook to listen",
+                lambda: proc.poll() is None and re.search(r"listening on (https://\S+)", log.read_text()),
+                timeout=20,
+                log=log,
+            )
+            .group(1)
+            .replace("127.0.0.1", "localhost")
+        )
         ctx = ssl.create_default_context(cafile=tls["ca"])
 
         def call(path: str, body: Optional[dict] = None) -> dict:
@@ -296,8 +366,10 @@ def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
         wait_for("the webhook to poll the agent", lambda: call("/healthz") == {"status": "ok", "nodes": 1}, log=log)
 
         def pod(units: str) -> dict:
-            return {"metadata": {"name": "p", "uid": "u1"},
-                    "spec": {"containers": [{"name": "w", "resources": {"limits": {"gpupool.io/gpu": units}}}]}}
+            return {
+                "metadata": {"name": "p", "uid": "u1"},
+                "spec": {"containers": [{"name": "w", "resources": {"limits": {"gpupool.io/gpu": units}}}]},
+            }
 
         half = call("/extender/filter", {"Pod": pod("50"), "NodeNames": ["node-a", "node-x"]})
         assert half["NodeNames"] == ["node-a"] and "node-x" in half["FailedNodes"]

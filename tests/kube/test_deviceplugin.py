@@ -16,8 +16,10 @@ from gpupool.kube.deviceplugin.units import gpu_key
 
 from .conftest import Kubelet
 
-DEVICES = [Device("GPU-emu-node-0", 0, "Emulated GPU 16GiB", 16384, "node"),
-           Device("GPU-emu-node-1", 1, "Emulated GPU 16GiB", 16384, "node")]
+DEVICES = [
+    Device("GPU-emu-node-0", 0, "Emulated GPU 16GiB", 16384, "node"),
+    Device("GPU-emu-node-1", 1, "Emulated GPU 16GiB", 16384, "node"),
+]
 
 
 @pytest.fixture
@@ -29,9 +31,15 @@ def kubelet_dir(tmp_path):
 
 @pytest.fixture
 def plugin(kubelet_dir):
-    p = DevicePlugin(DEVICES, PluginConfig(kubelet_dir=kubelet_dir, agent_url="http://10.0.0.5:56001",
-                                           watch_interval_s=0.1,
-                                           mounts=[("/var/run/host", kubelet_dir, True), ("/nope", "/does/not/exist", True)]))
+    p = DevicePlugin(
+        DEVICES,
+        PluginConfig(
+            kubelet_dir=kubelet_dir,
+            agent_url="http://10.0.0.5:56001",
+            watch_interval_s=0.1,
+            mounts=[("/var/run/host", kubelet_dir, True), ("/nope", "/does/not/exist", True)],
+        ),
+    )
     yield p
     p.stop()
 
@@ -63,16 +71,24 @@ def test_registers_streams_units_and_allocates(kubelet_dir, plugin):
             stream.cancel()
 
             ids = [d.ID for d in first.devices[:50]]
-            resp = dp.Allocate(pb.AllocateRequest(container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=ids),
-                pb.ContainerAllocateRequest(devices_ids=ids[:5])]), timeout=5)
+            resp = dp.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=ids),
+                        pb.ContainerAllocateRequest(devices_ids=ids[:5]),
+                    ]
+                ),
+                timeout=5,
+            )
             a, b = resp.container_responses
             assert a.envs["GPUPOOL_SERVER"] == "http://10.0.0.5:56001"
             assert a.envs["GPUPOOL_UNITS"] == "50" and b.envs["GPUPOOL_UNITS"] == "5"
             assert [(m.container_path, m.read_only) for m in a.mounts] == [("/var/run/host", True)]
             with pytest.raises(grpc.RpcError) as err:
-                dp.Allocate(pb.AllocateRequest(container_requests=[
-                    pb.ContainerAllocateRequest(devices_ids=["GPU-nope-00"])]), timeout=5)
+                dp.Allocate(
+                    pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-nope-00"])]),
+                    timeout=5,
+                )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         kubelet.stop()

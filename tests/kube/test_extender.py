@@ -6,7 +6,7 @@ import json
 
 from gpupool.core.model import Claim, Policy
 from gpupool.kube import annotations as ann
-from gpupool.kube.extender import NodeState, filter_nodes, handle_filter, pod_claim, score_nodes
+from gpupool.kube.extender import NodeState, filter_nodes, pod_claim, score_nodes
 from gpupool.kube.resources import GpuAsk
 
 from .conftest import gpus
@@ -16,9 +16,14 @@ def mutated_pod(asks, policy=None, uid="u1"):
     annotations = {ann.CLAIM: ann.encode_claim(asks), ann.MARKER: "v1"}
     if policy:
         annotations[ann.POLICY] = policy
-    return {"metadata": {"name": "p", "uid": uid, "annotations": annotations},
-            "spec": {"containers": [{"name": n, "resources": {"limits": {"gpupool.io/gpu": str(a.units(16384))}}}
-                                    for n, a in asks.items()]}}
+    return {
+        "metadata": {"name": "p", "uid": uid, "annotations": annotations},
+        "spec": {
+            "containers": [
+                {"name": n, "resources": {"limits": {"gpupool.io/gpu": str(a.units(16384))}}} for n, a in asks.items()
+            ]
+        },
+    }
 
 
 def used(devices, mib_each):
@@ -86,19 +91,21 @@ def test_extender_over_https_node_names_and_node_list(client, cluster):
     assert body["NodeNames"] == ["node-b"]
     assert set(body["FailedAndUnresolvableNodes"]) == {"node-a"}  # 2 GPUs can never hold 3
     assert set(body["FailedNodes"]) == {"node-x"}
-    nodes = {"apiVersion": "v1", "kind": "NodeList",
-             "items": [{"metadata": {"name": n}} for n in ("node-a", "node-b")]}
+    nodes = {"apiVersion": "v1", "kind": "NodeList", "items": [{"metadata": {"name": n}} for n in ("node-a", "node-b")]}
     status, body = client.post("/extender/filter", {"pod": pod, "nodes": nodes})
     assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-b"]
     status, body = client.post("/extender/prioritize", {"Pod": pod, "NodeNames": ["node-a", "node-b"]})
     assert status == 200 and {h["Host"] for h in body} == {"node-a", "node-b"}
     assert all(isinstance(h["Score"], int) for h in body)
     # A pod without GPUs passes everywhere; a broken one gets Error, not an HTTP failure.
-    status, body = client.post("/extender/filter", {"Pod": {"spec": {"containers": [{"name": "w"}]}},
-                                                   "NodeNames": ["node-a"]})
+    status, body = client.post(
+        "/extender/filter", {"Pod": {"spec": {"containers": [{"name": "w"}]}}, "NodeNames": ["node-a"]}
+    )
     assert body["NodeNames"] == ["node-a"]
-    bad = {"metadata": {"annotations": {ann.POLICY: "nope"}},
-           "spec": {"containers": [{"name": "w", "resources": {"limits": {"gpupool.io/gpu": "5"}}}]}}
+    bad = {
+        "metadata": {"annotations": {ann.POLICY: "nope"}},
+        "spec": {"containers": [{"name": "w", "resources": {"limits": {"gpupool.io/gpu": "5"}}}]},
+    }
     status, body = client.post("/extender/filter", {"Pod": bad, "NodeNames": ["node-a"]})
     assert status == 200 and "policy" in body["Error"]
     json.dumps(body)

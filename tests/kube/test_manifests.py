@@ -12,12 +12,19 @@ from gpupool.kube.manifests import load_manifests
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
 MODELS = {
-    "Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",
-    "ClusterRoleBinding": "V1ClusterRoleBinding", "Secret": "V1Secret", "DaemonSet": "V1DaemonSet",
-    "Deployment": "V1Deployment", "Service": "V1Service", "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "Namespace": "V1Namespace",
+    "ServiceAccount": "V1ServiceAccount",
+    "ClusterRole": "V1ClusterRole",
+    "ClusterRoleBinding": "V1ClusterRoleBinding",
+    "Secret": "V1Secret",
+    "DaemonSet": "V1DaemonSet",
+    "Deployment": "V1Deployment",
+    "Service": "V1Service",
+    "PodDisruptionBudget": "V1PodDisruptionBudget",
     "MutatingWebhookConfiguration": "V1MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration": "V1ValidatingWebhookConfiguration",
-    "ResourceQuota": "V1ResourceQuota", "Pod": "V1Pod",
+    "ResourceQuota": "V1ResourceQuota",
+    "Pod": "V1Pod",
 }
 
 
@@ -67,8 +74,9 @@ def test_webhooks_are_fail_safe_and_scoped(objects):
         for hook in cfg["webhooks"]:
             assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
             assert hook["timeoutSeconds"] <= 10
-            excluded = [e for e in hook["namespaceSelector"]["matchExpressions"]
-                        if e["key"] == "kubernetes.io/metadata.name"][0]
+            excluded = [
+                e for e in hook["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"
+            ][0]
             assert excluded["operator"] == "NotIn"
             assert {"kube-system", "gpupool-system"} <= set(excluded["values"])
 
@@ -102,8 +110,10 @@ def test_certs_command_writes_a_component(tmp_path):
     first_ca = (out / "ca.crt").read_bytes()
     # Rotation: same CA, new serving certificate.
     old = (out / "tls.crt").read_bytes()
-    assert main(["kube", "certs", "--out", str(out), "--ca-cert", str(out / "ca.crt"),
-                 "--ca-key", str(out / "ca.key")]) == 0
+    assert (
+        main(["kube", "certs", "--out", str(out), "--ca-cert", str(out / "ca.crt"), "--ca-key", str(out / "ca.key")])
+        == 0
+    )
     assert (out / "ca.crt").read_bytes() == first_ca and (out / "tls.crt").read_bytes() != old
 
 

@@ -12,7 +12,15 @@ from gpupool.kube import annotations as ann
 from .conftest import apply_patch, review, to_v1pod
 
 RUNNER = ["python3", "/gpupool/gpupool-run.pyz", "run"]
-TAIL = ["--wait", "300", "--server", "$(GPUPOOL_SERVER)", "--label", "pod:$(GPUPOOL_POD_NAMESPACE)/$(GPUPOOL_POD_NAME):$(GPUPOOL_POD_UID)", "--"]
+TAIL = [
+    "--wait",
+    "300",
+    "--server",
+    "$(GPUPOOL_SERVER)",
+    "--label",
+    "pod:$(GPUPOOL_POD_NAMESPACE)/$(GPUPOOL_POD_NAME):$(GPUPOOL_POD_UID)",
+    "--",
+]
 
 
 def pod(containers, annotations=None, init=None, volumes=None, name="p"):
@@ -66,17 +74,30 @@ def mutated(client, p):
 
 def test_bitfusion_demo_pod(client):
     p = pod(
-        [gpu("tensorflow-benchmark", command=[
-            "python /benchmark/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py --local_parameter_device=gpu "
-            "--batch_size=32 --model=inception3"],
-            limits={"bitfusion.io/gpu-amount": 1, "bitfusion.io/gpu-percent": 100})],
-        annotations={"auto-management/bitfusion": "all", "bitfusion-client/os": "ubuntu18",
-                     "bitfusion-client/version": "450"},
+        [
+            gpu(
+                "tensorflow-benchmark",
+                command=[
+                    "python /benchmark/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py --local_parameter_device=gpu "
+                    "--batch_size=32 --model=inception3"
+                ],
+                limits={"bitfusion.io/gpu-amount": 1, "bitfusion.io/gpu-percent": 100},
+            )
+        ],
+        annotations={
+            "auto-management/bitfusion": "all",
+            "bitfusion-client/os": "ubuntu18",
+            "bitfusion-client/version": "450",
+        },
     )
     out, resp = mutated(client, p)
     c = out["spec"]["containers"][0]
     assert c["resources"] == {"limits": {"gpupool.io/gpu": "100"}, "requests": {"gpupool.io/gpu": "100"}}
-    assert c["command"] == RUNNER + ["-n", "1", "-p", "1"] + TAIL + ["/bin/sh", "-c", p["spec"]["containers"][0]["command"][0]]
+    assert c["command"] == RUNNER + ["-n", "1", "-p", "1"] + TAIL + [
+        "/bin/sh",
+        "-c",
+        p["spec"]["containers"][0]["command"][0],
+    ]
     assert any("bitfusion-client/os" in w for w in resp["warnings"])
     assert out["metadata"]["annotations"]["bitfusion-client/os"] == "ubuntu18"  # kept
     assert out["spec"]["initContainers"][0]["name"] == "gpupool-runner-install"
@@ -84,9 +105,17 @@ def test_bitfusion_demo_pod(client):
 
 def test_gpupool_pod_half_gpu_preserves_argv(client):
     argv = ["python", "/work/train.py", "--lr", "0.1", "a b", "$(HOME)", ""]
-    p = pod([gpu(command=argv[:2], args=argv[2:], limits={"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50},
-                 env=[{"name": "LD_LIBRARY_PATH", "value": "/usr/local/cuda/lib64"}, {"name": "A", "value": "1"}])],
-            annotations={"gpupool.io/inject": "all", "team": "vision"})
+    p = pod(
+        [
+            gpu(
+                command=argv[:2],
+                args=argv[2:],
+                limits={"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50},
+                env=[{"name": "LD_LIBRARY_PATH", "value": "/usr/local/cuda/lib64"}, {"name": "A", "value": "1"}],
+            )
+        ],
+        annotations={"gpupool.io/inject": "all", "team": "vision"},
+    )
     out, _ = mutated(client, p)
     c = out["spec"]["containers"][0]
     assert c["command"] == RUNNER + ["-n", "1", "-p", "0.5"] + TAIL + argv[:2]
@@ -101,7 +130,8 @@ def test_gpupool_pod_half_gpu_preserves_argv(client):
     assert names.index("GPUPOOL_NODE_IP") < names.index("GPUPOOL_SERVER")
     assert out["metadata"]["annotations"]["team"] == "vision"
     assert json.loads(out["metadata"]["annotations"][ann.CLAIM]) == {
-        "train": {"amount": 1, "percent": 50, "memory_mib": None}}
+        "train": {"amount": 1, "percent": 50, "memory_mib": None}
+    }
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/gpupool", "/etc/gpupool"} <= mounts
     vols = {v["name"]: v for v in out["spec"]["volumes"]}
@@ -119,10 +149,15 @@ def test_memory_rounded_against_gpu_size(client):
 
 def test_multi_container_and_existing_init_containers(client):
     p = pod(
-        [gpu("a", command=["python", "a.py"], limits={"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 25,
-                                                     "cpu": "2"}),
-         {"name": "sidecar", "image": "busybox", "command": ["sleep", "inf"]},
-         gpu("b", command=["python", "b.py"], limits={"gpupool.io/gpu-amount": 2, "gpupool.io/gpu-percent": 10})],
+        [
+            gpu(
+                "a",
+                command=["python", "a.py"],
+                limits={"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 25, "cpu": "2"},
+            ),
+            {"name": "sidecar", "image": "busybox", "command": ["sleep", "inf"]},
+            gpu("b", command=["python", "b.py"], limits={"gpupool.io/gpu-amount": 2, "gpupool.io/gpu-percent": 10}),
+        ],
         init=[{"name": "fetch", "image": "busybox", "command": ["true"]}],
         volumes=[{"name": "data", "emptyDir": {}}],
         annotations={},
@@ -137,9 +172,13 @@ def test_multi_container_and_existing_init_containers(client):
 
 
 def test_comma_list_wraps_only_named_containers(client):
-    p = pod([gpu("a", command=["x"], limits={"gpupool.io/gpu-amount": 1}),
-             gpu("b", command=["y"], limits={"gpupool.io/gpu-amount": 1})],
-            annotations={"gpupool.io/inject": "b"})
+    p = pod(
+        [
+            gpu("a", command=["x"], limits={"gpupool.io/gpu-amount": 1}),
+            gpu("b", command=["y"], limits={"gpupool.io/gpu-amount": 1}),
+        ],
+        annotations={"gpupool.io/inject": "b"},
+    )
     out, _ = mutated(client, p)
     assert out["spec"]["containers"][0]["command"] == ["x"]
     assert out["spec"]["containers"][1]["command"][-1] == "y"
@@ -151,8 +190,9 @@ def test_args_only_and_injection_only(client):
     c = out["spec"]["containers"][0]
     assert c["command"] == RUNNER + ["-n", "1", "-p", "0.3"] + TAIL and c["args"] == ["python", "t.py"]
     assert any("ENTRYPOINT" in w for w in resp["warnings"])
-    out, _ = mutated(client, pod([gpu(limits={"gpupool.io/gpu-percent": 30})],
-                                 annotations={"gpupool.io/inject": "injection-only"}))
+    out, _ = mutated(
+        client, pod([gpu(limits={"gpupool.io/gpu-percent": 30})], annotations={"gpupool.io/inject": "injection-only"})
+    )
     assert "command" not in out["spec"]["containers"][0]
     assert out["spec"]["containers"][0]["resources"]["limits"] == {"gpupool.io/gpu": "30"}
 
@@ -161,26 +201,30 @@ def test_pods_without_gpu_and_other_operations_pass_untouched(client):
     p = pod([{"name": "web", "image": "nginx"}])
     resp, patch = mutate_via_http(client, p)
     assert resp["allowed"] and patch == []
-    resp, patch = mutate_via_http(client, pod([gpu(limits={"gpupool.io/gpu-amount": 1})],
-                                              annotations={"gpupool.io/inject": "none"}))
+    resp, patch = mutate_via_http(
+        client, pod([gpu(limits={"gpupool.io/gpu-amount": 1})], annotations={"gpupool.io/inject": "none"})
+    )
     assert resp["allowed"] and patch == []
     status, body = client.post("/mutate", review(pod([gpu(limits={"gpupool.io/gpu-amount": 1})]), "UPDATE"))
     assert status == 200 and body["response"]["allowed"] and "patch" not in body["response"]
 
 
-@pytest.mark.parametrize("limits, annotations, words", [
-    ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50}, {}, ["neither command nor args", "command:"]),
-    ({"gpupool.io/gpu-amount": 0, "gpupool.io/gpu-percent": 50}, {}, ["gpu-amount", ">= 1"]),
-    ({"gpupool.io/gpu-amount": "1.5"}, {}, ["gpu-amount", "whole number"]),
-    ({"gpupool.io/gpu-percent": 150}, {}, ["gpu-percent", "1 to 100"]),
-    ({"gpupool.io/gpu-percent": 0}, {}, ["gpu-percent", "1 to 100"]),
-    ({"gpupool.io/gpu-memory": "0"}, {}, ["gpu-memory", "greater than zero"]),
-    ({"gpupool.io/gpu-memory": "lots"}, {}, ["gpu-memory", "8Gi"]),
-    ({"gpupool.io/gpu-percent": 50, "gpupool.io/gpu-memory": "8Gi"}, {}, ["not both"]),
-    ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-fraction": 5}, {}, ["gpupool.io/gpu-fraction", "unknown"]),
-    ({"gpupool.io/gpu-amount": 1}, {"bitfusion-client/filter": "colour=red"}, ["bitfusion-client/filter"]),
-    ({"gpupool.io/gpu-amount": 1}, {"gpupool.io/policy": "random"}, ["gpupool.io/policy", "binpack"]),
-])
+@pytest.mark.parametrize(
+    "limits, annotations, words",
+    [
+        ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50}, {}, ["neither command nor args", "command:"]),
+        ({"gpupool.io/gpu-amount": 0, "gpupool.io/gpu-percent": 50}, {}, ["gpu-amount", ">= 1"]),
+        ({"gpupool.io/gpu-amount": "1.5"}, {}, ["gpu-amount", "whole number"]),
+        ({"gpupool.io/gpu-percent": 150}, {}, ["gpu-percent", "1 to 100"]),
+        ({"gpupool.io/gpu-percent": 0}, {}, ["gpu-percent", "1 to 100"]),
+        ({"gpupool.io/gpu-memory": "0"}, {}, ["gpu-memory", "greater than zero"]),
+        ({"gpupool.io/gpu-memory": "lots"}, {}, ["gpu-memory", "8Gi"]),
+        ({"gpupool.io/gpu-percent": 50, "gpupool.io/gpu-memory": "8Gi"}, {}, ["not both"]),
+        ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-fraction": 5}, {}, ["gpupool.io/gpu-fraction", "unknown"]),
+        ({"gpupool.io/gpu-amount": 1}, {"bitfusion-client/filter": "colour=red"}, ["bitfusion-client/filter"]),
+        ({"gpupool.io/gpu-amount": 1}, {"gpupool.io/policy": "random"}, ["gpupool.io/policy", "binpack"]),
+    ],
+)
 def test_bad_values_are_denied_with_the_fix(client, limits, annotations, words):
     command = None if "neither command nor args" in words else ["python", "t.py"]
     p = pod([gpu(command=command, limits=limits)], annotations=annotations)
@@ -194,10 +238,13 @@ def test_bad_values_are_denied_with_the_fix(client, limits, annotations, words):
     assert status == 200 and not body["response"]["allowed"]
 
 
-@pytest.mark.parametrize("limits, words", [
-    ({"gpupool.io/gpu-amount": 5, "gpupool.io/gpu-percent": 50}, ["no node", "could ever hold"]),
-    ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-memory": "80Gi"}, ["gpu-memory", "largest GPU", "40GiB"]),
-])
+@pytest.mark.parametrize(
+    "limits, words",
+    [
+        ({"gpupool.io/gpu-amount": 5, "gpupool.io/gpu-percent": 50}, ["no node", "could ever hold"]),
+        ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-memory": "80Gi"}, ["gpu-memory", "largest GPU", "40GiB"]),
+    ],
+)
 def test_requests_no_node_could_hold_are_denied(client, limits, words):
     p = pod([gpu(command=["python", "t.py"], limits=limits)])
     resp, patch = mutate_via_http(client, p)
@@ -216,8 +263,10 @@ def test_untranslated_pod_with_injection_none_is_denied(client):
 
 
 def test_gpu_in_init_container_is_denied(client):
-    p = pod([gpu(command=["x"], limits={"gpupool.io/gpu-amount": 1})],
-            init=[gpu("prep", command=["y"], limits={"gpupool.io/gpu-percent": 10})])
+    p = pod(
+        [gpu(command=["x"], limits={"gpupool.io/gpu-amount": 1})],
+        init=[gpu("prep", command=["y"], limits={"gpupool.io/gpu-percent": 10})],
+    )
     resp, _ = mutate_via_http(client, p)
     assert not resp["allowed"] and "init container 'prep'" in resp["status"]["message"]
 

@@ -25,8 +25,12 @@ def pod(*containers, volumes=None):
 
 
 def gpu(name="train", mounts=None, env=None):
-    c = {"name": name, "image": "pytorch", "command": ["python", "train.py"],
-         "resources": {"limits": {"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50}}}
+    c = {
+        "name": name,
+        "image": "pytorch",
+        "command": ["python", "train.py"],
+        "resources": {"limits": {"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-percent": 50}},
+    }
     if mounts is not None:
         c["volumeMounts"] = mounts
     if env is not None:
@@ -66,8 +70,7 @@ def test_without_mps_nothing_mps_is_added():
 
 def test_an_own_dev_shm_is_kept_with_a_warning():
     shm = {"name": "dshm", "mountPath": "/dev/shm"}
-    p, warnings = mutated(pod(gpu(mounts=[shm]),
-                              volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}]))
+    p, warnings = mutated(pod(gpu(mounts=[shm]), volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}]))
     mounts = p["spec"]["containers"][0]["volumeMounts"]
     assert shm in mounts and not any(m["name"] == MPS_SHM_VOLUME for m in mounts)
     assert any(m["name"] == MPS_PIPE_VOLUME for m in mounts)
@@ -79,7 +82,9 @@ def test_existing_env_and_volumes_are_not_replaced():
     p, _ = mutated(pod(gpu(env=[mine]), volumes=[{"name": MPS_PIPE_VOLUME, "emptyDir": {}}]))
     env = p["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == "CUDA_MPS_PIPE_DIRECTORY"] == [mine]
-    assert [v for v in p["spec"]["volumes"] if v["name"] == MPS_PIPE_VOLUME] == [{"name": MPS_PIPE_VOLUME, "emptyDir": {}}]
+    assert [v for v in p["spec"]["volumes"] if v["name"] == MPS_PIPE_VOLUME] == [
+        {"name": MPS_PIPE_VOLUME, "emptyDir": {}}
+    ]
 
 
 def test_injection_only_containers_get_the_pipe_env_too():
@@ -97,7 +102,23 @@ def test_a_relative_pipe_dir_is_refused_with_the_fix():
 
 
 def test_webhook_cli_refuses_an_unknown_isolation(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0",
-                           "--agents", "n1=http://127.0.0.1:1", "--isolation", "vgpu"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "kube",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--agents",
+            "n1=http://127.0.0.1:1",
+            "--isolation",
+            "vgpu",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "isolation 'vgpu' is unknown: use mps, hooks or none" in done.stderr

@@ -26,8 +26,9 @@ def _read_answers(sock: ssl.SSLSocket, count: int):
         buf += data
         while b"\r\n\r\n" in buf:
             head, rest = buf.split(b"\r\n\r\n", 1)
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length")))
+            length = int(
+                next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+            )
             if len(rest) < length:
                 break
             answers.append((int(head.split(b" ")[1]), head, json.loads(rest[:length])))
@@ -37,8 +38,9 @@ def _read_answers(sock: ssl.SSLSocket, count: int):
 
 def test_pipelined_requests_are_answered_in_order(webhook):
     sock = _raw(webhook["port"], webhook["ca"])
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3
-                 + b"POST /nowhere HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    sock.sendall(
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"POST /nowhere HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+    )
     answers = _read_answers(sock, 4)
     assert [a[0] for a in answers] == [200, 200, 200, 404]
     sock.close()

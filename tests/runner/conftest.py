@@ -30,9 +30,7 @@ class Pool:
         return CLI + list(args)
 
     def run(self, *args: str, timeout: float = 30, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            self.cmd(*args), env=env or self.env, capture_output=True, text=True, timeout=timeout
-        )
+        return subprocess.run(self.cmd(*args), env=env or self.env, capture_output=True, text=True, timeout=timeout)
 
     def start(self, *args: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
         return subprocess.Popen(

@@ -48,8 +48,14 @@ def test_child_env_carries_the_contract_and_lease_is_released(pool, tmp_path):
     hook_dir = env["GPUPOOL_HOOK_DIR"]
     assert env["PYTHONPATH"].split(os.pathsep)[0] == hook_dir
     assert not Path(hook_dir).exists(), "the generated config dir must be removed at release"
-    for line in ("Requested resources", "Choosing GPUs from server list", "Locked 1 GPUs",
-                 "Running client command", "Releasing GPUs from config file", "Released GPUs on 1 servers"):
+    for line in (
+        "Requested resources",
+        "Choosing GPUs from server list",
+        "Locked 1 GPUs",
+        "Running client command",
+        "Releasing GPUs from config file",
+        "Released GPUs on 1 servers",
+    ):
         assert f"gpupool: {line}" in done.stderr
     assert pool.status()["leases"] == []
 
@@ -152,8 +158,20 @@ def test_killed_runner_lease_is_reclaimed_after_ttl(pool, tmp_path):
 
 def test_heartbeat_keeps_lease_past_ttl_and_warns_when_lost(pool, tmp_path):
     record, stop = tmp_path / "rec.json", tmp_path / "stop"
-    runner = pool.start("run", "-p", "0.5", "--ttl", "1", "--on-lease-loss", "warn", "--",
-                        sys.executable, HOLDER, str(record), str(stop))
+    runner = pool.start(
+        "run",
+        "-p",
+        "0.5",
+        "--ttl",
+        "1",
+        "--on-lease-loss",
+        "warn",
+        "--",
+        sys.executable,
+        HOLDER,
+        str(record),
+        str(stop),
+    )
     try:
         env = read_record(record)["env"]
         time.sleep(1.6)  # longer than the TTL: only heartbeats keep it
@@ -211,8 +229,9 @@ def test_status_table_and_release_unknown(pool):
 
 
 def test_full_cli_registers_the_workload_verbs(pool):
-    done = subprocess.run([sys.executable, "-m", "gpupool", "status", "--json"], env=pool.env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "status", "--json"], env=pool.env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert set(json.loads(done.stdout)) >= {"devices", "leases"}
 
@@ -226,9 +245,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-@pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None, reason="needs torch (CPU build is enough)"
-)
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch (CPU build is enough)")
 def test_hook_reaches_torch_in_the_child(pool):
     env = dict(pool.env, GPUPOOL_HOOK_DEBUG="1")
     done = pool.run("run", "-p", "0.5", "-q", "--", sys.executable, "-c", "import torch", env=env)

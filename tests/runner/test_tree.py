@@ -21,7 +21,7 @@ import pytest
 from gpupool.core.errors import LeaseLost
 from gpupool.isolation.proctree import alive
 
-from .test_run import HOLDER, read_record, wait_for
+from .test_run import HOLDER, read_record
 
 SPAWNER = str(Path(__file__).with_name("spawner.py"))
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
@@ -72,13 +72,33 @@ def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):
 def test_kill_9_of_the_runner_against_a_real_server(running_server, tmp_path):
     pytest.importorskip("fastapi")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"),
-               GPUPOOL_TOKEN=running_server.token or "", PYTHONUNBUFFERED="1")
+    env.update(
+        HOME=str(tmp_path / "home"),
+        GPUPOOL_STATE=str(tmp_path / "no-embedded"),
+        GPUPOOL_TOKEN=running_server.token or "",
+        PYTHONUNBUFFERED="1",
+    )
     record = tmp_path / "tree.json"
     runner = subprocess.Popen(
-        CLI + ["run", "--server", running_server.url, "-p", "0.5", "--ttl", "30", "--",
-               sys.executable, SPAWNER, str(record)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        CLI
+        + [
+            "run",
+            "--server",
+            running_server.url,
+            "-p",
+            "0.5",
+            "--ttl",
+            "30",
+            "--",
+            sys.executable,
+            SPAWNER,
+            str(record),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids: List[int] = []
     try:
         pids = tree_of(record)
@@ -134,8 +154,10 @@ def test_lease_released_by_an_admin_ends_the_command(pool, tmp_path):
         assert released.returncode == 0, released.stderr
         _, err = runner.communicate(timeout=15)
         assert runner.returncode == LeaseLost.exit_code, err
-        assert (f"gpupool: lease {lease_id} was lost (expired or released by an admin): ending the command; "
-                "use --on-lease-loss warn to keep it running") in err
+        assert (
+            f"gpupool: lease {lease_id} was lost (expired or released by an admin): ending the command; "
+            "use --on-lease-loss warn to keep it running"
+        ) in err
         assert "already gone" in err
         assert [p for p in pids if alive(p)] == []
         assert "Traceback" not in err
@@ -146,8 +168,20 @@ def test_lease_released_by_an_admin_ends_the_command(pool, tmp_path):
 
 def test_lease_loss_in_warn_mode_lets_the_command_finish(pool, tmp_path):
     record, stop = tmp_path / "rec.json", tmp_path / "stop"
-    runner = pool.start("run", "-p", "0.5", "--ttl", "1.5", "--on-lease-loss", "warn", "--",
-                        sys.executable, HOLDER, str(record), str(stop))
+    runner = pool.start(
+        "run",
+        "-p",
+        "0.5",
+        "--ttl",
+        "1.5",
+        "--on-lease-loss",
+        "warn",
+        "--",
+        sys.executable,
+        HOLDER,
+        str(record),
+        str(stop),
+    )
     pid = 0
     try:
         info = read_record(record)
@@ -169,21 +203,51 @@ def test_lease_loss_in_warn_mode_lets_the_command_finish(pool, tmp_path):
 def test_lease_loss_against_a_real_server(running_server, tmp_path):
     pytest.importorskip("fastapi")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"),
-               GPUPOOL_TOKEN=running_server.token or "", PYTHONUNBUFFERED="1")
+    env.update(
+        HOME=str(tmp_path / "home"),
+        GPUPOOL_STATE=str(tmp_path / "no-embedded"),
+        GPUPOOL_TOKEN=running_server.token or "",
+        PYTHONUNBUFFERED="1",
+    )
     record = tmp_path / "tree.json"
     runner = subprocess.Popen(
-        CLI + ["run", "--server", running_server.url, "-p", "0.5", "--ttl", "1.5", "--",
-               sys.executable, SPAWNER, str(record)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        CLI
+        + [
+            "run",
+            "--server",
+            running_server.url,
+            "-p",
+            "0.5",
+            "--ttl",
+            "1.5",
+            "--",
+            sys.executable,
+            SPAWNER,
+            str(record),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids: List[int] = []
     try:
         pids = tree_of(record)
-        status = subprocess.run(CLI + ["status", "--json", "--server", running_server.url], env=env,
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            CLI + ["status", "--json", "--server", running_server.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         lease_id = json.loads(status.stdout)["leases"][0]["id"]
-        released = subprocess.run(CLI + ["release", lease_id, "--server", running_server.url], env=env,
-                                  capture_output=True, text=True, timeout=60)
+        released = subprocess.run(
+            CLI + ["release", lease_id, "--server", running_server.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert released.returncode == 0, released.stderr
         _, err = runner.communicate(timeout=15)
         assert runner.returncode == LeaseLost.exit_code, err

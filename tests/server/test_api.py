@@ -94,7 +94,9 @@ def test_auth_and_holders(running_server):
 )
 def test_bad_input_is_4xx_json_and_allocates_nothing(running_server, body, status, code):
     s = running_server
-    r = httpx.post(s.url + "/v1/leases", content=body, headers=dict(s.headers(), **{"Content-Type": "application/json"}))
+    r = httpx.post(
+        s.url + "/v1/leases", content=body, headers=dict(s.headers(), **{"Content-Type": "application/json"})
+    )
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code
     assert r.json()["error"]["message"]
@@ -188,7 +190,8 @@ def test_a_waiting_claim_whose_client_left_leaves_the_queue(server_factory, monk
     sock = socket.create_connection((host, int(port)))
     sock.sendall(
         b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {s.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Authorization: Bearer {s.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     assert _eventually(lambda: _queued(s) == 1, 5)
     sock.close()

@@ -38,8 +38,11 @@ def test_same_answers_on_both_paths(client):
     assert client.delete(f"/v1/leases/{lease_id}", headers=H).status_code == 404
     r = client.post("/v1/leases", content=b"{", headers=H)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_input"
-    r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "wait_s": 0.2,
-                                        "ttl_s": 5}, headers=H)
+    r = client.post(
+        "/v1/leases",
+        json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "wait_s": 0.2, "ttl_s": 5},
+        headers=H,
+    )
     assert r.status_code == 201
     r = client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}})
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"

@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import start_server
 
 
@@ -33,9 +32,21 @@ def test_second_server_on_same_state_dir_is_refused(running_server, tmp_path):
 
 def test_non_loopback_needs_a_token(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "gpupool", "server", "--listen", "0.0.0.0:0", "--state", str(tmp_path),
-         "--devices", "emulated:1x8GiB"],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "server",
+            "--listen",
+            "0.0.0.0:0",
+            "--state",
+            str(tmp_path),
+            "--devices",
+            "emulated:1x8GiB",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert r.returncode == 2
     assert "needs authentication" in r.stderr and "--token-file" in r.stderr
@@ -47,8 +58,12 @@ def test_a_failed_start_leaves_no_lock_connection_or_thread_behind(tmp_path):
     from gpupool.server.serve import ServerConfig, prepare
 
     (tmp_path / "token").write_text("short\n")
-    config = ServerConfig(listen="127.0.0.1:0", state_dir=str(tmp_path / "state"),
-                          token_file=str(tmp_path / "token"), devices="emulated:1x8GiB")
+    config = ServerConfig(
+        listen="127.0.0.1:0",
+        state_dir=str(tmp_path / "state"),
+        token_file=str(tmp_path / "token"),
+        devices="emulated:1x8GiB",
+    )
     before = set(threading.enumerate())
     for _ in range(2):  # the second start finds the state dir unlocked
         with pytest.raises(InvalidInput, match="holds no token"):
@@ -62,15 +77,17 @@ def test_a_default_ttl_no_claim_could_use_is_refused_at_start(tmp_path, ttl):
     from gpupool.server.serve import ServerConfig, prepare
 
     with pytest.raises(InvalidInput, match="--ttl"):
-        prepare(ServerConfig(listen="127.0.0.1:0", state_dir=str(tmp_path), devices="emulated:1x8GiB",
-                             ttl_s=float(ttl)))
+        prepare(
+            ServerConfig(listen="127.0.0.1:0", state_dir=str(tmp_path), devices="emulated:1x8GiB", ttl_s=float(ttl))
+        )
     assert not (tmp_path / "server.lock").exists()
 
 
 def test_loopback_without_token_serves_anonymously(server_factory):
     s = server_factory(token=False)
-    r = httpx.post(s.url + "/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]},
-                                               "holder": {"name": "me"}})
+    r = httpx.post(
+        s.url + "/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": {"name": "me"}}
+    )
     assert r.status_code == 201 and r.json()["holder"]["name"] == "me"
 
 
@@ -85,9 +102,26 @@ def test_tls_auto_and_token_bundle(server_factory, tmp_path):
     token_file = s.state.parent / f"{s.state.name}-token"
     out = tmp_path / "bundle.tar"
     r = subprocess.run(
-        [sys.executable, "-m", "gpupool", "token", "create", "--server", s.url, "--name", "dana",
-         "--admin-token-file", str(token_file), "--ca", str(s.state / "tls" / "ca.crt"), "--out", str(out)],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "token",
+            "create",
+            "--server",
+            s.url,
+            "--name",
+            "dana",
+            "--admin-token-file",
+            str(token_file),
+            "--ca",
+            str(s.state / "tls" / "ca.crt"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert r.returncode == 0, r.stderr
     with tarfile.open(out) as tar:
@@ -110,9 +144,24 @@ def test_tls_auto_and_token_bundle(server_factory, tmp_path):
 def test_token_create_in_state_dir_without_server(tmp_path):
     out = tmp_path / "b.tar"
     r = subprocess.run(
-        [sys.executable, "-m", "gpupool", "token", "create", "--server", "http://gpu1:56001", "--name", "eve",
-         "--state", str(tmp_path / "state"), "--out", str(out)],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "gpupool",
+            "token",
+            "create",
+            "--server",
+            "http://gpu1:56001",
+            "--name",
+            "eve",
+            "--state",
+            str(tmp_path / "state"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert r.returncode == 0, r.stderr
     with tarfile.open(out) as tar:
@@ -140,7 +189,9 @@ def test_kill_9_loses_no_acknowledged_lease_and_never_overcommits(server_factory
                             with lock:
                                 released.add(lease_id)
                     else:
-                        body = {"claim": {"requests": [{"count": rng.choice([1, 2]), "fraction": rng.choice([0.25, 0.5])}]}}
+                        body = {
+                            "claim": {"requests": [{"count": rng.choice([1, 2]), "fraction": rng.choice([0.25, 0.5])}]}
+                        }
                         r = http.post("/v1/leases", json=body)
                         if r.status_code == 201:
                             with lock:

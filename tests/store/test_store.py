@@ -42,10 +42,9 @@ def test_pragmas_and_round_trip(tmp_path):
 
 def test_failed_transaction_rolls_back(tmp_path):
     store = Store(tmp_path)
-    with pytest.raises(RuntimeError):
-        with store.write() as tx:
-            tx.insert_lease(_lease("a"))
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), store.write() as tx:
+        tx.insert_lease(_lease("a"))
+        raise RuntimeError("boom")
     with store.read() as tx:
         assert tx.leases() == []
 
@@ -101,8 +100,10 @@ def test_processes_opening_a_fresh_state_dir_at_once_all_succeed(tmp_path):
     for attempt in range(3):
         state = tmp_path / f"state{attempt}"
         start = time.time() + 0.5
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(state), str(start)], stderr=subprocess.PIPE,
-                                  text=True) for _ in range(4)]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, str(state), str(start)], stderr=subprocess.PIPE, text=True)
+            for _ in range(4)
+        ]
         for proc in procs:
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err

@@ -22,8 +22,11 @@ def gpupool_cmd(*args: str) -> List[str]:
 def run_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """A child environment: no inherited distributed variables, one thread per process
     (the suite runs on 2 cores), plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})

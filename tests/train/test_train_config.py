@@ -22,13 +22,16 @@ def test_plain_defaults_and_model_defaults() -> None:
     assert build_config("d", "o", overrides={"model": "convnet", "lr": 0.5}).lr == 0.5
 
 
-@pytest.mark.parametrize("overrides,fragment", [
-    ({"model": "alexnet"}, "unknown model"),
-    ({"epochs": 0}, "--epochs"),
-    ({"batch_size": 0}, "--batch-size"),
-    ({"train_last": "some"}, "--train-last"),
-    ({"dropout": 1.0}, "--dropout"),
-])
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        ({"model": "alexnet"}, "unknown model"),
+        ({"epochs": 0}, "--epochs"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"train_last": "some"}, "--train-last"),
+        ({"dropout": 1.0}, "--dropout"),
+    ],
+)
 def test_validation_names_the_flag(overrides: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         build_config("d", "o", overrides=overrides)

@@ -13,7 +13,13 @@ pytestmark = pytest.mark.torch
 
 from gpupool.core.errors import InvalidInput  # noqa: E402
 from gpupool.train.data import (  # noqa: E402
-    BAD_LABEL, SPLIT_FILE, ImageFiles, load_or_make_split, make_loader, make_split, scan_class_folders,
+    BAD_LABEL,
+    SPLIT_FILE,
+    ImageFiles,
+    load_or_make_split,
+    make_loader,
+    make_split,
+    scan_class_folders,
 )
 
 

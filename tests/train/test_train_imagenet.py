@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from gpupool.core.errors import InvalidInput  # noqa: E402
-from gpupool.train.imagenet import extract_synsets, parse_synsets  # noqa: E402
+from gpupool.core.errors import InvalidInput
+from gpupool.train.imagenet import extract_synsets, parse_synsets
 
 SYNSETS = ["n01440764", "n01514668", "n02119022"]
 
@@ -66,9 +66,9 @@ def test_extracts_from_every_layout(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "a" / "n01440764").iterdir())[:2] == ["escape.JPEG", "n01440764_0.JPEG"]
     assert not (tmp_path / "escape.JPEG").exists()
     assert json.loads((tmp_path / "a" / "synsets.json").read_text())["n01440764"] == "tench, Tinca tinca"
-    assert extract_synsets(layouts["outer"], SYNSETS, tmp_path / "b") == {s: 3 for s in SYNSETS}
+    assert extract_synsets(layouts["outer"], SYNSETS, tmp_path / "b") == dict.fromkeys(SYNSETS, 3)
     assert not (tmp_path / "b" / "n09999999").exists()
-    assert extract_synsets(layouts["folders"], SYNSETS, tmp_path / "c", limit=1) == {s: 1 for s in SYNSETS}
+    assert extract_synsets(layouts["folders"], SYNSETS, tmp_path / "c", limit=1) == dict.fromkeys(SYNSETS, 1)
 
 
 def test_missing_synset_and_bad_ids(tmp_path: Path) -> None:
@@ -80,7 +80,11 @@ def test_missing_synset_and_bad_ids(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="at least two"):
         parse_synsets("n01440764")
     assert parse_synsets("n02489166, n01440764,n01514668,n02119022") == [
-        "n02489166", "n01440764", "n01514668", "n02119022"]
+        "n02489166",
+        "n01440764",
+        "n01514668",
+        "n02119022",
+    ]
 
 
 @pytest.mark.slow
@@ -106,8 +110,28 @@ def test_extracted_synsets_train_and_predict_with_names(tmp_path: Path, capsys: 
     (src / "synset_words.txt").write_text("n01440764 tench\nn01514668 cock\nn02119022 red fox\n")
     data, run = tmp_path / "data", tmp_path / "run"
     assert main(["data", "imagenet", "--from", str(src), "--synsets", ",".join(SYNSETS), "--to", str(data)]) == 0
-    assert main(["train", "--data", str(data), "--out", str(run), "--model", "convnet", "--image-size", "16",
-                 "--epochs", "2", "--batch-size", "8", "--workers", "0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--model",
+                "convnet",
+                "--image-size",
+                "16",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "8",
+                "--workers",
+                "0",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     report = json.loads((run / "report.json").read_text())
     assert report["class_names"]["n02119022"] == "red fox" and report["classes"] == SYNSETS

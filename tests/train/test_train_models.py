@@ -18,8 +18,16 @@ from gpupool.train.models import WEIGHT_URLS, build_model, count_parameters  # n
 
 
 def _from_config(cfg, num_classes: int):  # type: ignore[no-untyped-def]
-    return build_model(cfg.model, num_classes, cfg.image_size, weights=cfg.weights, train_last=cfg.train_last,
-                       head=cfg.head, hidden=cfg.hidden, dropout=cfg.dropout)
+    return build_model(
+        cfg.model,
+        num_classes,
+        cfg.image_size,
+        weights=cfg.weights,
+        train_last=cfg.train_last,
+        head=cfg.head,
+        hidden=cfg.hidden,
+        dropout=cfg.dropout,
+    )
 
 
 def test_vgg19_transfer_preset_builds_the_published_stack() -> None:

@@ -37,8 +37,23 @@ def _rows(run: Path) -> List[Dict[str, Any]]:
 def digits_run(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     """One real training run on the full digits set, shared by the result tests."""
     out = tmp_path_factory.mktemp("runs") / "digits"
-    proc = run_gpupool("train", "--data", str(digits_dir), "--out", str(out), "--model", "convnet",
-                       "--image-size", "32", "--epochs", "4", "--batch-size", "32", "--workers", "1")
+    proc = run_gpupool(
+        "train",
+        "--data",
+        str(digits_dir),
+        "--out",
+        str(out),
+        "--model",
+        "convnet",
+        "--image-size",
+        "32",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "32",
+        "--workers",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     return {"out": out, "stdout": proc.stdout, "stderr": proc.stderr}
 
@@ -56,16 +71,24 @@ def test_digits_reaches_90_percent(digits_run: Dict[str, Any]) -> None:
     matrix = report["confusion_matrix"]
     assert len(matrix) == 10 and sum(map(sum, matrix)) == report["split_sizes"]["test"]
     assert report["corrupt_images"]["count"] == 0
-    for name in ("learning_curves.png", "confusion_matrix.png", "model.pt", "model.torchscript.pt",
-                 "split.json", "checkpoint.pt", "config.json"):
+    for name in (
+        "learning_curves.png",
+        "confusion_matrix.png",
+        "model.pt",
+        "model.torchscript.pt",
+        "split.json",
+        "checkpoint.pt",
+        "config.json",
+    ):
         assert (out / name).stat().st_size > 0, name
     last = digits_run["stdout"].strip().splitlines()[-1]
     assert last.startswith("test_accuracy=") and "images_per_second=" in last and "report=" in last
 
 
 @pytest.mark.slow
-def test_predict_prints_class_and_probability(digits_run: Dict[str, Any], digits_dir: Path,
-                                              capsys: pytest.CaptureFixture) -> None:
+def test_predict_prints_class_and_probability(
+    digits_run: Dict[str, Any], digits_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     files = [str(sorted((digits_dir / d).iterdir())[0]) for d in ("0", "7")]
     assert main(["predict", "--model", str(digits_run["out"]), *files, "--json", "--top", "3"]) == 0
     answers = json.loads(capsys.readouterr().out)
@@ -92,10 +115,22 @@ def test_ddp_two_processes_match_single_process(small_digits_dir: Path, tmp_path
     out = tmp_path / "ddp"
     port = str(free_port())
     procs = [
-        subprocess.Popen(gpupool_cmd("train", *args, "--out", str(out)), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         env=run_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                      "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+        subprocess.Popen(
+            gpupool_cmd("train", *args, "--out", str(out)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=run_env(
+                {
+                    "RANK": str(r),
+                    "LOCAL_RANK": str(r),
+                    "WORLD_SIZE": "2",
+                    "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                }
+            ),
+        )
         for r in range(2)
     ]
     outputs = [p.communicate(timeout=240) for p in procs]
@@ -116,8 +151,12 @@ def test_kill_9_then_resume_finishes_like_an_unbroken_run(small_digits_dir: Path
     unbroken = run_gpupool("train", *args, "--out", str(tmp_path / "unbroken"))
     assert unbroken.returncode == 0, unbroken.stderr
     out = tmp_path / "killed"
-    proc = subprocess.Popen(gpupool_cmd("train", *args, "--out", str(out)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=run_env())
+    proc = subprocess.Popen(
+        gpupool_cmd("train", *args, "--out", str(out)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=run_env(),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if (out / "metrics.jsonl").exists() and len(_rows(out)) >= 2:
@@ -151,8 +190,23 @@ def test_corrupt_images_are_skipped_and_counted(small_digits_dir: Path, tmp_path
     (data / "3" / "truncated.png").write_bytes(good[:20])
     out = tmp_path / "run"
     # One loader worker, persistent across both epochs: decoding happens in the worker.
-    proc = run_gpupool("train", "--data", str(data), "--out", str(out), "--model", "convnet", "--image-size", "16",
-                       "--epochs", "2", "--batch-size", "16", "--workers", "1")
+    proc = run_gpupool(
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        "convnet",
+        "--image-size",
+        "16",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--workers",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     report = _report(out)
     assert report["corrupt_images"]["count"] == 3
@@ -165,8 +219,9 @@ def _exit_and_message(argv: List[str], capsys: pytest.CaptureFixture) -> str:
     return capsys.readouterr().err
 
 
-def test_bad_input_exits_2_with_a_message(small_digits_dir: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_exits_2_with_a_message(
+    small_digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = str(tmp_path / "out")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -175,11 +230,14 @@ def test_bad_input_exits_2_with_a_message(small_digits_dir: Path, tmp_path: Path
     shutil.copytree(small_digits_dir / "4", single / "4")
     assert "single class" in _exit_and_message(["train", "--data", str(single), "--out", out, *FAST], capsys)
     data = ["--data", str(small_digits_dir)]
-    err = _exit_and_message(["train", *data, "--out", out + "1", "--model", "resnet18", "--weights", "none",
-                             "--image-size", "16"], capsys)
+    err = _exit_and_message(
+        ["train", *data, "--out", out + "1", "--model", "resnet18", "--weights", "none", "--image-size", "16"], capsys
+    )
     assert "too small for resnet18" in err
-    err = _exit_and_message(["train", *data, "--out", out + "2", "--preset", "vgg19-transfer", "--weights",
-                             str(tmp_path / "vgg19.pth")], capsys)
+    err = _exit_and_message(
+        ["train", *data, "--out", out + "2", "--preset", "vgg19-transfer", "--weights", str(tmp_path / "vgg19.pth")],
+        capsys,
+    )
     assert "vgg19-dcbb9e9d.pth" in err and "--weights none" in err
     err = _exit_and_message(["train", *data, "--out", out + "3", *FAST, "--batch-size", "100000"], capsys)
     assert "--batch-size 100000 is larger than the training set" in err

@@ -11,24 +11,34 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Add `data imagenet` and `data digits`."""
-    parser = subparsers.add_parser("data", help="prepare image data sets as DIR/<class>/*.jpg",
-                                   description="Prepare image data sets in the class-folder layout the trainer reads.")
+    parser = subparsers.add_parser(
+        "data",
+        help="prepare image data sets as DIR/<class>/*.jpg",
+        description="Prepare image data sets in the class-folder layout the trainer reads.",
+    )
     verbs = parser.add_subparsers(dest="data_command", metavar="SOURCE", required=True)
 
-    imagenet = verbs.add_parser("imagenet", help="extract chosen ILSVRC2012 synsets",
-                                description="Extract chosen synsets from ILSVRC2012 (outer tar, per-class tars "
-                                            "or extracted folders) into TO/<synset>/.")
-    imagenet.add_argument("--from", dest="source", required=True, type=Path,
-                          help="ILSVRC2012 train folder, or ILSVRC2012_img_train.tar")
+    imagenet = verbs.add_parser(
+        "imagenet",
+        help="extract chosen ILSVRC2012 synsets",
+        description="Extract chosen synsets from ILSVRC2012 (outer tar, per-class tars "
+        "or extracted folders) into TO/<synset>/.",
+    )
+    imagenet.add_argument(
+        "--from", dest="source", required=True, type=Path, help="ILSVRC2012 train folder, or ILSVRC2012_img_train.tar"
+    )
     imagenet.add_argument("--synsets", required=True, help="comma-separated synset ids, e.g. n01440764,n02119022")
     imagenet.add_argument("--to", required=True, type=Path, help="output folder")
     imagenet.add_argument("--limit", type=int, default=0, help="at most N images per synset (0: all)")
     imagenet.add_argument("--json", action="store_true", help="print counts as JSON on stdout")
     imagenet.set_defaults(func=_imagenet)
 
-    digits = verbs.add_parser("digits", help="export scikit-learn's digits (offline, 1,797 images)",
-                              description="Export scikit-learn's bundled 8x8 handwritten digits as PNGs, "
-                                          "TO/<digit>/<n>.png: a real, small data set that needs no network.")
+    digits = verbs.add_parser(
+        "digits",
+        help="export scikit-learn's digits (offline, 1,797 images)",
+        description="Export scikit-learn's bundled 8x8 handwritten digits as PNGs, "
+        "TO/<digit>/<n>.png: a real, small data set that needs no network.",
+    )
     digits.add_argument("--to", required=True, type=Path, help="output folder")
     digits.add_argument("--limit-per-class", type=int, default=0, help="at most N images per class (0: all)")
     digits.add_argument("--json", action="store_true", help="print counts as JSON on stdout")
@@ -55,8 +65,11 @@ def _digits(args: argparse.Namespace) -> int:
 
     try:
         from gpupool.train.digits import export_digits
+
         counts = export_digits(args.to, limit_per_class=max(0, args.limit_per_class))
     except ImportError as err:
-        raise InvalidInput(f"`gpupool data digits` needs the train extra ({err}); pip install 'gpupool[train]'") from None
+        raise InvalidInput(
+            f"`gpupool data digits` needs the train extra ({err}); pip install 'gpupool[train]'"
+        ) from None
     _print_counts(args, counts)
     return 0

@@ -14,14 +14,17 @@ from ..jobs.executors import TARGETS
 
 def register(subparsers: Any) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="local", choices=TARGETS,
-                       help="where the job runs (default: local)")
-        p.add_argument("--state", metavar="DIR",
-                       help="state dir holding local jobs (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")
+        p.add_argument("--target", default="local", choices=TARGETS, help="where the job runs (default: local)")
+        p.add_argument(
+            "--state",
+            metavar="DIR",
+            help="state dir holding local jobs (default: $GPUPOOL_STATE or ~/.local/state/gpupool)",
+        )
         p.add_argument("--namespace", help="Kubernetes namespace (default: 'default')")
 
-    jobs = subparsers.add_parser("jobs", help="list submitted jobs with their state",
-                                 description="List jobs and their replicas' state.")
+    jobs = subparsers.add_parser(
+        "jobs", help="list submitted jobs with their state", description="List jobs and their replicas' state."
+    )
     jobs.add_argument("name", nargs="?", help="show one job in detail")
     jobs.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common(jobs)
@@ -34,8 +37,9 @@ def register(subparsers: Any) -> None:
     common(logs)
     logs.set_defaults(func=_logs)
 
-    cancel = subparsers.add_parser("cancel", help="stop a job and free its GPUs",
-                                   description="Stop every replica of a job and release its lease.")
+    cancel = subparsers.add_parser(
+        "cancel", help="stop a job and free its GPUs", description="Stop every replica of a job and release its lease."
+    )
     cancel.add_argument("name", help="job name")
     common(cancel)
     cancel.set_defaults(func=_cancel)
@@ -44,8 +48,9 @@ def register(subparsers: Any) -> None:
 def _executor(args: argparse.Namespace):
     from ..jobs.executors import get_executor
 
-    return get_executor(args.target, state_dir=Path(args.state).expanduser() if args.state else None,
-                        namespace=args.namespace)
+    return get_executor(
+        args.target, state_dir=Path(args.state).expanduser() if args.state else None, namespace=args.namespace
+    )
 
 
 def _ago(ts: Any) -> str:
@@ -67,8 +72,10 @@ def _jobs(args: argparse.Namespace) -> int:
     print(f"{'NAME':24} {'STATUS':11} {'REPLICAS':9} {'RESTARTS':8} {'AGE':5}  MESSAGE")
     for d in found:
         running = sum(1 for r in d.replicas if r.status == "Running")
-        print(f"{d.name:24} {d.status:11} {running}/{len(d.replicas):<7} {d.restarts:<8} "
-              f"{_ago(d.submitted_at):5}  {d.message}")
+        print(
+            f"{d.name:24} {d.status:11} {running}/{len(d.replicas):<7} {d.restarts:<8} "
+            f"{_ago(d.submitted_at):5}  {d.message}"
+        )
         if args.name:
             for r in d.replicas:
                 code = "" if r.exit_code is None else f" exit {r.exit_code}"

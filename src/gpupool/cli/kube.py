@@ -1,9 +1,9 @@
 """`gpupool kube ...`: the Kubernetes side (what the deploy manifests run).
 
-  gpupool kube webhook --listen 0.0.0.0:8443 --tls-cert tls.crt --tls-key tls.key
-  gpupool kube agent --kubelet-dir /var/lib/kubelet/device-plugins --devices auto --listen 0.0.0.0:56001 --state /var/lib/gpupool
-  gpupool kube certs --out deploy/tls            # webhook CA + serving cert (again with --ca-* to rotate)
-  gpupool kube secret team-a --namespace team-a  # a user token: the two kubectl commands that install it
+gpupool kube webhook --listen 0.0.0.0:8443 --tls-cert tls.crt --tls-key tls.key
+gpupool kube agent --kubelet-dir /var/lib/kubelet/device-plugins --devices auto --listen 0.0.0.0:56001 --state /var/lib/gpupool
+gpupool kube certs --out deploy/tls            # webhook CA + serving cert (again with --ca-* to rotate)
+gpupool kube secret team-a --namespace team-a  # a user token: the two kubectl commands that install it
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..core.errors import InvalidInput
 from .server import add_enforcement_arguments, node_enforcement
@@ -25,8 +26,12 @@ def register(subparsers) -> None:
     p.add_argument("--listen", default="0.0.0.0:8443", metavar="HOST:PORT")
     p.add_argument("--tls-cert", help="serving certificate (re-read when it changes)")
     p.add_argument("--tls-key", help="its private key")
-    p.add_argument("--agents", default="kube", metavar="kube|NODE=URL,...",
-                   help="where node agents are: 'kube' (each node's InternalIP, in cluster) or a fixed map")
+    p.add_argument(
+        "--agents",
+        default="kube",
+        metavar="kube|NODE=URL,...",
+        help="where node agents are: 'kube' (each node's InternalIP, in cluster) or a fixed map",
+    )
     p.add_argument("--agent-port", type=int, default=56001)
     p.add_argument("--agent-token-file", help="admin token to read the agents' /v1/status")
     p.add_argument("--runner-image", default="ghcr.io/gpupool/gpupool:0.1.0", help="image of the runner init container")
@@ -34,12 +39,24 @@ def register(subparsers) -> None:
     p.add_argument("--gpu-memory", help="GPU size for gpu-memory asks while no agent has reported (e.g. 80GiB)")
     p.add_argument("--wait", type=float, default=300.0, help="seconds the runner queues for its share (default 300)")
     p.add_argument("--refresh", type=float, default=2.0, help="seconds between agent polls (default 2)")
-    p.add_argument("--isolation", default="hooks", metavar="mps|hooks|none",
-                   help="the agents' isolation mode; mps gives GPU containers the agent's MPS pipe and /dev/shm")
-    p.add_argument("--mps-pipe-dir", default="/var/lib/gpupool/mps/pipe", metavar="HOST_PATH",
-                   help="the agents' MPS pipe folder: their --state + /mps/pipe (default /var/lib/gpupool/mps/pipe)")
-    p.add_argument("--mps-shm-dir", default="/run/gpupool/mps/shm", metavar="HOST_PATH",
-                   help="host folder the agents mount as /dev/shm (default /run/gpupool/mps/shm)")
+    p.add_argument(
+        "--isolation",
+        default="hooks",
+        metavar="mps|hooks|none",
+        help="the agents' isolation mode; mps gives GPU containers the agent's MPS pipe and /dev/shm",
+    )
+    p.add_argument(
+        "--mps-pipe-dir",
+        default="/var/lib/gpupool/mps/pipe",
+        metavar="HOST_PATH",
+        help="the agents' MPS pipe folder: their --state + /mps/pipe (default /var/lib/gpupool/mps/pipe)",
+    )
+    p.add_argument(
+        "--mps-shm-dir",
+        default="/run/gpupool/mps/shm",
+        metavar="HOST_PATH",
+        help="host folder the agents mount as /dev/shm (default /run/gpupool/mps/shm)",
+    )
     p.set_defaults(func=handle_webhook)
 
     p = verbs.add_parser("agent", help="node agent: device plugin + the node's pool server")
@@ -52,10 +69,18 @@ def register(subparsers) -> None:
     p.add_argument("--node", default="", help="node name (default: env NODE_NAME)")
     p.add_argument("--advertise", default="", help="agent URL for containers (default http://$NODE_IP:PORT)")
     p.add_argument("--no-reap", action="store_true", help="do not release leases of gone pods (outside a cluster)")
-    p.add_argument("--live-pods-file", metavar="FILE",
-                   help="reap with the pod UIDs listed in FILE (one a line) instead of the API server (tests, dev)")
-    p.add_argument("--reap-interval", type=float, default=30.0, metavar="SECONDS",
-                   help="seconds between passes of the reaper (default 30)")
+    p.add_argument(
+        "--live-pods-file",
+        metavar="FILE",
+        help="reap with the pod UIDs listed in FILE (one a line) instead of the API server (tests, dev)",
+    )
+    p.add_argument(
+        "--reap-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between passes of the reaper (default 30)",
+    )
     add_enforcement_arguments(p)
     p.set_defaults(func=handle_agent)
 
@@ -96,23 +121,30 @@ def handle_webhook(args: argparse.Namespace) -> int:
     ):
         if path and not os.path.isfile(path):
             raise InvalidInput(f"{flag} {path!r} does not exist: {fix}")
-    token = open(args.agent_token_file).read().strip() if args.agent_token_file else ""
+    token = Path(args.agent_token_file).read_text().strip() if args.agent_token_file else ""
     in_cluster = args.agents == "kube"
     targets = kube_targets(args.agent_port) if in_cluster else static_targets(args.agents)
     # Before the cluster poller starts, so that a bad flag leaves no thread behind.
     config = MutateConfig(
-        runner_image=args.runner_image, agent_port=args.agent_port, token_secret=args.token_secret,
+        runner_image=args.runner_image,
+        agent_port=args.agent_port,
+        token_secret=args.token_secret,
         gpu_memory_mib=parse_memory_mib(args.gpu_memory, "--gpu-memory") if args.gpu_memory else None,
         wait_s=args.wait,
-        mps_pipe_dir=args.mps_pipe_dir if mps else "", mps_shm_dir=args.mps_shm_dir,
+        mps_pipe_dir=args.mps_pipe_dir if mps else "",
+        mps_shm_dir=args.mps_shm_dir,
     )
     cluster = ClusterState(targets, token=token, pending=kube_pending() if in_cluster else None)
     cluster.start(args.refresh)
     server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"gpupool webhook listening on {'https' if args.tls_cert else 'http'}://{shown}:{port} "
-          f"({'TLS' if args.tls_cert else 'plain HTTP'})", file=sys.stderr, flush=True)
+    print(
+        f"gpupool webhook listening on {'https' if args.tls_cert else 'http'}://{shown}:{port} "
+        f"({'TLS' if args.tls_cert else 'plain HTTP'})",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = threading.Event()
     import signal
 
@@ -131,11 +163,22 @@ def handle_agent(args: argparse.Namespace) -> int:
 
     if args.reap_interval <= 0:
         raise InvalidInput(f"--reap-interval {args.reap_interval:g}: give a positive number of seconds, e.g. 30")
-    run_agent(AgentConfig(kubelet_dir=args.kubelet_dir, devices=args.devices, listen=args.listen,
-                          state_dir=args.state, token_file=args.token_file, tokens_dir=args.tokens_dir,
-                          node=args.node, advertise=args.advertise, in_cluster=not args.no_reap,
-                          live_pods_file=args.live_pods_file, reap_interval_s=args.reap_interval,
-                          enforcement=node_enforcement(args)))
+    run_agent(
+        AgentConfig(
+            kubelet_dir=args.kubelet_dir,
+            devices=args.devices,
+            listen=args.listen,
+            state_dir=args.state,
+            token_file=args.token_file,
+            tokens_dir=args.tokens_dir,
+            node=args.node,
+            advertise=args.advertise,
+            in_cluster=not args.no_reap,
+            live_pods_file=args.live_pods_file,
+            reap_interval_s=args.reap_interval,
+            enforcement=node_enforcement(args),
+        )
+    )
     return 0
 
 
@@ -145,8 +188,9 @@ def handle_certs(args: argparse.Namespace) -> int:
 
     if bool(args.ca_cert) != bool(args.ca_key):
         raise InvalidInput("give both --ca-cert and --ca-key to renew with an existing CA, or neither")
-    ca, crt, key = write_certs(args.out, service_names(args.service, args.namespace), args.days,
-                               args.ca_cert, args.ca_key)
+    ca, crt, key = write_certs(
+        args.out, service_names(args.service, args.namespace), args.days, args.ca_cert, args.ca_key
+    )
     patch = write_ca_patch(args.out, ca.read_bytes())
     print(f"wrote {ca}, {crt}, {key} and {patch}", file=sys.stderr)
     return 0
@@ -170,6 +214,8 @@ def handle_secret(args: argparse.Namespace) -> int:
     token = token or secrets.token_urlsafe(32)
     patch = json.dumps({"stringData": {name: token}})
     print(f"kubectl -n {args.system_namespace} patch secret gpupool-tokens --type merge -p {shlex.quote(patch)}")
-    print(f"kubectl -n {shlex.quote(args.namespace)} create secret generic gpupool-client "
-          f"--from-literal=token={shlex.quote(token)}")
+    print(
+        f"kubectl -n {shlex.quote(args.namespace)} create secret generic gpupool-client "
+        f"--from-literal=token={shlex.quote(token)}"
+    )
     return 0

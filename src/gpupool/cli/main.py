@@ -68,8 +68,10 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
         # The machine said no (a state dir that cannot be made, a full disk ...):
         # not a bug in gpupool, so the reason and the path, not a traceback.
         where = f" ({err.filename})" if err.filename else ""
-        print(f"gpupool: error: {err.strerror or err}{where}: check the path, its permissions and free space",
-              file=sys.stderr)
+        print(
+            f"gpupool: error: {err.strerror or err}{where}: check the path, its permissions and free space",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         return 130

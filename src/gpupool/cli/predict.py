@@ -10,8 +10,11 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Add `predict`."""
-    p = subparsers.add_parser("predict", help="classify images with a trained model",
-                              description="Print the predicted class and its probability for each image.")
+    p = subparsers.add_parser(
+        "predict",
+        help="classify images with a trained model",
+        description="Print the predicted class and its probability for each image.",
+    )
     p.add_argument("--model", required=True, type=Path, help="run folder of `gpupool train` (or its model.pt)")
     p.add_argument("images", nargs="+", help="image files (jpg, jpeg, png)")
     p.add_argument("--top", type=int, default=1, help="show the K most likely classes (default 1)")

@@ -30,19 +30,34 @@ def register(subparsers) -> None:
     share.add_argument("-p", "--partial", metavar="FRACTION", help="share of each GPU's memory in (0, 1], e.g. 0.5")
     share.add_argument("-m", "--memory", metavar="MiB", help="memory per GPU: MiB or a size such as 8GiB")
     p.add_argument(
-        "--filter", action="append", default=[], metavar="KEY=VALUE",
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="device.name=GLOB, device.uuid=ID, device.index=I, device.memory>=SIZE, server.addr=HOST (repeatable)",
     )
     p.add_argument("--policy", default="binpack", help="binpack (default: keep whole GPUs free) or spread")
-    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to queue when the pool is full (default 0: fail at once, exit 3)")
-    p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="lease TTL; heartbeats every TTL/3 (default 30)")
     p.add_argument(
-        "--on-lease-loss", choices=("kill", "warn"), default="kill",
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds to queue when the pool is full (default 0: fail at once, exit 3)",
+    )
+    p.add_argument(
+        "--ttl", type=float, default=30.0, metavar="S", help="lease TTL; heartbeats every TTL/3 (default 30)"
+    )
+    p.add_argument(
+        "--on-lease-loss",
+        choices=("kill", "warn"),
+        default="kill",
         help="when the lease is lost (expired, or released by an admin): kill ends the command and "
         "exits 6 (default), warn only says so and lets it run on",
     )
     p.add_argument(
-        "--isolation", choices=("mps", "hooks", "none"), default=None,
+        "--isolation",
+        choices=("mps", "hooks", "none"),
+        default=None,
         help="set the embedded pool's isolation mode (mps starts a detached MPS control daemon for the "
         "state dir); default: the mode it has (hooks on a new pool)",
     )
@@ -83,8 +98,15 @@ def handle(args: argparse.Namespace) -> int:
     )
     say = progress(args.quiet)
     options = RunOptions(
-        claim=claim, wait_s=args.wait, ttl_s=args.ttl, label=args.label, quiet=args.quiet, say=say,
-        on_lease_loss=args.on_lease_loss, warn=progress(False),
-        isolation=IsolationMode.parse(args.isolation) if args.isolation else None, **pool_kwargs(args),
+        claim=claim,
+        wait_s=args.wait,
+        ttl_s=args.ttl,
+        label=args.label,
+        quiet=args.quiet,
+        say=say,
+        on_lease_loss=args.on_lease_loss,
+        warn=progress(False),
+        isolation=IsolationMode.parse(args.isolation) if args.isolation else None,
+        **pool_kwargs(args),
     )
     return run(command, options)

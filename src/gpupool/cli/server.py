@@ -44,16 +44,22 @@ def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
     """--isolation and the watchdog's flags, shared by `gpupool server` and the node agent."""
     modes = ("kill", "warn", "off")
     p.add_argument(
-        "--isolation", choices=("mps", "hooks", "none"), default="hooks",
+        "--isolation",
+        choices=("mps", "hooks", "none"),
+        default="hooks",
         help="how leases are held to their share: mps (CUDA MPS daemon, driver-enforced), "
         "hooks (env + import hook, default) or none",
     )
     p.add_argument(
-        "--enforce", choices=modes, default="kill",
+        "--enforce",
+        choices=modes,
+        default="kill",
         help="a lease using more GPU memory than its share past the grace period: kill (default), warn or off",
     )
     p.add_argument(
-        "--enforce-unleased", choices=modes, default="warn",
+        "--enforce-unleased",
+        choices=modes,
+        default="warn",
         help="a process on a pooled GPU that belongs to no lease: kill, warn (default) or off",
     )
     p.add_argument("--enforce-grace", type=float, default=5.0, metavar="S", help="seconds before acting (default 5)")
@@ -62,7 +68,7 @@ def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def node_enforcement(args: argparse.Namespace) -> "NodeEnforcement":
+def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
     """The settings of `add_enforcement_arguments`."""
     from ..server.serve import NodeEnforcement
 

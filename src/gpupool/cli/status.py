@@ -62,8 +62,9 @@ def handle_status(args: argparse.Namespace) -> int:
             who = f"{holder['name'] or '?'}@{holder['host']}:{holder['pid']}" if holder["host"] else holder["name"]
             gpus = ", ".join(f"{d['uuid']}={_mib(d['memory_mib'])}" for d in lease["devices"])
             used = _mib(lease_used.get(lease["id"], 0)) if usage else "-"
-            rows.append([lease["id"], who, holder.get("label", ""), gpus, used,
-                         f"{max(lease['expires_at'] - now, 0):.0f}s"])
+            rows.append(
+                [lease["id"], who, holder.get("label", ""), gpus, used, f"{max(lease['expires_at'] - now, 0):.0f}s"]
+            )
         print(_table(["LEASE", "HOLDER", "LABEL", "GPUS", "USED", "EXPIRES IN"], rows))
     else:
         print("no leases")
@@ -83,13 +84,27 @@ def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None
     unleased = [p for p in usage.get("processes", []) if not p["lease_id"]]
     if unleased:
         print()
-        print(_table(["UNLEASED PID", "GPU", "USED"],
-                     [[str(p["pid"]), p["device_uuid"], _mib(p["memory_mib"])] for p in unleased]))
+        print(
+            _table(
+                ["UNLEASED PID", "GPU", "USED"],
+                [[str(p["pid"]), p["device_uuid"], _mib(p["memory_mib"])] for p in unleased],
+            )
+        )
     actions = usage.get("actions") or []
     if actions:
         print()
-        rows = [[time.strftime("%H:%M:%S", time.localtime(a["at"])), a["reason"], a["mode"], str(a["pid"]),
-                 a["lease_id"] or "-", a["holder"] or "-", _mib(a["memory_mib"])] for a in actions[-10:]]
+        rows = [
+            [
+                time.strftime("%H:%M:%S", time.localtime(a["at"])),
+                a["reason"],
+                a["mode"],
+                str(a["pid"]),
+                a["lease_id"] or "-",
+                a["holder"] or "-",
+                _mib(a["memory_mib"]),
+            ]
+            for a in actions[-10:]
+        ]
         print(_table(["AT", "REASON", "ACTION", "PID", "LEASE", "HOLDER", "USED"], rows))
 
 
@@ -131,11 +146,18 @@ def _device_table(devices: Sequence[Dict[str, Any]], usage: Optional[Dict[str, A
         total, used = d["memory_mib"], d["allocated_mib"]
         pct = f" ({used * 100 // total}%)" if total else ""
         health = "" if d.get("healthy", True) else " UNHEALTHY"
-        rows.append([
-            str(d["index"]), d.get("node", ""), d["uuid"], d["name"] + health,
-            _mib(total), _mib(used) + pct, _mib(max(total - used, 0)),
-            _mib(sampled[d["uuid"]]) if d["uuid"] in sampled else "-",
-        ])
+        rows.append(
+            [
+                str(d["index"]),
+                d.get("node", ""),
+                d["uuid"],
+                d["name"] + health,
+                _mib(total),
+                _mib(used) + pct,
+                _mib(max(total - used, 0)),
+                _mib(sampled[d["uuid"]]) if d["uuid"] in sampled else "-",
+            ]
+        )
     return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE", "USED"], rows)
 
 

@@ -20,15 +20,23 @@ def register(subparsers: Any) -> None:
         "with TF_CONFIG / torchrun / Horovod env; locally, or as Kubernetes manifests.",
     )
     parser.add_argument("spec", help="job spec YAML (see examples/digits-ddp.yaml)")
-    parser.add_argument("--target", default="local", choices=TARGETS,
-                        help="local processes (default), a Kubernetes Indexed Job + headless Service, "
-                        "or a Kubeflow TFJob/PyTorchJob")
+    parser.add_argument(
+        "--target",
+        default="local",
+        choices=TARGETS,
+        help="local processes (default), a Kubernetes Indexed Job + headless Service, or a Kubeflow TFJob/PyTorchJob",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print exactly what would be submitted, start nothing")
-    parser.add_argument("-f", "--follow", action="store_true",
-                        help="stream the replicas' logs until the job ends; Ctrl-C cancels it")
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="stream the replicas' logs until the job ends; Ctrl-C cancels it"
+    )
     parser.add_argument("--namespace", help="Kubernetes namespace (default: the spec's, else 'default')")
-    parser.add_argument("--ttl", type=float, default=30.0,
-                        help="lease TTL in seconds: how long GPUs stay held if the supervisor dies (default 30)")
+    parser.add_argument(
+        "--ttl",
+        type=float,
+        default=30.0,
+        help="lease TTL in seconds: how long GPUs stay held if the supervisor dies (default 30)",
+    )
     add_pool_arguments(parser)
     parser.set_defaults(func=_submit)
 

@@ -59,7 +59,9 @@ def handle_create(args: argparse.Namespace) -> int:
     else:
         token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem)
     if any(u.startswith("https://") for u in urls) and not ca_pem:
-        print("gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr)
+        print(
+            "gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr
+        )
     files = client_bundle(urls, token, ca_pem)
     _write_tar(Path(args.out), files)
     print(f"token {name!r} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)

@@ -7,25 +7,45 @@ import json
 from typing import Any, Dict
 
 # Flag name -> TrainConfig field, for the options a preset may set (None = not given).
-_OVERRIDES = ("model", "weights", "train_last", "head", "hidden", "dropout", "image_size", "epochs",
-              "batch_size", "lr", "weight_decay", "schedule", "patience", "workers", "seed", "device",
-              "max_steps_per_epoch")
+_OVERRIDES = (
+    "model",
+    "weights",
+    "train_last",
+    "head",
+    "hidden",
+    "dropout",
+    "image_size",
+    "epochs",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "schedule",
+    "patience",
+    "workers",
+    "seed",
+    "device",
+    "max_steps_per_epoch",
+)
 
 
 def register(subparsers: Any) -> None:
     """Add `train`."""
     p = subparsers.add_parser(
-        "train", help="train an image classifier on DIR/<class>/*.jpg",
+        "train",
+        help="train an image classifier on DIR/<class>/*.jpg",
         description="Train an image classifier on a class-folder data set. Runs on one GPU, a CPU, or as one "
-                    "of WORLD_SIZE data-parallel workers (RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as "
-                    "torchrun sets them). Resumes from OUT/checkpoint.pt when there is one.")
+        "of WORLD_SIZE data-parallel workers (RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as "
+        "torchrun sets them). Resumes from OUT/checkpoint.pt when there is one.",
+    )
     p.add_argument("--data", required=True, help="class-folder data set: DATA/<class>/*.{jpg,jpeg,png}")
     p.add_argument("--out", required=True, help="run folder: split, checkpoints, metrics, report, model")
     p.add_argument("--preset", help="a named recipe, e.g. vgg19-transfer (flags still override it)")
     p.add_argument("--model", help="convnet, resnet18, resnet50, vgg16 or vgg19 (default resnet18)")
     p.add_argument("--weights", help="pretrained torchvision weights file (.pth), or 'none' to train from scratch")
-    p.add_argument("--train-last", help="backbone layers left trainable: a number or 'all' "
-                                        "(default: 0 with pretrained weights, all without)")
+    p.add_argument(
+        "--train-last",
+        help="backbone layers left trainable: a number or 'all' (default: 0 with pretrained weights, all without)",
+    )
     p.add_argument("--head", choices=("linear", "mlp"), help="new classifier head (mlp: Dense hidden ReLU Dense)")
     p.add_argument("--hidden", type=int, help="units of the mlp head's hidden layer (default 30)")
     p.add_argument("--dropout", type=float, help="dropout before the head (default 0)")
@@ -42,14 +62,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hflip", action="store_true", help="random horizontal flips while training")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (pays off on long GPU runs)")
     p.add_argument("--no-amp", action="store_true", help="no mixed precision on GPU")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="channels_last memory format (default: on GPU only)")
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="channels_last memory format (default: on GPU only)",
+    )
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda:LOCAL_RANK if there is a GPU)")
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from OUT/checkpoint.pt when it exists (default on)")
+    p.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="continue from OUT/checkpoint.pt when it exists (default on)",
+    )
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests, benchmarks)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (rank 0)")
     p.set_defaults(func=_train)
 
@@ -61,11 +93,20 @@ def _train(args: argparse.Namespace) -> int:
     overrides: Dict[str, Any] = {name: getattr(args, name) for name in _OVERRIDES}
     try:
         overrides["split"] = parse_split(args.split)
-        cfg = build_config(args.data, args.out, preset=args.preset, overrides={
-            **overrides, "hflip": args.hflip or None, "compile": args.compile or None,
-            "amp": False if args.no_amp else None, "channels_last": args.channels_last,
-            "resume": args.resume, "progress": args.progress,
-        })
+        cfg = build_config(
+            args.data,
+            args.out,
+            preset=args.preset,
+            overrides={
+                **overrides,
+                "hflip": args.hflip or None,
+                "compile": args.compile or None,
+                "amp": False if args.no_amp else None,
+                "channels_last": args.channels_last,
+                "resume": args.resume,
+                "progress": args.progress,
+            },
+        )
     except ValueError as err:
         raise InvalidInput(str(err)) from None
     try:
@@ -80,6 +121,9 @@ def _train(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            print(f"test_accuracy={result['test_accuracy']:.4f} images_per_second={result['images_per_second']:.1f} "
-                  f"epochs_run={result['epochs_run']} report={os.path.join(cfg.out, 'report.json')}", flush=True)
+            print(
+                f"test_accuracy={result['test_accuracy']:.4f} images_per_second={result['images_per_second']:.1f} "
+                f"epochs_run={result['epochs_run']} report={os.path.join(cfg.out, 'report.json')}",
+                flush=True,
+            )
     return 0

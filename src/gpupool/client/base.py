@@ -35,10 +35,10 @@ class PoolClient(abc.ABC):
     def status(self) -> PoolStatus:
         """Devices, their allocation, and the live leases."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  # optional hook: most clients have nothing to free
         """Free connections or files; the default has nothing to free."""
 
-    def __enter__(self) -> "PoolClient":
+    def __enter__(self) -> PoolClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

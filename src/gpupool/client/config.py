@@ -59,9 +59,7 @@ def normalize_url(url: str) -> str:
     """Check the scheme and drop a trailing slash; raises InvalidInput for other schemes."""
     text = str(url).strip()
     if not text.lower().startswith(SCHEMES):
-        raise InvalidInput(
-            f"server URL {url!r} has an unknown scheme: use http://HOST:PORT or https://HOST:PORT"
-        )
+        raise InvalidInput(f"server URL {url!r} has an unknown scheme: use http://HOST:PORT or https://HOST:PORT")
     return text.rstrip("/")
 
 
@@ -175,9 +173,7 @@ def client_bundle(urls: Sequence[str], token: str, ca_pem: Optional[str] = None)
     return files
 
 
-def write_client_bundle(
-    directory: Path, urls: Sequence[str], token: str, ca_pem: Optional[str] = None
-) -> List[Path]:
+def write_client_bundle(directory: Path, urls: Sequence[str], token: str, ca_pem: Optional[str] = None) -> List[Path]:
     """Write `client_bundle(...)` into `directory` (created, files mode 0600); returns the paths."""
     target = Path(directory).expanduser()
     target.mkdir(parents=True, exist_ok=True)

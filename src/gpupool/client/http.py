@@ -12,7 +12,12 @@ import urllib.parse
 from typing import Any, Dict, Optional
 
 from ..core.errors import (
-    GpupoolError, InvalidInput, ServerUnreachable, Unauthorized, error_for_status, error_from_dict,
+    GpupoolError,
+    InvalidInput,
+    ServerUnreachable,
+    Unauthorized,
+    error_for_status,
+    error_from_dict,
 )
 from ..core.model import Claim, Holder, Lease, PoolStatus
 from .base import PoolClient

@@ -13,8 +13,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Holder, Lease, PoolStatus
-from ..core.usage import IsolationMode, UsageReport
 from ..core.placement import could_ever_fit, place
+from ..core.usage import IsolationMode, UsageReport
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
 
@@ -80,7 +80,7 @@ def connect_all(
     clients: List[PoolClient] = []
     for address in addresses:
         if address.lower().startswith(EMBEDDED):
-            path = address[len(EMBEDDED):]
+            path = address[len(EMBEDDED) :]
             clients.append(_embedded(Path(path) if path else state_dir, devices_spec, isolation))
             continue
         from .http import HttpPoolClient

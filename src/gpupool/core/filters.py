@@ -31,13 +31,11 @@ class Filter:
     value: str
 
     @classmethod
-    def parse(cls, text: str) -> "Filter":
+    def parse(cls, text: str) -> Filter:
         """Parse 'device.memory>=16GiB' and friends; unknown keys are rejected."""
         match = _FILTER_RE.match(text)
         if not match:
-            raise InvalidClaim(
-                f"filter {text!r} is not KEY=VALUE: use e.g. device.name=*A100* or device.memory>=16384"
-            )
+            raise InvalidClaim(f"filter {text!r} is not KEY=VALUE: use e.g. device.name=*A100* or device.memory>=16384")
         key, op, value = match.group(1).lower(), match.group(2), match.group(3)
         if key not in KEYS:
             raise InvalidClaim(f"filter key {key!r} is unknown: use one of {', '.join(KEYS)}")
@@ -56,7 +54,7 @@ class Filter:
     def is_server_filter(self) -> bool:
         return self.key.startswith("server.")
 
-    def matches(self, device: "Device") -> bool:
+    def matches(self, device: Device) -> bool:
         """Whether `device` passes; server filters admit every device."""
         if self.is_server_filter:
             return True

@@ -23,7 +23,7 @@ class Policy(enum.Enum):
     SPREAD = "spread"  # use the emptiest GPU: least contention per job
 
     @classmethod
-    def parse(cls, text: str) -> "Policy":
+    def parse(cls, text: str) -> Policy:
         try:
             return cls(str(text).lower())
         except ValueError:
@@ -52,7 +52,7 @@ class Device:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Device":
+    def from_dict(cls, data: Mapping[str, Any]) -> Device:
         return cls(
             uuid=str(data["uuid"]),
             index=int(data["index"]),
@@ -112,7 +112,7 @@ class GpuRequest:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GpuRequest":
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuRequest:
         if not isinstance(data, Mapping):
             raise InvalidClaim(f"a GPU request must be an object with count and fraction or memory_mib, got {data!r}")
         count = data.get("count", 1)
@@ -154,7 +154,7 @@ class Claim:
         memory_mib: Optional[int] = None,
         filters: Iterable[Filter] = (),
         policy: Policy = Policy.BINPACK,
-    ) -> "Claim":
+    ) -> Claim:
         return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy)
 
     def describe(self) -> str:
@@ -164,7 +164,7 @@ class Claim:
         return {"requests": [r.to_dict() for r in self.requests], "policy": self.policy.value}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Claim":
+    def from_dict(cls, data: Mapping[str, Any]) -> Claim:
         if not isinstance(data, Mapping):
             raise InvalidClaim(f"a claim must be an object with 'requests', got {data!r}")
         requests = data.get("requests")
@@ -209,7 +209,7 @@ class Holder:
         return {"name": self.name, "pid": self.pid, "host": self.host, "label": self.label}
 
     @classmethod
-    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "Holder":
+    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> Holder:
         data = data or {}
         try:
             pid = int(data.get("pid", 0) or 0)
@@ -235,7 +235,7 @@ class Slice:
         return {"uuid": self.device_uuid, "memory_mib": self.memory_mib, "group": self.group}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Slice":
+    def from_dict(cls, data: Mapping[str, Any]) -> Slice:
         return cls(str(data["uuid"]), int(data["memory_mib"]), int(data.get("group", 0)))
 
 
@@ -265,7 +265,7 @@ class Lease:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Lease":
+    def from_dict(cls, data: Mapping[str, Any]) -> Lease:
         return cls(
             id=str(data["id"]),
             holder=Holder.from_dict(data.get("holder")),
@@ -311,7 +311,7 @@ class PoolStatus:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "PoolStatus":
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
         return cls(
             devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
             leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),

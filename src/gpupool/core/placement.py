@@ -51,9 +51,7 @@ def could_ever_fit(devices: Sequence[Device], claim: Claim) -> Placement:
     return place(devices, {}, claim)
 
 
-def _place_in_order(
-    devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim, order
-) -> Placement:
+def _place_in_order(devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim, order) -> Placement:
     free: Dict[str, int] = {d.uuid: d.memory_mib - allocated.get(d.uuid, 0) for d in devices}
     chosen: List[Slice] = []
     for group in order:
@@ -90,10 +88,7 @@ def _reason(devices, matching, fitting, free, request: GpuRequest) -> str:
         return f"needs {wanted}, but the pool has no GPUs"
     if len(matching) < request.count:
         healthy = sum(1 for d in devices if d.healthy)
-        return (
-            f"needs {wanted}, but only {len(matching)} of the pool's {len(devices)} GPUs "
-            f"({healthy} healthy) match"
-        )
+        return f"needs {wanted}, but only {len(matching)} of the pool's {len(devices)} GPUs ({healthy} healthy) match"
     most_free = max(matching, key=lambda d: free[d.uuid])
     return (
         f"needs {wanted}; {len(fitting)} of {len(matching)} matching GPUs have that much free "

@@ -28,8 +28,7 @@ def parse_memory_mib(text: str, what: str = "memory") -> int:
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS_MIB:
         raise InvalidInput(
-            f"{what} {text!r} is not a size: use MiB as a number (8192) or a unit "
-            "such as 512MiB, 8Gi, 16GiB"
+            f"{what} {text!r} is not a size: use MiB as a number (8192) or a unit such as 512MiB, 8Gi, 16GiB"
         )
     mib = float(match.group(1)) * _UNITS_MIB[unit]
     whole = int(mib) if mib == int(mib) else int(mib) + 1

@@ -23,7 +23,7 @@ class IsolationMode(enum.Enum):
     NONE = "none"  # CUDA_VISIBLE_DEVICES only
 
     @classmethod
-    def parse(cls, text: str) -> "IsolationMode":
+    def parse(cls, text: str) -> IsolationMode:
         try:
             return cls(str(text).strip().lower())
         except ValueError:
@@ -42,7 +42,7 @@ class NodeIsolation:
         return {"mode": self.mode.value, "mps_pipe_dir": self.mps_pipe_dir, "mps_log_dir": self.mps_log_dir}
 
     @classmethod
-    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "NodeIsolation":
+    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> NodeIsolation:
         data = data or {}
         return cls(
             IsolationMode.parse(data.get("mode", IsolationMode.HOOKS.value)),
@@ -59,7 +59,7 @@ class EnforceMode(enum.Enum):
     OFF = "off"  # not even that
 
     @classmethod
-    def parse(cls, text: str, what: str = "--enforce") -> "EnforceMode":
+    def parse(cls, text: str, what: str = "--enforce") -> EnforceMode:
         try:
             return cls(str(text).strip().lower())
         except ValueError:
@@ -93,7 +93,7 @@ class ProcessUsage:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ProcessUsage":
+    def from_dict(cls, data: Mapping[str, Any]) -> ProcessUsage:
         util = data.get("utilization")
         return cls(
             pid=int(data["pid"]),
@@ -116,7 +116,7 @@ class DeviceUsage:
         return {"uuid": self.uuid, "memory_used_mib": self.memory_used_mib, "utilization": self.utilization}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DeviceUsage":
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceUsage:
         util = data.get("utilization")
         return cls(str(data["uuid"]), int(data["memory_used_mib"]), None if util is None else float(util))
 
@@ -137,10 +137,7 @@ class EnforcementAction:
     def describe(self) -> str:
         verb = "killed" if self.mode is EnforceMode.KILL else "warned about"
         owner = f"lease {self.lease_id} of {self.holder}" if self.lease_id else "no lease"
-        return (
-            f"{verb} pid {self.pid} ({self.reason.value}: {owner}, "
-            f"{self.memory_mib} MiB on {self.device_uuid})"
-        )
+        return f"{verb} pid {self.pid} ({self.reason.value}: {owner}, {self.memory_mib} MiB on {self.device_uuid})"
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -155,7 +152,7 @@ class EnforcementAction:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EnforcementAction":
+    def from_dict(cls, data: Mapping[str, Any]) -> EnforcementAction:
         return cls(
             at=float(data["at"]),
             reason=Violation(data["reason"]),
@@ -194,7 +191,7 @@ class UsageReport:
         return next((d for d in self.devices if d.uuid == uuid), None)
 
     @classmethod
-    def merge(cls, reports: Sequence["UsageReport"]) -> "UsageReport":
+    def merge(cls, reports: Sequence[UsageReport]) -> UsageReport:
         """One report over several nodes (status of several servers); dated by the oldest sample."""
         totals: Dict[str, int] = {}
         for report in reports:
@@ -218,7 +215,7 @@ class UsageReport:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "UsageReport":
+    def from_dict(cls, data: Mapping[str, Any]) -> UsageReport:
         totals = data.get("actions_total") or {}
         return cls(
             sampled_at=float(data.get("sampled_at", 0.0)),

@@ -8,10 +8,10 @@ Owns: finding devices, their health and per-process usage samples.
 May import: core (floor 1); nvidia-ml-py only lazily, inside functions.
 """
 
-from .inventory import discover, parse_spec
 from .emulated import emulated_devices
-from .nvml import nvml_devices, NvmlUnavailable
 from .health import HealthWatcher, device_health
+from .inventory import discover, parse_spec
+from .nvml import NvmlUnavailable, nvml_devices
 
 __all__ = [
     "discover",

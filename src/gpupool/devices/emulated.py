@@ -22,7 +22,7 @@ MAX_DEVICES = 4096
 
 def emulated_devices(spec: str, node: str = "localhost") -> List[Device]:
     """Devices for 'emulated:2x16GiB,1x80GiB' (the 'emulated:' prefix is optional)."""
-    body = spec[len(PREFIX):] if spec.lower().startswith(PREFIX) else spec
+    body = spec[len(PREFIX) :] if spec.lower().startswith(PREFIX) else spec
     devices: List[Device] = []
     for part in body.split(","):
         if not part.strip():

@@ -32,7 +32,7 @@ def device_health(uuids: Iterable[str]) -> Dict[str, bool]:
     try:
         nvml = load_nvml()
     except NvmlUnavailable:
-        return dict(result, **{u: False for u in real})
+        return dict(result, **dict.fromkeys(real, False))
     try:
         for uuid in real:
             try:

@@ -31,15 +31,13 @@ def parse_spec(spec: Optional[str]) -> Tuple[str, Optional[str]]:
     for sep in ("|", ","):
         head = f"auto{sep}"
         if lowered.startswith(head):
-            rest = text[len(head):].strip()
+            rest = text[len(head) :].strip()
             if not rest.lower().startswith(PREFIX):
                 raise InvalidInput(f"device spec {spec!r}: after 'auto{sep}' give an emulated fallback")
             return "nvml", rest
     if lowered.startswith(PREFIX):
         return text, None
-    raise InvalidInput(
-        f"device spec {spec!r} is unknown: use auto, nvml, emulated:2x16GiB or emulated:2x16GiB,1x80GiB"
-    )
+    raise InvalidInput(f"device spec {spec!r} is unknown: use auto, nvml, emulated:2x16GiB or emulated:2x16GiB,1x80GiB")
 
 
 def discover(spec: Optional[str] = None, node: Optional[str] = None) -> List[Device]:

@@ -86,9 +86,7 @@ class UsageSampler:
                 raise ValueError(f"larger than {MAX_USAGE_FILE_BYTES} bytes")
             return parse_usage(json.loads(raw))
         except (ValueError, RecursionError) as err:
-            self._warn_once(
-                path, f"{EMULATED_USAGE_ENV} file {path} is not {{\"GPU-uuid\": {{\"PID\": MiB}}}}: {err}"
-            )
+            self._warn_once(path, f'{EMULATED_USAGE_ENV} file {path} is not {{"GPU-uuid": {{"PID": MiB}}}}: {err}')
             return {}
 
     def _warn_once(self, path: str, message: str) -> None:

@@ -43,7 +43,9 @@ class Attributor:
         if not rows:
             return rows
         by_id = {lease.id: lease for lease in leases}
-        local = {lease.holder.pid: lease.id for lease in leases if lease.holder.host == self.host and lease.holder.pid > 0}
+        local = {
+            lease.holder.pid: lease.id for lease in leases if lease.holder.host == self.host and lease.holder.pid > 0
+        }
         by_pod: Dict[str, str] = {}
         for lease in leases:
             uid = lease.holder.pod_uid

@@ -22,8 +22,8 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Se
 
 from ..core.model import Lease
 from ..core.usage import (
-    EnforceMode,
     EnforcementAction,
+    EnforceMode,
     ProcessUsage,
     UsageReport,
     Violation,
@@ -87,7 +87,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
 
     # --- lifecycle -------------------------------------------------------------
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread = threading.Thread(target=self._loop, name="gpupool-watchdog", daemon=True)
         self._thread.start()
         return self

@@ -160,9 +160,7 @@ def mps_env(gpus: Sequence[GpuShare], isolation: NodeIsolation) -> Dict[str, str
         env[MPS_LOG_ENV] = isolation.mps_log_dir
     if gpus:
         # One value for all GPUs: take the largest share, so compute never starves.
-        env[MPS_THREAD_PERCENTAGE_ENV] = str(
-            min(100, max(1, math.ceil(max(g.fraction for g in gpus) * 100 - 1e-9)))
-        )
+        env[MPS_THREAD_PERCENTAGE_ENV] = str(min(100, max(1, math.ceil(max(g.fraction for g in gpus) * 100 - 1e-9))))
     return env
 
 

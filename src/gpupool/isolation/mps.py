@@ -82,24 +82,31 @@ def control_env(pipe_dir: Path, log_dir: Path, base: Optional[Mapping[str, str]]
     return env
 
 
-def control(command: str, pipe_dir: Path, log_dir: Path, binary: str = MPS_CONTROL,
-            timeout_s: float = 10.0) -> str:
+def control(command: str, pipe_dir: Path, log_dir: Path, binary: str = MPS_CONTROL, timeout_s: float = 10.0) -> str:
     """Send one command to the daemon on `pipe_dir` (`echo COMMAND | nvidia-cuda-mps-control`); its answer.
 
     Raises Unavailable when no daemon answers there.
     """
     try:
         done = subprocess.run(
-            [find_binary(binary)], input=command + "\n", env=control_env(pipe_dir, log_dir),
-            capture_output=True, text=True, timeout=timeout_s,
+            [find_binary(binary)],
+            input=command + "\n",
+            env=control_env(pipe_dir, log_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:
-        raise Unavailable(f"the MPS control daemon on {pipe_dir} did not answer {command!r} in "
-                          f"{timeout_s:g} s: see {log_dir}/control.log") from None
+        raise Unavailable(
+            f"the MPS control daemon on {pipe_dir} did not answer {command!r} in "
+            f"{timeout_s:g} s: see {log_dir}/control.log"
+        ) from None
     if done.returncode != 0:
         reason = (done.stderr or done.stdout).strip().splitlines()
-        raise Unavailable(f"no MPS control daemon answers on {pipe_dir} ({reason[-1] if reason else done.returncode}): "
-                          f"start the pool with --isolation mps, or see {log_dir}/control.log")
+        raise Unavailable(
+            f"no MPS control daemon answers on {pipe_dir} ({reason[-1] if reason else done.returncode}): "
+            f"start the pool with --isolation mps, or see {log_dir}/control.log"
+        )
     return done.stdout.strip()
 
 
@@ -118,8 +125,7 @@ def answers(pipe_dir: Path, log_dir: Path, binary: str = MPS_CONTROL, timeout_s:
 class MpsDaemon:
     """One `nvidia-cuda-mps-control -f` for a pool state dir, restarted with backoff until `stop()`."""
 
-    def __init__(self, state_dir: Path, binary: str = MPS_CONTROL, ready_s: float = 10.0,
-                 quit_s: float = 10.0) -> None:
+    def __init__(self, state_dir: Path, binary: str = MPS_CONTROL, ready_s: float = 10.0, quit_s: float = 10.0) -> None:
         self.pipe_dir, self.log_dir = mps_dirs(state_dir)
         self.binary = binary
         self.ready_s = ready_s
@@ -176,23 +182,33 @@ class MpsDaemon:
         # Its own session: the MPS servers it starts go in its process group, which
         # stop() can end as a whole, and a terminal's Ctrl-C does not reach it.
         with open(self.log_dir / "control-foreground.log", "ab") as out:
-            return subprocess.Popen([path, "-f"], env=control_env(self.pipe_dir, self.log_dir),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+            return subprocess.Popen(
+                [path, "-f"],
+                env=control_env(self.pipe_dir, self.log_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
 
     def _wait_ready(self, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.ready_s
         while True:
             code = proc.poll()
             if code is not None:
-                raise Unavailable(f"{self.binary} -f exited with {code} at start: see "
-                                  f"{self.log_dir}/control.log and control-foreground.log, "
-                                  f"or use --isolation hooks")
+                raise Unavailable(
+                    f"{self.binary} -f exited with {code} at start: see "
+                    f"{self.log_dir}/control.log and control-foreground.log, "
+                    f"or use --isolation hooks"
+                )
             if answers(self.pipe_dir, self.log_dir, self.binary, timeout_s=2.0):
                 return
             if time.monotonic() > deadline:
-                raise Unavailable(f"{self.binary} -f did not answer on {self.pipe_dir} within "
-                                  f"{self.ready_s:g} s: see {self.log_dir}/control.log")
+                raise Unavailable(
+                    f"{self.binary} -f did not answer on {self.pipe_dir} within "
+                    f"{self.ready_s:g} s: see {self.log_dir}/control.log"
+                )
             time.sleep(0.05)
 
     def _supervise(self, path: str) -> None:
@@ -245,8 +261,7 @@ class MpsDaemon:
             try:
                 proc.wait(timeout=self.quit_s)
             except subprocess.TimeoutExpired:
-                log.warning("MPS control daemon %d still runs %g s after quit; terminating it",
-                            proc.pid, self.quit_s)
+                log.warning("MPS control daemon %d still runs %g s after quit; terminating it", proc.pid, self.quit_s)
                 proc.terminate()
                 try:
                     proc.wait(timeout=2.0)
@@ -257,7 +272,7 @@ class MpsDaemon:
         with self._lock:
             self._proc = None
 
-    def __enter__(self) -> "MpsDaemon":
+    def __enter__(self) -> MpsDaemon:
         self.start()
         return self
 
@@ -289,16 +304,27 @@ def ensure_detached(state_dir: Path, binary: str = MPS_CONTROL, ready_s: float =
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if answers(pipe_dir, log_dir, path):
             return isolation
-        done = subprocess.run([path, "-d"], env=control_env(pipe_dir, log_dir), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
+        done = subprocess.run(
+            [path, "-d"],
+            env=control_env(pipe_dir, log_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
         if done.returncode != 0:
-            raise Unavailable(f"{binary} -d exited with {done.returncode} ({done.stderr.strip()}): see "
-                              f"{log_dir}/control.log, or use --isolation hooks")
+            raise Unavailable(
+                f"{binary} -d exited with {done.returncode} ({done.stderr.strip()}): see "
+                f"{log_dir}/control.log, or use --isolation hooks"
+            )
         deadline = time.monotonic() + ready_s
         while not answers(pipe_dir, log_dir, path, timeout_s=2.0):
             if time.monotonic() > deadline:
-                raise Unavailable(f"{binary} -d started but does not answer on {pipe_dir} within "
-                                  f"{ready_s:g} s: see {log_dir}/control.log")
+                raise Unavailable(
+                    f"{binary} -d started but does not answer on {pipe_dir} within "
+                    f"{ready_s:g} s: see {log_dir}/control.log"
+                )
             time.sleep(0.05)
     log.info("MPS control daemon started in the background for %s", pipe_dir)
     return isolation
@@ -313,5 +339,13 @@ def stop_detached(state_dir: Path, binary: str = MPS_CONTROL) -> bool:
     return True
 
 
-__all__ = ["MPS_CONTROL", "MpsDaemon", "MpsUnavailable", "control", "answers", "ensure_detached",
-           "stop_detached", "mps_dirs"]
+__all__ = [
+    "MPS_CONTROL",
+    "MpsDaemon",
+    "MpsUnavailable",
+    "control",
+    "answers",
+    "ensure_detached",
+    "stop_detached",
+    "mps_dirs",
+]

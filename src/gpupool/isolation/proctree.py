@@ -141,7 +141,7 @@ def lease_id_of(pid: int, proc_root: str = PROC) -> Optional[str]:
 def pod_uid_of(pid: int, proc_root: str = PROC) -> Optional[str]:
     """The Kubernetes pod UID (with dashes) from `pid`'s cgroup path, or None outside a pod."""
     try:
-        with open(f"{proc_root}/{pid}/cgroup", "r", errors="replace") as handle:
+        with open(f"{proc_root}/{pid}/cgroup", errors="replace") as handle:
             lines = handle.read().splitlines()
     except OSError:
         return None

@@ -69,7 +69,7 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     """Expand `$(VAR)` as Kubernetes does in command and args: unknown names stay
     as written and `$$` is a literal `$`, so one spec means the same on both targets."""
 
-    def sub(match: "re.Match[str]") -> str:
+    def sub(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         name = match.group(1)

@@ -80,9 +80,7 @@ def group_restart(spec: JobSpec) -> bool:
     """
     if spec.framework is Framework.NONE:
         return False
-    if spec.framework is Framework.TENSORFLOW and spec.role("ps") is not None:
-        return False
-    return True
+    return not (spec.framework is Framework.TENSORFLOW and spec.role("ps") is not None)
 
 
 @dataclass(frozen=True)
@@ -102,4 +100,4 @@ def local_endpoints(reps: Tuple[Replica, ...], ports: List[int], host: str = "12
     """Every replica on this host, each on its own port, in order; no rendezvous address
     (the supervisor adds its Horovod KV store's)."""
     names = [r.name for r in reps]
-    return Endpoints({n: host for n in names}, dict(zip(names, ports)))
+    return Endpoints(dict.fromkeys(names, host), dict(zip(names, ports)))

@@ -75,9 +75,21 @@ _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME = 40  # leaves room for "-worker-12" and a 63-character DNS label on Kubernetes
 _JOB_KEYS = {
-    "name", "framework", "roles", "restartPolicy", "backoffLimit", "backoffSeconds",
-    "successPolicy", "activeDeadlineSeconds", "env", "setup", "workingDir", "placement",
-    "image", "namespace", "annotations",
+    "name",
+    "framework",
+    "roles",
+    "restartPolicy",
+    "backoffLimit",
+    "backoffSeconds",
+    "successPolicy",
+    "activeDeadlineSeconds",
+    "env",
+    "setup",
+    "workingDir",
+    "placement",
+    "image",
+    "namespace",
+    "annotations",
 }
 _ROLE_KEYS = {"replicas", "command", "env", "gpu", "image", "restartPolicy"}
 _GPU_KEYS = {"count", "amount", "fraction", "memory", "filters"}

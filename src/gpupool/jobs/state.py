@@ -83,10 +83,10 @@ class JobState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "JobState":
+    def from_dict(cls, data: Dict[str, Any]) -> JobState:
         data = dict(data)
         reps = {k: ReplicaState(**v) for k, v in (data.pop("replicas", None) or {}).items()}
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         return cls(replicas=reps, **{k: v for k, v in data.items() if k in known})
 
 

@@ -54,7 +54,7 @@ class Supervisor:
         self.spec: JobSpec = parse_spec(store.load_spec(name))
         self.state: JobState = store.load(name)
         self.reps = replicas(self.spec)
-        self.procs: Dict[str, "processes.subprocess.Popen"] = {}
+        self.procs: Dict[str, processes.subprocess.Popen] = {}
         self.exits: Dict[str, Optional[int]] = {}
         self.logs: Dict[str, IO[bytes]] = {}  # replica name -> its log, open while it may run
         self.client = None
@@ -151,7 +151,9 @@ class Supervisor:
                 if proc.poll() is None:
                     processes.stop_groups([proc.pid], children=[proc])
         if proc.returncode != 0:
-            raise JobFailed(f"setup exited with {exit_code(proc.returncode)}; see gpupool logs {self.name} --replica setup")
+            raise JobFailed(
+                f"setup exited with {exit_code(proc.returncode)}; see gpupool logs {self.name} --replica setup"
+            )
 
     def _claim(self) -> None:
         """One gang claim for every replica's GPUs: granted whole or queued whole."""
@@ -210,14 +212,16 @@ class Supervisor:
         previous = self.logs.pop(rep.name, None)
         if previous is not None:  # a restart: the stopped attempt's handle is no longer needed
             previous.close()
-        out = open(self.store.log_path(self.name, rep.name), "ab")
+        out = open(self.store.log_path(self.name, rep.name), "ab")  # noqa: SIM115  # held open while the replica runs
         self.logs[rep.name] = out
         out.write(f"=== gpupool: {rep.name} attempt {attempt + 1}: {' '.join(command)}\n".encode())
         out.flush()
         try:
             proc = processes.start(command, env, out, self.state.workdir)
         except OSError as err:
-            raise JobFailed(f"cannot start {rep.name}: {err.strerror}: {command[0]!r}; check roles.{rep.role}.command")
+            raise JobFailed(
+                f"cannot start {rep.name}: {err.strerror}: {command[0]!r}; check roles.{rep.role}.command"
+            ) from None
         self.procs[rep.name] = proc
         self.exits[rep.name] = None
         rs = self.state.replicas[rep.name]

@@ -47,8 +47,13 @@ class WebhookApp:
             "/extender/prioritize": self._prioritize,
         }
         if path not in routes:
-            return 404, {"error": {"code": "not_found", "message": f"no route {path}; use /mutate, /validate, "
-                                   "/extender/filter, /extender/prioritize or /healthz"}}
+            return 404, {
+                "error": {
+                    "code": "not_found",
+                    "message": f"no route {path}; use /mutate, /validate, "
+                    "/extender/filter, /extender/prioritize or /healthz",
+                }
+            }
         if method != "POST":
             return 405, {"error": {"code": "method_not_allowed", "message": f"{path} takes POST"}}
         try:
@@ -63,17 +68,33 @@ class WebhookApp:
     def _review(self, data: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Any]]]:
         request = data.get("request")
         if not isinstance(request, dict) or not request.get("uid") or not isinstance(request["uid"], str):
-            return None, (400, {"error": {"code": "invalid_input",
-                                          "message": "not an AdmissionReview: request.uid must be a non-empty string"}})
+            return None, (
+                400,
+                {
+                    "error": {
+                        "code": "invalid_input",
+                        "message": "not an AdmissionReview: request.uid must be a non-empty string",
+                    }
+                },
+            )
         if not isinstance(request.get("kind") or {}, dict):
             # The answer must stay an AdmissionReview; a kind that is not a GroupVersionKind
             # object would otherwise fail in _pod and reach the client as a 500.
-            return None, (400, {"error": {"code": "invalid_input",
-                                          "message": "not an AdmissionReview: request.kind must be an object"}})
+            return None, (
+                400,
+                {
+                    "error": {
+                        "code": "invalid_input",
+                        "message": "not an AdmissionReview: request.kind must be an object",
+                    }
+                },
+            )
         return request, None
 
     @staticmethod
-    def _answer(data: Dict[str, Any], uid: str, allowed: bool, message: str = "", patch=None, warnings=()) -> Dict[str, Any]:
+    def _answer(
+        data: Dict[str, Any], uid: str, allowed: bool, message: str = "", patch=None, warnings=()
+    ) -> Dict[str, Any]:
         response: Dict[str, Any] = {"uid": uid, "allowed": allowed}
         if not allowed:
             response["status"] = {"code": 403, "reason": "Forbidden", "message": message}
@@ -82,8 +103,11 @@ class WebhookApp:
             response["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
         if warnings:
             response["warnings"] = list(warnings)
-        return {"apiVersion": data.get("apiVersion") or "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "response": response}
+        return {
+            "apiVersion": data.get("apiVersion") or "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": response,
+        }
 
     def _pod(self, request: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         kind = (request.get("kind") or {}).get("kind", "Pod")
@@ -189,6 +213,7 @@ def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optiona
     """A started server on `listen` ('host:port'); call shutdown() to stop it."""
     host, _, port = listen.rpartition(":")
     certs = CertReloader(cert, key) if cert and key else None
-    server = AsyncServer((host.strip("[]") or "0.0.0.0", int(port)), app.handle,
-                         certs.context if certs else None, MAX_BODY)
+    server = AsyncServer(
+        (host.strip("[]") or "0.0.0.0", int(port)), app.handle, certs.context if certs else None, MAX_BODY
+    )
     return server.start()

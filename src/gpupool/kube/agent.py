@@ -101,6 +101,7 @@ def file_live_pods(path: str) -> LivePods:
 
     A missing file means "unknown", never "no pods": nothing is released until it exists.
     """
+
     def live() -> Optional[Tuple[Set[str], float]]:
         try:
             listed_at = os.stat(path).st_mtime
@@ -124,6 +125,7 @@ def reap_once(pool, live: LivePods) -> List[Lease]:
 
 def every(interval_s: float, work: Callable[[], object], stop: threading.Event, name: str) -> threading.Thread:
     """Run `work` every `interval_s` in a daemon thread, logging (not raising) its failures."""
+
     def loop() -> None:
         while not stop.wait(interval_s):
             try:
@@ -156,8 +158,16 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     elif config.in_cluster:
         live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
     devices = discover(config.devices, node)
-    prepared = prepare(ServerConfig(listen=config.listen, state_dir=config.state_dir, token_file=config.token_file,
-                                    device_list=devices, node=node, enforcement=config.enforcement))
+    prepared = prepare(
+        ServerConfig(
+            listen=config.listen,
+            state_dir=config.state_dir,
+            token_file=config.token_file,
+            device_list=devices,
+            node=node,
+            enforcement=config.enforcement,
+        )
+    )
     port = prepared.sock.getsockname()[1]  # the bound one: --listen may say :0
     advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()
@@ -206,5 +216,3 @@ class _PoolHealth:
 
     def close(self) -> None:
         self.watcher.close()
-
-

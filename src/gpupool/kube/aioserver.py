@@ -26,9 +26,16 @@ Handler = Callable[[str, str, bytes], Tuple[int, Any]]
 MAX_HEAD = 64 * 1024
 IDLE_TIMEOUT_S = 120.0  # idle keep-alive connections end after this
 HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes its TLS handshake is dropped
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-            411: b"Length Required", 413: b"Payload Too Large", 431: b"Request Header Fields Too Large",
-            500: b"Internal Server Error"}
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    411: b"Length Required",
+    413: b"Payload Too Large",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+}
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -42,13 +49,15 @@ def new_loop() -> asyncio.AbstractEventLoop:
 
 def response(status: int, answer: Any, keep_alive: bool = True) -> bytes:
     body = json.dumps(answer, separators=(",", ":")).encode()
-    return b"".join((
-        b"HTTP/1.1 %d %s\r\nServer: gpupool-webhook\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-        % (status, _REASONS.get(status, b"Status"), len(body)),
-        b"" if keep_alive else b"Connection: close\r\n",
-        b"\r\n",
-        body,
-    ))
+    return b"".join(
+        (
+            b"HTTP/1.1 %d %s\r\nServer: gpupool-webhook\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            % (status, _REASONS.get(status, b"Status"), len(body)),
+            b"" if keep_alive else b"Connection: close\r\n",
+            b"\r\n",
+            body,
+        )
+    )
 
 
 def _error(status: int, message: str) -> bytes:
@@ -138,7 +147,7 @@ class _Connection(asyncio.Protocol):
                     self.continued = True
                     self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 return
-            body = bytes(buf[end + 4:total])
+            body = bytes(buf[end + 4 : total])
             del buf[:total]
             self.continued = False
             try:
@@ -158,8 +167,13 @@ class _Connection(asyncio.Protocol):
 class AsyncServer:
     """The server, running its loop in a daemon thread; `server_address` and `shutdown()` as socketserver's."""
 
-    def __init__(self, address: Tuple[str, int], handler: Handler, ssl_context: Optional[Callable[[], ssl.SSLContext]],
-                 max_body: int) -> None:
+    def __init__(
+        self,
+        address: Tuple[str, int],
+        handler: Handler,
+        ssl_context: Optional[Callable[[], ssl.SSLContext]],
+        max_body: int,
+    ) -> None:
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -175,7 +189,7 @@ class AsyncServer:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpupool-webhook", daemon=True)
 
-    def start(self) -> "AsyncServer":
+    def start(self) -> AsyncServer:
         self._thread.start()
         self._started.wait(10.0)
         return self

@@ -52,9 +52,14 @@ class Injection:
 
 
 _WORDS = {
-    "all": Mode.ALL, "yes": Mode.ALL, "true": Mode.ALL,
-    "injection-only": Mode.INJECTION_ONLY, "injection": Mode.INJECTION_ONLY,
-    "none": Mode.NONE, "no": Mode.NONE, "false": Mode.NONE,
+    "all": Mode.ALL,
+    "yes": Mode.ALL,
+    "true": Mode.ALL,
+    "injection-only": Mode.INJECTION_ONLY,
+    "injection": Mode.INJECTION_ONLY,
+    "none": Mode.NONE,
+    "no": Mode.NONE,
+    "false": Mode.NONE,
 }
 
 

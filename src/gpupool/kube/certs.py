@@ -18,8 +18,14 @@ def service_names(service: str, namespace: str) -> List[str]:
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 
-def write_certs(out_dir: str, names: List[str], days: int = 365, ca_cert: Optional[str] = None,
-                ca_key: Optional[str] = None, ip_addresses: List[str] = ()) -> Tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+def write_certs(
+    out_dir: str,
+    names: List[str],
+    days: int = 365,
+    ca_cert: Optional[str] = None,
+    ca_key: Optional[str] = None,
+    ip_addresses: List[str] = (),
+) -> Tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
     """Write ca.crt (and ca.key when new), tls.crt and tls.key under `out_dir`; return their paths."""
     import ipaddress
 
@@ -39,32 +45,40 @@ def write_certs(out_dir: str, names: List[str], days: int = 365, ca_cert: Option
         ca_private = ec.generate_private_key(ec.SECP256R1())
         ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpupool webhook CA")])
         ca = (
-            x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-            .public_key(ca_private.public_key()).serial_number(x509.random_serial_number())
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_private.public_key())
+            .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=10 * 365))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
             .sign(ca_private, hashes.SHA256())
         )
-        (out / "ca.key").write_bytes(ca_private.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                              serialization.NoEncryption()))
+        (out / "ca.key").write_bytes(
+            ca_private.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
         (out / "ca.key").chmod(0o600)
     key = ec.generate_private_key(ec.SECP256R1())
     sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_private, hashes.SHA256())
     )
     (out / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (out / "tls.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()))
+    (out / "tls.key").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     (out / "tls.key").chmod(0o600)
     (out / "tls.crt").write_bytes(cert.public_bytes(pem))
     return out / "ca.crt", out / "tls.crt", out / "tls.key"

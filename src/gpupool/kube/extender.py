@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
-from ..core.model import Claim, Device, Lease, Policy, pod_uid_of_label
+from ..core.model import Claim, Device, Policy, pod_uid_of_label
 from ..core.placement import place
 from . import annotations as ann
 from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask
@@ -34,7 +34,7 @@ class NodeState:
     holders: frozenset = frozenset()  # pod UIDs with a live lease on this node
 
     @classmethod
-    def from_status(cls, status: Mapping[str, Any]) -> "NodeState":
+    def from_status(cls, status: Mapping[str, Any]) -> NodeState:
         """From the agent's GET /v1/status body (PoolStatus.to_dict())."""
         devices = tuple(Device.from_dict(d) for d in status.get("devices", []))
         allocated = {d["uuid"]: int(d.get("allocated_mib", 0)) for d in status.get("devices", [])}
@@ -59,7 +59,7 @@ class NodeState:
             frees.sort()
         return out
 
-    def with_pending(self, pending: Iterable[Tuple[str, Claim]]) -> "NodeState":
+    def with_pending(self, pending: Iterable[Tuple[str, Claim]]) -> NodeState:
         """Count pods bound here whose runner has not claimed yet, so two pods are not promised one slice."""
         allocated = dict(self.allocated)
         for uid, claim in pending:
@@ -150,8 +150,9 @@ def _quick_filter(name: str, state: NodeState, request, out: FilterOutcome, need
         out.passed.append(name)
         return
     target = out.failed if possible >= request.count else out.unresolvable
-    target[name] = (f"gpupool: needs {request.describe()}; {fitting} of the node's "
-                    f"{len(state.devices)} GPUs have that much free")
+    target[name] = (
+        f"gpupool: needs {request.describe()}; {fitting} of the node's {len(state.devices)} GPUs have that much free"
+    )
 
 
 def _need(request, memory_mib: int) -> int:
@@ -214,8 +215,12 @@ def handle_filter(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> D
     }
     if items is not None and _get(args, "NodeNames") is None:
         keep = set(outcome.passed)
-        result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
-                           "items": [n for n in items if (n.get("metadata") or {}).get("name") in keep]}
+        result["Nodes"] = {
+            "apiVersion": "v1",
+            "kind": "NodeList",
+            "metadata": {},
+            "items": [n for n in items if (n.get("metadata") or {}).get("name") in keep],
+        }
     else:
         result["NodeNames"] = outcome.passed
     return result

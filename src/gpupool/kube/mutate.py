@@ -52,8 +52,10 @@ class MutateConfig:
     def __post_init__(self) -> None:
         for flag, path in (("--mps-pipe-dir", self.mps_pipe_dir), ("--mps-shm-dir", self.mps_shm_dir)):
             if path and not path.startswith("/"):
-                raise InvalidInput(f"{flag} {path!r} must be an absolute host path, e.g. "
-                                   f"/var/lib/gpupool/mps/pipe (the agent's --state + /mps/pipe)")
+                raise InvalidInput(
+                    f"{flag} {path!r} must be an absolute host path, e.g. "
+                    f"/var/lib/gpupool/mps/pipe (the agent's --state + /mps/pipe)"
+                )
 
     @property
     def runner_path(self) -> str:
@@ -68,7 +70,9 @@ class Mutation:
     warnings: List[str] = field(default_factory=list)
 
 
-def mutate(pod: Mapping[str, Any], config: MutateConfig, gpu_size: Callable[[int], Optional[int]] = lambda m: None) -> Mutation:
+def mutate(
+    pod: Mapping[str, Any], config: MutateConfig, gpu_size: Callable[[int], Optional[int]] = lambda m: None
+) -> Mutation:
     """Patch for `pod`; raises InvalidInput (a deny, with the fix) on bad GPU asks.
 
     Args:
@@ -105,8 +109,9 @@ def mutate(pod: Mapping[str, Any], config: MutateConfig, gpu_size: Callable[[int
         if ask is None:
             continue
         try:
-            new = _container(container, ask, config, gpu_size, injection.wraps(container["name"]),
-                             filters, out.warnings)
+            new = _container(
+                container, ask, config, gpu_size, injection.wraps(container["name"]), filters, out.warnings
+            )
         except InvalidInput as err:
             errors.append(err.message)
             continue
@@ -121,16 +126,22 @@ def mutate(pod: Mapping[str, Any], config: MutateConfig, gpu_size: Callable[[int
     return out
 
 
-def _container(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig,
-               gpu_size: Callable[[int], Optional[int]], wrap: bool, filters, warnings: List[str]) -> Dict[str, Any]:
+def _container(
+    container: Mapping[str, Any],
+    ask: GpuAsk,
+    config: MutateConfig,
+    gpu_size: Callable[[int], Optional[int]],
+    wrap: bool,
+    filters,
+    warnings: List[str],
+) -> Dict[str, Any]:
     new = _copy(dict(container))
     name = container["name"]
     size = gpu_size(ask.memory_mib) if ask.memory_mib is not None else None
     units = ask.units(size or config.gpu_memory_mib)
     resources = new.setdefault("resources", {})
     for section in ("limits", "requests"):
-        values = {k: v for k, v in (resources.get(section) or {}).items()
-                  if k not in USER_KEYS and k not in ALIASES}
+        values = {k: v for k, v in (resources.get(section) or {}).items() if k not in USER_KEYS and k not in ALIASES}
         # Extended resources cannot be overcommitted: requests must equal limits.
         values[UNITS] = str(units)
         resources[section] = values
@@ -148,17 +159,20 @@ def _container(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig,
     return new
 
 
-def _add_mps_mounts(mounts: List[Dict[str, Any]], taken: set, config: MutateConfig, name: str,
-                    warnings: List[str]) -> None:
+def _add_mps_mounts(
+    mounts: List[Dict[str, Any]], taken: set, config: MutateConfig, name: str, warnings: List[str]
+) -> None:
     """The agent's MPS pipe folder (same path) and shared memory (/dev/shm); read-write, MPS writes both."""
     if MPS_PIPE_VOLUME not in taken and config.mps_pipe_dir not in taken:
         mounts.append({"name": MPS_PIPE_VOLUME, "mountPath": config.mps_pipe_dir})
     if MPS_SHM_VOLUME in taken:
         return
     if SHM_PATH in taken:
-        warnings.append(f"container {name!r} mounts its own {SHM_PATH}, which MPS needs to share with the "
-                        f"node agent's MPS server: CUDA will not reach the server (and the share is then held "
-                        f"by the import hook only); remove that volumeMount")
+        warnings.append(
+            f"container {name!r} mounts its own {SHM_PATH}, which MPS needs to share with the "
+            f"node agent's MPS server: CUDA will not reach the server (and the share is then held "
+            f"by the import hook only); remove that volumeMount"
+        )
         return
     mounts.append({"name": MPS_SHM_VOLUME, "mountPath": SHM_PATH})
 
@@ -176,8 +190,9 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters,
-                     warnings: List[str]) -> List[str]:
+def _wrapped_command(
+    container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters, warnings: List[str]
+) -> List[str]:
     """`python3 gpupool-run.pyz run -n A -p F ... -- <the original command>`; args stay as they are."""
     name = container["name"]
     command: Sequence[str] = container.get("command") or []
@@ -185,7 +200,7 @@ def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateCo
     if not command and not args:
         raise InvalidInput(
             f"container {name!r} asks for a GPU but has neither command nor args, so gpupool cannot wrap "
-            f"the image's entrypoint; set command (e.g. command: [\"python\", \"train.py\"]), or set the "
+            f'the image\'s entrypoint; set command (e.g. command: ["python", "train.py"]), or set the '
             f"annotation {ann.INJECT}: injection-only and call {config.runner_path} yourself"
         )
     runner = [config.python, config.runner_path, "run", *ask.runner_args()]
@@ -193,8 +208,10 @@ def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateCo
         runner += ["--filter", f.to_text()]
     runner += ["--wait", f"{config.wait_s:g}", "--server", "$(GPUPOOL_SERVER)", "--label", POD_LABEL, "--"]
     if not command:
-        warnings.append(f"container {name!r} has args but no command: its args run as the command under "
-                        "gpupool-run and the image's ENTRYPOINT is bypassed; set command to keep it")
+        warnings.append(
+            f"container {name!r} has args but no command: its args run as the command under "
+            "gpupool-run and the image's ENTRYPOINT is bypassed; set command to keep it"
+        )
         return runner
     if len(command) == 1 and not args and any(c.isspace() for c in command[0].strip()):
         # Bitfusion's demo pods write a whole shell line as one string; Bitfusion ran it
@@ -204,7 +221,9 @@ def _wrapped_command(container: Mapping[str, Any], ask: GpuAsk, config: MutateCo
     return runner + list(command)
 
 
-def _env(env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warnings: List[str]) -> List[Dict[str, Any]]:
+def _env(
+    env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warnings: List[str]
+) -> List[Dict[str, Any]]:
     """The container's env with gpupool's appended; existing names are never replaced."""
     out = [dict(e) for e in env]
     have = {e.get("name") for e in out}
@@ -221,8 +240,10 @@ def _env(env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warn
         ("GPUPOOL_NODE_IP", field_ref("status.hostIP")),
         ("GPUPOOL_SERVER", {"value": f"{config.agent_scheme}://$(GPUPOOL_NODE_IP):{config.agent_port}"}),
         # The node agent's token, from the namespace's Secret; optional so pods without it still start.
-        ("GPUPOOL_TOKEN", {"valueFrom": {"secretKeyRef": {"name": config.token_secret, "key": "token",
-                                                          "optional": True}}}),
+        (
+            "GPUPOOL_TOKEN",
+            {"valueFrom": {"secretKeyRef": {"name": config.token_secret, "key": "token", "optional": True}}},
+        ),
     ]
     if config.agent_scheme == "https":
         wanted.append(("GPUPOOL_CA", {"value": f"{config.token_path}/ca.crt"}))
@@ -239,8 +260,10 @@ def _env(env: Sequence[Mapping[str, Any]], config: MutateConfig, name: str, warn
                 if config.lib_dir not in parts:
                     e["value"] = ":".join(parts + [config.lib_dir])
             else:
-                warnings.append(f"container {name!r}: LD_LIBRARY_PATH comes from valueFrom and is left "
-                                f"as is; add {config.lib_dir} to it yourself if you use gpupool's libraries")
+                warnings.append(
+                    f"container {name!r}: LD_LIBRARY_PATH comes from valueFrom and is left "
+                    f"as is; add {config.lib_dir} to it yourself if you use gpupool's libraries"
+                )
     # An unset LD_LIBRARY_PATH is left unset: setting it here would hide the image's own value.
     return out
 
@@ -256,8 +279,13 @@ def _add_init_container(spec: Mapping[str, Any], config: MutateConfig, patch: Li
         "command": ["cp", config.runner_source, config.runner_path],
         "volumeMounts": [{"name": RUNNER_VOLUME, "mountPath": config.mount_path}],
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
     # First, so that the pod's own init containers could already use the runner.
     if inits:

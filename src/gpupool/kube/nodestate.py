@@ -31,16 +31,23 @@ def fetch_status(url: str, token: str = "", timeout_s: float = 2.0, context: Opt
     req = urllib.request.Request(url.rstrip("/") + "/v1/status")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:  # noqa: S310 (URLs are ours)
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
         return json.loads(resp.read())
 
 
 class ClusterState:
     """Snapshots of every node agent's state, refreshed by `refresh()` (or a background thread)."""
 
-    def __init__(self, targets: Targets, token: str = "", max_age_s: float = 30.0,
-                 fetch: Callable[[str], dict] = None, pending: Optional[Pending] = None,
-                 clock: Callable[[], float] = time.monotonic, workers: int = 16) -> None:
+    def __init__(
+        self,
+        targets: Targets,
+        token: str = "",
+        max_age_s: float = 30.0,
+        fetch: Callable[[str], dict] = None,
+        pending: Optional[Pending] = None,
+        clock: Callable[[], float] = time.monotonic,
+        workers: int = 16,
+    ) -> None:
         self._targets = targets
         self._fetch = fetch or (lambda url: fetch_status(url, token))
         self._pending = pending
@@ -114,6 +121,7 @@ class ClusterState:
 
     def start(self, interval_s: float = 2.0) -> None:
         """Refresh every `interval_s` in a daemon thread."""
+
         def loop():
             while not self._stop.is_set():
                 try:

@@ -36,8 +36,15 @@ ALIASES = {
 _QUANTITY_RE = re.compile(r"^\s*([+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 # Kubernetes quantity suffixes, as multipliers of one byte (binary and decimal).
 _BYTES = {
-    "": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "": 1,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
 }
 
 
@@ -78,7 +85,7 @@ class GpuAsk:
         return {AMOUNT: str(self.amount), **share}
 
     @classmethod
-    def of_request(cls, request: GpuRequest) -> "GpuAsk":
+    def of_request(cls, request: GpuRequest) -> GpuAsk:
         """The ask for a core GpuRequest; a fraction becomes whole percent, rounded up
         (the webhook's unit is 1 % of a GPU), filters are left out."""
         if request.fraction is not None:
@@ -89,11 +96,11 @@ class GpuAsk:
         return {"amount": self.amount, "percent": self.percent, "memory_mib": self.memory_mib}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GpuAsk":
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuAsk:
         return cls(int(data["amount"]), data.get("percent"), data.get("memory_mib"))
 
     @classmethod
-    def from_units(cls, units: int) -> "GpuAsk":
+    def from_units(cls, units: int) -> GpuAsk:
         """Best reading of bare `gpupool.io/gpu` units: whole GPUs, or one GPU's share."""
         if units > UNITS_PER_GPU and units % UNITS_PER_GPU == 0:
             return cls(units // UNITS_PER_GPU, percent=100)
@@ -138,12 +145,24 @@ def read_ask(container: Mapping[str, Any]) -> Tuple[Optional[GpuAsk], List[str]]
         return None, errors
     if PERCENT in merged and MEMORY in merged:
         errors.append(f"{where}: give {PERCENT} or {MEMORY}, not both; remove one of them")
-    amount = _whole(merged.get(AMOUNT, 1), f"{where}: {AMOUNT}", errors, low=1, high=None,
-                    fix="use a whole number of GPUs >= 1, e.g. 1")
+    amount = _whole(
+        merged.get(AMOUNT, 1),
+        f"{where}: {AMOUNT}",
+        errors,
+        low=1,
+        high=None,
+        fix="use a whole number of GPUs >= 1, e.g. 1",
+    )
     percent = memory = None
     if PERCENT in merged:
-        percent = _whole(merged[PERCENT], f"{where}: {PERCENT}", errors, low=1, high=100,
-                         fix="use a whole percent of each GPU from 1 to 100, e.g. 50")
+        percent = _whole(
+            merged[PERCENT],
+            f"{where}: {PERCENT}",
+            errors,
+            low=1,
+            high=100,
+            fix="use a whole percent of each GPU from 1 to 100, e.g. 50",
+        )
     elif MEMORY in merged:
         memory = _memory_mib(merged[MEMORY], f"{where}: {MEMORY}", errors)
     else:

@@ -15,9 +15,9 @@ from ..core.model import Claim, Device
 from ..core.placement import place
 from ..core.quantity import format_mib
 from . import annotations as ann
+from .extender import pod_claim
 from .mutate import init_container_errors
 from .resources import AMOUNT, UNITS, UNITS_PER_GPU, USER_KEYS, parse_units, read_ask
-from .extender import pod_claim
 
 
 @dataclass
@@ -58,8 +58,10 @@ def validate(pod: Mapping[str, Any], node_devices: Callable[[], Sequence[Sequenc
                 any_gpu = True
                 units = parse_units(values[UNITS])
                 if units is None or units < 1:
-                    errors.append(f"container {c.get('name')!r}: resources.{where}[{UNITS}] {values[UNITS]!r} "
-                                  f"must be a whole number of units >= 1 (100 = one whole GPU)")
+                    errors.append(
+                        f"container {c.get('name')!r}: resources.{where}[{UNITS}] {values[UNITS]!r} "
+                        f"must be a whole number of units >= 1 (100 = one whole GPU)"
+                    )
     try:
         ann.read_filters(annotations)
         ann.read_policy(annotations)
@@ -87,12 +89,16 @@ def _never_fits(claim: Claim, nodes: Sequence[Sequence[Device]]) -> Optional[str
     largest = max((d.memory_mib for devs in nodes for d in devs), default=0)
     for request in claim.requests:
         if request.memory_mib is not None and request.memory_mib > largest:
-            return (f"{USER_KEYS[2]} {format_mib(request.memory_mib)} is more than the largest GPU of the "
-                    f"cluster ({format_mib(largest)}); ask for at most {format_mib(largest)} per GPU, or use "
-                    f"{USER_KEYS[1]}")
+            return (
+                f"{USER_KEYS[2]} {format_mib(request.memory_mib)} is more than the largest GPU of the "
+                f"cluster ({format_mib(largest)}); ask for at most {format_mib(largest)} per GPU, or use "
+                f"{USER_KEYS[1]}"
+            )
     if any(place(devs, {}, claim).fits for devs in nodes):
         return None
     most = max(len(devs) for devs in nodes)
-    return (f"no node of the cluster could ever hold this pod ({claim.describe()}; the biggest node has "
-            f"{most} GPU(s) of up to {format_mib(largest)}, {UNITS_PER_GPU} units each); ask for fewer GPUs "
-            f"or a smaller share, or split the work across pods")
+    return (
+        f"no node of the cluster could ever hold this pod ({claim.describe()}; the biggest node has "
+        f"{most} GPU(s) of up to {format_mib(largest)}, {UNITS_PER_GPU} units each); ask for fewer GPUs "
+        f"or a smaller share, or split the work across pods"
+    )

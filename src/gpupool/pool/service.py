@@ -25,8 +25,8 @@ import math
 import os
 import secrets
 import socket
-import time
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,8 +34,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
-from ..core.usage import NodeIsolation, UsageReport
 from ..core.placement import could_ever_fit, place
+from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
 from ..store import Store
 from ..store.tx import Tx
@@ -130,7 +130,7 @@ class Pool:
             raise
 
     @classmethod
-    def open(cls, state_dir: Union[str, Path], **kwargs) -> "Pool":
+    def open(cls, state_dir: Union[str, Path], **kwargs) -> Pool:
         return cls(state_dir, **kwargs)
 
     def close(self) -> None:
@@ -416,7 +416,9 @@ class Pool:
                 tx.delete_lease(lease.id)
                 log.warning(
                     "lease %s of %s expired (no heartbeat for %g s); memory reclaimed",
-                    lease.id, lease.holder.describe(), lease.ttl_s,
+                    lease.id,
+                    lease.holder.describe(),
+                    lease.ttl_s,
                 )
         for ticket, host, pid, expires_at in tx.tickets():
             # A ticket without a pid (<= 0) is only ever dropped by its expiry.
@@ -447,10 +449,7 @@ def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
 
 
 def _gone(lease_id: object) -> str:
-    return (
-        f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat "
-        "came within its TTL"
-    )
+    return f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat came within its TTL"
 
 
 def _check_seconds(value: object, what: str, low: float, high: float) -> float:

@@ -46,7 +46,7 @@ class SignalRelay:
         self.received: List[int] = []
         self._previous: Dict[int, object] = {}
 
-    def install(self) -> "SignalRelay":
+    def install(self) -> SignalRelay:
         for signum in FORWARDED:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self

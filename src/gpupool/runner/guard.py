@@ -32,7 +32,7 @@ class Guard:
         self._fd: Optional[int] = write_fd
 
     @classmethod
-    def spawn(cls, lease_id: str, grace_s: float) -> Optional["Guard"]:
+    def spawn(cls, lease_id: str, grace_s: float) -> Optional[Guard]:
         """Fork the guard for `lease_id`; None where there is no /proc to find processes in.
 
         Call it before any thread starts: the forked copy must not inherit a held lock.

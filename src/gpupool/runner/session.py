@@ -168,9 +168,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         relay.restore()
 
 
-def _ender(
-    lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None]
-) -> Callable[[], None]:
+def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None]) -> Callable[[], None]:
     """What the heartbeat thread does when the lease is gone: say so and end the whole tree. The
     main thread's child.wait() then returns, and the runner exits with LeaseLost.exit_code."""
 

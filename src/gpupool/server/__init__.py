@@ -10,7 +10,7 @@ May import: core, floor 1 (pool, store, devices, isolation) and floor 2 (enforce
 FastAPI and uvicorn only in the modules that serve.
 """
 
-from .serve import Prepared, ServerConfig, prepare, run, serve  # noqa: E402  (light: FastAPI loads in prepare)
+from .serve import Prepared, ServerConfig, prepare, run, serve
 
 __all__ = ["ServerConfig", "Prepared", "prepare", "run", "serve"]
 

@@ -133,7 +133,9 @@ class Authenticator:
             return ANONYMOUS
         identity = self._named(digest)
         if identity is None:
-            raise Unauthorized("the token is not valid for this pool: ask its admin for a new one (gpupool token create)")
+            raise Unauthorized(
+                "the token is not valid for this pool: ask its admin for a new one (gpupool token create)"
+            )
         return identity
 
     def forget(self) -> None:

@@ -35,7 +35,9 @@ from typing import (
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, Unauthorized
 from .auth import Identity
 
-if TYPE_CHECKING:  # at run time the app hands its LeaseApi in: importing it here would load prometheus for every ServerConfig
+if (
+    TYPE_CHECKING
+):  # at run time the app hands its LeaseApi in: importing it here would load prometheus for every ServerConfig
     from .handlers import LeaseApi
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ def enabled_by_env() -> bool:
 class FastPath:
     """Wraps `app`; serves POST /v1/leases, POST /v1/leases/{id}/heartbeat, DELETE /v1/leases/{id}."""
 
-    def __init__(self, app: ASGIApp, api: "LeaseApi") -> None:
+    def __init__(self, app: ASGIApp, api: LeaseApi) -> None:
         self.app = app
         self.api = api
 
@@ -110,7 +112,7 @@ def _route(method: str, path: str) -> Optional[Tuple[str, str]]:
     """(verb, lease id) of a hot call, or None for everything the FastAPI app serves."""
     if not path.startswith(PREFIX):
         return None
-    rest = path[len(PREFIX):]
+    rest = path[len(PREFIX) :]
     if method == "POST" and rest in ("", "/"):
         return ("claim", "")
     if not rest.startswith("/") or len(rest) < 2:

@@ -68,11 +68,13 @@ def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
         "gpupool_device_utilization_ratio", "Share of the last sample period the GPU was busy (0-1)", labels=labels
     )
     lease_used = GaugeMetricFamily(
-        "gpupool_lease_memory_used_bytes", "GPU memory really used by the processes of each lease",
+        "gpupool_lease_memory_used_bytes",
+        "GPU memory really used by the processes of each lease",
         labels=["lease", "holder"],
     )
     actions = CounterMetricFamily(
-        "gpupool_enforcement_actions", "Watchdog actions (kills, or warnings in warn mode) by reason",
+        "gpupool_enforcement_actions",
+        "Watchdog actions (kills, or warnings in warn mode) by reason",
         labels=["reason"],
     )
     if usage is not None:
@@ -93,7 +95,8 @@ def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
             "gpupool_usage_sampled_timestamp_seconds", "When the GPU usage was last sampled", value=usage.sampled_at
         )
         yield GaugeMetricFamily(
-            "gpupool_unleased_processes", "Processes on pooled GPUs that belong to no lease",
+            "gpupool_unleased_processes",
+            "Processes on pooled GPUs that belong to no lease",
             value=len(usage.unleased()),
         )
     else:
@@ -111,9 +114,7 @@ class Metrics:
     def __init__(self, pool: Pool) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(PoolCollector(pool))
-        self.claims = Counter(
-            "gpupool_claims", "Claims by result", ["result"], registry=self.registry
-        )
+        self.claims = Counter("gpupool_claims", "Claims by result", ["result"], registry=self.registry)
         for result in CLAIM_RESULTS:
             self.claims.labels(result)  # export zeros, so rate() works from the start
         self.claim_latency = Histogram(
@@ -122,7 +123,9 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
         )
-        self.releases = Counter("gpupool_releases", "Leases released by their holder or an admin", registry=self.registry)
+        self.releases = Counter(
+            "gpupool_releases", "Leases released by their holder or an admin", registry=self.registry
+        )
         self.expired = Counter("gpupool_leases_expired", "Leases reclaimed after their TTL", registry=self.registry)
 
     def render(self) -> bytes:

@@ -73,8 +73,13 @@ def _json(data: Any, status: int = 200) -> Response:
 lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"], responses=ERRORS)
 
 
-@lease_routes.post("", status_code=201, openapi_extra=body_schema(ClaimRequest), responses={201: {"model": LeaseBody}},
-             summary="Claim GPUs: granted now, after waiting in the FIFO queue, or refused")
+@lease_routes.post(
+    "",
+    status_code=201,
+    openapi_extra=body_schema(ClaimRequest),
+    responses={201: {"model": LeaseBody}},
+    summary="Claim GPUs: granted now, after waiting in the FIFO queue, or refused",
+)
 async def claim(request: Request, api: Api, identity: Claimer) -> Response:
     """POST /v1/leases; a waiting claim polls with asyncio and gives up when the client leaves."""
     lease = await api.claim(identity, await request.body(), request.is_disconnected)
@@ -93,8 +98,9 @@ async def get_lease(lease_id: str, api: Api, _identity: Caller) -> Response:
     return _json(lease.to_dict())
 
 
-@lease_routes.post("/{lease_id}/heartbeat", responses={200: {"model": LeaseBody}},
-             summary="Renew a lease by its TTL (holder or admin)")
+@lease_routes.post(
+    "/{lease_id}/heartbeat", responses={200: {"model": LeaseBody}}, summary="Renew a lease by its TTL (holder or admin)"
+)
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
     return _json(api.heartbeat(identity, lease_id))
 
@@ -118,8 +124,12 @@ async def devices(api: Api, _identity: Caller) -> Response:
     return _json({"devices": (await run_in_threadpool(api.pool.status)).to_dict()["devices"]})
 
 
-@pool_routes.post("/tokens", status_code=201, openapi_extra=body_schema(TokenRequest),
-           summary="Create or rotate a named token (admin only)")
+@pool_routes.post(
+    "/tokens",
+    status_code=201,
+    openapi_extra=body_schema(TokenRequest),
+    summary="Create or rotate a named token (admin only)",
+)
 async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
     body = json_object(await request.body())
     unknown = set(body) - {"name", "admin"}

@@ -68,7 +68,7 @@ class ServerConfig:
     ttl_s: float = DEFAULT_TTL_S
     expire_interval_s: float = 1.0
     log_level: str = "warning"
-    enforcement: "NodeEnforcement" = field(default_factory=lambda: NodeEnforcement())
+    enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
     # The hot lease calls answered before FastAPI's routing (see server/fastpath.py, the one seam).
     fast_path: bool = field(default_factory=lambda: _fast_path_default())
 
@@ -185,9 +185,7 @@ def prepare(config: ServerConfig) -> Prepared:
             certfile, keyfile = str(cert_path), str(key_path)
         from .app import create_app
 
-        app = create_app(
-            pool, authenticator, default_ttl_s=config.ttl_s, expire_interval_s=config.expire_interval_s
-        )
+        app = create_app(pool, authenticator, default_ttl_s=config.ttl_s, expire_interval_s=config.expire_interval_s)
         sock = _bind(host, port)
     except BaseException:
         # The pool's connections and checkpoint thread must not outlive a failed start

@@ -58,14 +58,16 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=3650))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-            )
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
             .sign(ca_key, hashes.SHA256())
         )
-        _write(ca_key_path, ca_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ), 0o600)
+        _write(
+            ca_key_path,
+            ca_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+            0o600,
+        )
         _write(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
         log.warning("created a self-signed CA in %s", ca_cert_path)
 
@@ -93,9 +95,11 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write(key_path, key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ), 0o600)
+    _write(
+        key_path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        0o600,
+    )
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     log.warning("issued server certificate %s for %s", cert_path, ", ".join(wanted))
     return ca_cert_path, cert_path, key_path

@@ -8,7 +8,7 @@ the state-dir lock. The token table is written through `server.auth`, never dire
 May import: core (floor 1: its own floor and core); the standard library only.
 """
 
-from .db import Store, DB_NAME
+from .db import DB_NAME, Store
 from .lock import StateLock
 
 __all__ = ["Store", "StateLock", "DB_NAME"]

@@ -26,7 +26,7 @@ class StateLock:
         self.path = Path(state_dir) / LOCK_NAME
         self._fd: Optional[int] = None
 
-    def acquire(self) -> "StateLock":
+    def acquire(self) -> StateLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -53,7 +53,7 @@ class StateLock:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> "StateLock":
+    def __enter__(self) -> StateLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -41,8 +41,9 @@ BAD_LABEL = -1
 SPLIT_FILE = "split.json"
 # torchvision 0.29 marks its decoders deprecated in favour of TorchCodec; they remain the
 # fastest libjpeg-turbo path available here, and PIL is the fallback when they go.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                        category=DeprecationWarning)
+warnings.filterwarnings(
+    "ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Split:
         }
 
     @staticmethod
-    def from_json(d: Dict[str, object]) -> "Split":
+    def from_json(d: Dict[str, object]) -> Split:
         """Inverse of to_json."""
 
         def _rows(key: str) -> Tuple[Tuple[str, int], ...]:
@@ -86,9 +87,7 @@ def scan_class_folders(root: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
     classes: List[str] = []
     samples: List[Tuple[str, int]] = []
     for class_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        files = sorted(
-            f for f in class_dir.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()
-        )
+        files = sorted(f for f in class_dir.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
         if not files:
             continue
         idx = len(classes)
@@ -101,8 +100,7 @@ def scan_class_folders(root: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
         )
     if len(classes) < 2:
         raise InvalidInput(
-            f"data folder {root} holds a single class ({classes[0]!r}); a classifier needs at least two "
-            "class folders"
+            f"data folder {root} holds a single class ({classes[0]!r}); a classifier needs at least two class folders"
         )
     return classes, samples
 
@@ -160,8 +158,7 @@ def load_or_make_split(
         missing = [p for p, _ in split.train[:5] if not (root / p).exists()]
         if missing:
             raise InvalidInput(
-                f"{path} names files missing under {root} (e.g. {missing[0]}); use the same --data "
-                "or a new --out"
+                f"{path} names files missing under {root} (e.g. {missing[0]}); use the same --data or a new --out"
             )
         return split
     classes, samples = scan_class_folders(root)
@@ -215,8 +212,11 @@ def _shared_fd_batches() -> bool:
     to the main process as is (torch's default "file_descriptor" sharing on Linux)."""
     import torch.multiprocessing as mp
 
-    return (hasattr(os, "memfd_create") and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
-            and mp.get_sharing_strategy() == "file_descriptor")
+    return (
+        hasattr(os, "memfd_create")
+        and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+        and mp.get_sharing_strategy() == "file_descriptor"
+    )
 
 
 class _SharedBatchWriter:
@@ -309,10 +309,16 @@ class ImageFiles(Dataset):
         s = self.size
         per_image = 3 * s * s
         labels: List[int] = []
-        writer = _SharedBatchWriter((len(indices), s, s, 3)) if torch.utils.data.get_worker_info() is not None \
-            and _shared_fd_batches() else None
-        images = None if writer is not None else \
-            torch.empty((len(indices), 3, s, s), dtype=torch.uint8, memory_format=torch.channels_last)
+        writer = (
+            _SharedBatchWriter((len(indices), s, s, 3))
+            if torch.utils.data.get_worker_info() is not None and _shared_fd_batches()
+            else None
+        )
+        images = (
+            None
+            if writer is not None
+            else torch.empty((len(indices), 3, s, s), dtype=torch.uint8, memory_format=torch.channels_last)
+        )
         try:
             for j, i in enumerate(indices):
                 img, label = self._load(i)
@@ -333,7 +339,9 @@ class ImageFiles(Dataset):
         return Batch((images, torch.tensor(labels, dtype=torch.long), torch.tensor(indices, dtype=torch.long)))
 
 
-def collate(batch: Union[Batch, List[Tuple[torch.Tensor, int, int]]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(
+    batch: Union[Batch, List[Tuple[torch.Tensor, int, int]]],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch from `ImageFiles.__getitems__` as it is; a list of samples stacked (in a
     worker default_collate builds the batch directly in shared memory)."""
     if isinstance(batch, Batch):

@@ -42,7 +42,11 @@ class Serving(nn.Module):
 
 
 def save_serving(
-    out: Path, model: Classifier, classes: Sequence[str], arch: Dict[str, Any], image_size: int,
+    out: Path,
+    model: Classifier,
+    classes: Sequence[str],
+    arch: Dict[str, Any],
+    image_size: int,
     class_names: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Optional[str]]:
     """Write model.pt and (best effort) model.torchscript.pt; returns the file names."""
@@ -53,13 +57,20 @@ def save_serving(
         "classes": list(classes),
         "class_names": dict(class_names or {}),
         "arch": dict(arch),
-        "preprocess": {"image_size": image_size, "resize": "square", "mean": list(MEAN), "std": list(STD),
-                       "input": "RGB, scaled to [0, 255] then normalised with mean/std x 255"},
+        "preprocess": {
+            "image_size": image_size,
+            "resize": "square",
+            "mean": list(MEAN),
+            "std": list(STD),
+            "input": "RGB, scaled to [0, 255] then normalised with mean/std x 255",
+        },
     }
     atomic_save(payload, out / MODEL_FILE)
     files: Dict[str, Optional[str]] = {"state_dict": MODEL_FILE, "torchscript": None}
     try:
-        cpu_model = build_model(num_classes=len(classes), image_size=image_size, weights="none", train_last="all", **arch)
+        cpu_model = build_model(
+            num_classes=len(classes), image_size=image_size, weights="none", train_last="all", **arch
+        )
         cpu_model.load_state_dict(state)
         serving = Serving(cpu_model).eval()
         example = torch.zeros(1, 3, image_size, image_size, dtype=torch.uint8)

@@ -32,7 +32,7 @@ NAME_FILES = ("LOC_synset_mapping.txt", "synset_words.txt")
 
 
 def parse_synsets(text: str) -> List[str]:
-    """"n01440764,n02119022" -> list; raises InvalidInput on a malformed id or duplicates."""
+    """ "n01440764,n02119022" -> list; raises InvalidInput on a malformed id or duplicates."""
     synsets = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in synsets if not SYNSET_RE.match(s)]
     if bad:

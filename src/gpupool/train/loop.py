@@ -168,7 +168,9 @@ class _Sums:
 
     def _fold(self) -> None:
         if self.losses:
-            self.acc += torch.stack([torch.stack(self.losses).double().sum(), torch.stack(self.corrects).double().sum()])
+            self.acc += torch.stack(
+                [torch.stack(self.losses).double().sum(), torch.stack(self.corrects).double().sum()]
+            )
             self.losses, self.corrects = [], []
 
     def total(self) -> torch.Tensor:
@@ -228,16 +230,16 @@ def evaluate(eng: Engine, loader: Iterable, num_classes: int, max_steps: Optiona
         logits, y, loss_sum, _ = _forward(eng, model, images, labels, index, bad)
         keep = y != BAD_LABEL
         pred = logits.argmax(1)
-        sums += torch.stack(
-            [loss_sum.double(), (pred == y).sum().double(), keep.sum().double()]
-        )
+        sums += torch.stack([loss_sum.double(), (pred == y).sum().double(), keep.sum().double()])
         confusion += torch.bincount(y[keep] * num_classes + pred[keep], minlength=num_classes * num_classes)
     distributed.all_reduce_sum(sums)
     distributed.all_reduce_sum(confusion)
     model.train(was_training)
     s = sums.tolist()
     matrix = confusion.view(num_classes, num_classes).tolist()
-    return EpochResult(loss=s[0] / max(s[2], 1), accuracy=s[1] / max(s[2], 1), images=int(s[2]), bad_indices=bad, confusion=matrix)
+    return EpochResult(
+        loss=s[0] / max(s[2], 1), accuracy=s[1] / max(s[2], 1), images=int(s[2]), bad_indices=bad, confusion=matrix
+    )
 
 
 def epoch_row(epoch: int, train: EpochResult, val: EpochResult, lr: float, seconds: float) -> Dict[str, Any]:

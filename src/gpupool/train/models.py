@@ -98,7 +98,7 @@ class Classifier(nn.Module):
         self.train(self.training)
         return len(frozen)
 
-    def train(self, mode: bool = True) -> "Classifier":
+    def train(self, mode: bool = True) -> Classifier:
         """Set the mode, keeping frozen units in eval."""
         super().train(mode)
         for unit in self._frozen:
@@ -123,8 +123,9 @@ def load_tensors_file(file: Path, what: str, hint: str) -> Any:
     except Exception as err:
         # torch's own message runs to paragraphs and suggests weights_only=False, which would
         # run code from the file: name the file and the fix instead.
-        raise InvalidInput(f"cannot read {what} {file} ({type(err).__name__}: damaged, or not a saved "
-                           f"state dict); {hint}") from None
+        raise InvalidInput(
+            f"cannot read {what} {file} ({type(err).__name__}: damaged, or not a saved state dict); {hint}"
+        ) from None
 
 
 def _load_weights(model: nn.Module, name: str, path: str) -> None:

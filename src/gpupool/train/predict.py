@@ -32,8 +32,10 @@ class Prediction:
             "file": self.file,
             "class": label,
             "probability": round(prob, 6),
-            "top": [{"class": c, "probability": round(p, 6), **({"name": n} if n else {})}
-                    for (c, p), n in zip(self.top, names)],
+            "top": [
+                {"class": c, "probability": round(p, 6), **({"name": n} if n else {})}
+                for (c, p), n in zip(self.top, names)
+            ],
         }
         if names[0]:
             answer["name"] = names[0]
@@ -45,11 +47,13 @@ class Prediction:
             return f"{self.file}: error: {self.error}"
         names = self.names or (None,) * len(self.top)
         return f"{self.file}: " + ", ".join(
-            f"{c}{f' ({n})' if n else ''} {p:.3f}" for (c, p), n in zip(self.top, names))
+            f"{c}{f' ({n})' if n else ''} {p:.3f}" for (c, p), n in zip(self.top, names)
+        )
 
 
-def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_size: int = 32,
-                  device: Optional[str] = None) -> List[Prediction]:
+def predict_files(
+    model_path: Path, files: Sequence[str], top: int = 1, batch_size: int = 32, device: Optional[str] = None
+) -> List[Prediction]:
     """Predict each file; an unreadable image yields a Prediction with `error`, not an exception.
 
     Raises:
@@ -80,7 +84,12 @@ def predict_files(model_path: Path, files: Sequence[str], top: int = 1, batch_si
             probs = torch.softmax(model(x).float(), dim=1).cpu()
             values, indices = probs.topk(k, dim=1)
             for (f, _), vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
-                results.append(Prediction(file=f, top=tuple((classes[i], v) for i, v in zip(idxs, vals)),
-                                          names=tuple(display.get(classes[i]) for i in idxs)))
+                results.append(
+                    Prediction(
+                        file=f,
+                        top=tuple((classes[i], v) for i, v in zip(idxs, vals)),
+                        names=tuple(display.get(classes[i]) for i in idxs),
+                    )
+                )
     order = {f: i for i, f in enumerate(files)}
     return sorted(results, key=lambda p: order[p.file])

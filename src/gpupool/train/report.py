@@ -113,7 +113,9 @@ def plot_confusion(confusion: Sequence[Sequence[int]], classes: Sequence[str], p
     plt.close(fig)
 
 
-def write_plots(out: Path, history: List[Dict[str, Any]], confusion: Sequence[Sequence[int]], classes: Sequence[str]) -> List[str]:
+def write_plots(
+    out: Path, history: List[Dict[str, Any]], confusion: Sequence[Sequence[int]], classes: Sequence[str]
+) -> List[str]:
     """Both plots; a plotting failure is logged, never fatal (the numbers are in report.json)."""
     written: List[str] = []
     for name, fn in (

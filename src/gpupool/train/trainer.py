@@ -21,7 +21,13 @@ from gpupool.core.errors import InvalidInput
 from gpupool.train import checkpoint, distributed, report
 from gpupool.train.config import TrainConfig, save_config
 from gpupool.train.data import (
-    ImageFiles, Normalizer, Split, class_names, default_workers, load_or_make_split, make_loader,
+    ImageFiles,
+    Normalizer,
+    Split,
+    class_names,
+    default_workers,
+    load_or_make_split,
+    make_loader,
 )
 from gpupool.train.export import save_serving
 from gpupool.train.loop import Engine, epoch_row, evaluate, train_epoch
@@ -40,7 +46,9 @@ def _check_inputs(cfg: TrainConfig, split: Split, world_size: int) -> None:
     """Reject data sets the run cannot work with, naming the fix."""
     n_train = len(split.train)
     if n_train < world_size:
-        raise InvalidInput(f"{n_train} training images cannot feed {world_size} workers; add images or use fewer workers")
+        raise InvalidInput(
+            f"{n_train} training images cannot feed {world_size} workers; add images or use fewer workers"
+        )
     if cfg.batch_size > n_train:
         raise InvalidInput(
             f"--batch-size {cfg.batch_size} is larger than the training set ({n_train} images of "
@@ -95,8 +103,9 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     _check_inputs(cfg, split, denv.world_size)
     num_classes = len(split.classes)
     arch = {"name": cfg.model, "head": cfg.head, "hidden": cfg.hidden, "dropout": cfg.dropout}
-    model = build_model(num_classes=num_classes, image_size=cfg.image_size, weights=cfg.weights,
-                        train_last=cfg.train_last, **arch)
+    model = build_model(
+        num_classes=num_classes, image_size=cfg.image_size, weights=cfg.weights, train_last=cfg.train_last, **arch
+    )
 
     distributed.init(denv, device)
     try:
@@ -105,8 +114,17 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
         distributed.shutdown()
 
 
-def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out: Path, data_dir: Path,
-         split: Split, model: Any, arch: Dict[str, Any], ckpt: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def _fit(
+    cfg: TrainConfig,
+    denv: distributed.DistEnv,
+    device: torch.device,
+    out: Path,
+    data_dir: Path,
+    split: Split,
+    model: Any,
+    arch: Dict[str, Any],
+    ckpt: Optional[Dict[str, Any]],
+) -> Dict[str, Any]:
     """The part of train() that runs inside the process group."""
     t_start = time.perf_counter()
     channels_last = cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
@@ -145,8 +163,9 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
     if denv.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                        gradient_as_bucket_view=True)
+        ddp_model = DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
     train_model = torch.compile(ddp_model) if cfg.compile else ddp_model
     eng = Engine(train_model, model, Normalizer(channels_last).to(device), optimizer, scaler, device, amp_dtype)
 
@@ -157,15 +176,20 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
         "val": ImageFiles(data_dir, split.val, cfg.image_size),
         "test": ImageFiles(data_dir, split.test, cfg.image_size),
     }
-    train_loader, sampler = make_loader(datasets["train"], cfg.batch_size, workers, pin, True, cfg.seed,
-                                        denv.rank, denv.world_size)
-    val_loader, _ = make_loader(datasets["val"], cfg.batch_size, workers, pin, False, cfg.seed,
-                                denv.rank, denv.world_size)
+    train_loader, sampler = make_loader(
+        datasets["train"], cfg.batch_size, workers, pin, True, cfg.seed, denv.rank, denv.world_size
+    )
+    val_loader, _ = make_loader(
+        datasets["val"], cfg.batch_size, workers, pin, False, cfg.seed, denv.rank, denv.world_size
+    )
     params_count = count_parameters(model)
-    _say(denv, f"training {cfg.model} on {len(split.train)}/{len(split.val)}/{len(split.test)} images "
-               f"({len(split.classes)} classes), {denv.world_size} worker(s) on {device.type}, "
-               f"{params_count['trainable']:,}/{params_count['total']:,} parameters trainable, "
-               f"{workers} loader worker(s)/process, amp={amp_dtype}")
+    _say(
+        denv,
+        f"training {cfg.model} on {len(split.train)}/{len(split.val)}/{len(split.test)} images "
+        f"({len(split.classes)} classes), {denv.world_size} worker(s) on {device.type}, "
+        f"{params_count['trainable']:,}/{params_count['total']:,} parameters trainable, "
+        f"{workers} loader worker(s)/process, amp={amp_dtype}",
+    )
     show_progress = denv.is_main and (cfg.progress if cfg.progress is not None else sys.stderr.isatty())
     bad: Dict[str, Set[int]] = {"train": set(), "val": set(), "test": set()}
 
@@ -175,8 +199,9 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
         t_epoch = time.perf_counter()
         assert sampler is not None
         sampler.set_epoch(epoch)
-        tr = train_epoch(eng, train_loader, len(train_loader), f"epoch {epoch}/{cfg.epochs}", show_progress,
-                         cfg.max_steps_per_epoch)
+        tr = train_epoch(
+            eng, train_loader, len(train_loader), f"epoch {epoch}/{cfg.epochs}", show_progress, cfg.max_steps_per_epoch
+        )
         va = evaluate(eng, val_loader, len(split.classes), cfg.max_steps_per_epoch)
         bad["train"] |= tr.bad_indices
         bad["val"] |= va.bad_indices
@@ -192,32 +217,44 @@ def _fit(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, out:
         row = epoch_row(epoch, tr, va, lr, time.perf_counter() - t_epoch)
         history.append(row)
         if denv.is_main:
-            checkpoint.atomic_save({
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": checkpoint.rng_state(),
-                "early_stopping": best, "history": history,
-                "config": {"structural": cfg.structural(), "full": cfg.to_json()},
-            }, out / checkpoint.CHECKPOINT_FILE)
+            checkpoint.atomic_save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "epoch": epoch,
+                    "rng": checkpoint.rng_state(),
+                    "early_stopping": best,
+                    "history": history,
+                    "config": {"structural": cfg.structural(), "full": cfg.to_json()},
+                },
+                out / checkpoint.CHECKPOINT_FILE,
+            )
             report.append_metrics(out / report.METRICS_FILE, row)
-        _say(denv, f"epoch {epoch}/{cfg.epochs} train_loss={tr.loss:.4f} train_acc={tr.accuracy:.4f} "
-                   f"val_loss={va.loss:.4f} val_acc={va.accuracy:.4f} images/s={tr.images_per_second:.1f}"
-                   + (" *" if best["epoch"] == epoch else "")
-                   + (f" (early stop: no val_loss improvement in {cfg.patience} epochs)" if best["stopped"] else ""))
+        _say(
+            denv,
+            f"epoch {epoch}/{cfg.epochs} train_loss={tr.loss:.4f} train_acc={tr.accuracy:.4f} "
+            f"val_loss={va.loss:.4f} val_acc={va.accuracy:.4f} images/s={tr.images_per_second:.1f}"
+            + (" *" if best["epoch"] == epoch else "")
+            + (f" (early stop: no val_loss improvement in {cfg.patience} epochs)" if best["stopped"] else ""),
+        )
 
     # Restore the best weights (restore_best_weights=True), then test once.
     if best["state"] is not None:
         missing_unexpected = model.load_state_dict(best["state"], strict=False)
         assert not missing_unexpected.unexpected_keys, missing_unexpected.unexpected_keys
-    test_loader, _ = make_loader(datasets["test"], cfg.batch_size, workers, pin, False, cfg.seed,
-                                 denv.rank, denv.world_size, persistent=False)
+    test_loader, _ = make_loader(
+        datasets["test"], cfg.batch_size, workers, pin, False, cfg.seed, denv.rank, denv.world_size, persistent=False
+    )
     te = evaluate(eng, test_loader, len(split.classes))
     bad["test"] |= te.bad_indices
     bad_files = _gather_bad(bad, datasets)
-    result = _report(cfg, denv, device, split, history, best, te, bad_files, params_count, amp_dtype,
-                     time.perf_counter() - t_start)
+    result = _report(
+        cfg, denv, device, split, history, best, te, bad_files, params_count, amp_dtype, time.perf_counter() - t_start
+    )
     if denv.is_main:
-        result["exported"] = save_serving(out, model, split.classes, arch, cfg.image_size,
-                                          result.get("class_names"))
+        result["exported"] = save_serving(out, model, split.classes, arch, cfg.image_size, result.get("class_names"))
         report.write_json_atomic(result, out / report.REPORT_FILE)
         result["plots"] = report.write_plots(out, history, te.confusion or [], split.classes)
         report.write_json_atomic(result, out / report.REPORT_FILE)
@@ -246,9 +283,19 @@ def steady_throughput(history: List[Dict[str, Any]]) -> float:
     return images / seconds if seconds > 0 else 0.0
 
 
-def _report(cfg: TrainConfig, denv: distributed.DistEnv, device: torch.device, split: Split,
-            history: List[Dict[str, Any]], best: Dict[str, Any], te: Any, bad_files: List[str],
-            params_count: Dict[str, int], amp_dtype: Optional[torch.dtype], seconds: float) -> Dict[str, Any]:
+def _report(
+    cfg: TrainConfig,
+    denv: distributed.DistEnv,
+    device: torch.device,
+    split: Split,
+    history: List[Dict[str, Any]],
+    best: Dict[str, Any],
+    te: Any,
+    bad_files: List[str],
+    params_count: Dict[str, int],
+    amp_dtype: Optional[torch.dtype],
+    seconds: float,
+) -> Dict[str, Any]:
     """The report.json content."""
     best_row = next((r for r in history if r["epoch"] == best["epoch"]), None)
     confusion = te.confusion or []

@@ -117,7 +117,7 @@ def _run_hook(name, module):
         _say("%s: hook failed: %r" % (name, err))
 
 
-class _PostImportFinder(object):
+class _PostImportFinder:
     """Finds nothing itself; wraps the real loader of hooked modules to run the hook after exec."""
 
     def __init__(self):
@@ -168,8 +168,10 @@ def _install():
         if name in sys.modules:  # imported by the chained sitecustomize already
             _run_hook(name, sys.modules[name])
     sys.meta_path.insert(0, _PostImportFinder())
-    _say("installed (fractions=%s, limits_mib=%s)" % (
-        os.environ.get(_first(FRACTION_ENVS), ""), os.environ.get(_first(LIMIT_ENVS), "")))
+    _say(
+        "installed (fractions=%s, limits_mib=%s)"
+        % (os.environ.get(_first(FRACTION_ENVS), ""), os.environ.get(_first(LIMIT_ENVS), ""))
+    )
 
 
 _install()

@@ -51,7 +51,7 @@ class KubernetesExecutor(Executor):
                 raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
             try:
                 config.load_kube_config()
-            except Exception:  # noqa: BLE001 (no kubeconfig: try in-cluster, else explain)
+            except Exception:
                 try:
                     config.load_incluster_config()
                 except Exception:
@@ -111,7 +111,7 @@ class KubernetesExecutor(Executor):
             for plural in _PLURALS.values():
                 try:
                     apis["custom"].delete_namespaced_custom_object("kubeflow.org", "v1", ns, plural, name)
-                except Exception:  # noqa: BLE001 (the other kind: not found)
+                except Exception:
                     continue
             return f"job {name} deleted"
         selector = f"{JOB_LABEL}={name}"
@@ -153,9 +153,12 @@ def describe_from(name: str, target: str, jobs: List[Any], pods: List[Any]) -> J
             term = cs.state.terminated if cs.state else None
             if term is not None:
                 code = term.exit_code
-        reps.append(ReplicaDescription(replica_name(pod), pod.status.phase if pod.status else "Unknown", code, restarts))
-    return JobDescription(name=name, target=target, status=status, message=message,
-                          restarts=sum(r.restarts for r in reps), replicas=reps)
+        reps.append(
+            ReplicaDescription(replica_name(pod), pod.status.phase if pod.status else "Unknown", code, restarts)
+        )
+    return JobDescription(
+        name=name, target=target, status=status, message=message, restarts=sum(r.restarts for r in reps), replicas=reps
+    )
 
 
 def _condition(job: Any, kind: str) -> Optional[str]:

@@ -71,7 +71,12 @@ class LocalExecutor(Executor):
             gpu = {"CUDA_VISIBLE_DEVICES": f"<granted: group {r.group}>"} if r.group is not None else None
             env = replica_env(spec, reps, endpoints, r, job_dir, gpu)
             plan["replicas"].append(  # type: ignore[union-attr]
-                {"name": r.name, "rank": r.rank, "command": list(expand_command(role_of(spec, r).command, env)), "env": env}
+                {
+                    "name": r.name,
+                    "rank": r.rank,
+                    "command": list(expand_command(role_of(spec, r).command, env)),
+                    "env": env,
+                }
             )
         text = yaml.safe_dump(plan, sort_keys=False, default_flow_style=False, width=120)
         return DryRunInfo(self.target, spec, plan, text)
@@ -232,8 +237,8 @@ def _description(state: JobState) -> JobDescription:
 
 def _tail(paths: Dict[str, Path], prefix: bool, follow: bool, finished) -> Iterator[str]:
     """Lines of every file in `paths`; with `follow`, poll for more until `finished()`."""
-    offsets = {n: 0 for n in paths}
-    partial = {n: b"" for n in paths}
+    offsets = dict.fromkeys(paths, 0)
+    partial = dict.fromkeys(paths, b"")
     while True:
         done = follow and finished()  # read once more after the job ended: nothing is lost
         for name, path in paths.items():

@@ -100,8 +100,10 @@ def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str,
         env["TF_CONFIG"] = env["TF_CONFIG"].replace(json.dumps(_INDEX), _INDEX)
     env.pop(REPLICA_INDEX_ENV, None)
     items: List[Dict[str, Any]] = [
-        {"name": REPLICA_INDEX_ENV,
-         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
+        {
+            "name": REPLICA_INDEX_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+        },
     ]
     wrapped: Dict[str, str] = {}
     if offset == 0:
@@ -177,8 +179,13 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
         }
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = int(math.ceil(spec.active_deadline_seconds))
-    if spec.success_policy is SuccessPolicy.CHIEF and role.name in ("worker",) and spec.role("chief") is None \
-            and spec.role("master") is None and role.replicas > 1:
+    if (
+        spec.success_policy is SuccessPolicy.CHIEF
+        and role.name in ("worker",)
+        and spec.role("chief") is None
+        and spec.role("master") is None
+        and role.replicas > 1
+    ):
         # Worker 0 is the chief: the Job succeeds when index 0 does (Job successPolicy, Kubernetes >= 1.31).
         job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     return {
@@ -198,7 +205,7 @@ def _with_kvstore(command: List[str]) -> List[str]:
     """Worker 0 also serves Horovod's rendezvous store (needs gpupool in the image)."""
     start = (
         f'if [ "$GPUPOOL_REPLICA_INDEX" = 0 ]; then python3 -m gpupool.jobs.rendezvous.kvstore '
-        f"--port {KVSTORE_PORT} & fi; exec \"$@\""
+        f'--port {KVSTORE_PORT} & fi; exec "$@"'
     )
     return ["/bin/sh", "-c", start, "gpupool-kvstore"] + command
 
@@ -209,13 +216,15 @@ def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
         return []
     env = [{"name": k, "value": v} for k, v in spec.env]
     env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR).items()]
-    return [{
-        "name": "setup",
-        "image": image,
-        "command": list(spec.setup),
-        "env": env,
-        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
-    }]
+    return [
+        {
+            "name": "setup",
+            "image": image,
+            "command": list(spec.setup),
+            "env": env,
+            "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+        }
+    ]
 
 
 def render(spec: JobSpec) -> List[Dict[str, Any]]:

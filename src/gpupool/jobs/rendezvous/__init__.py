@@ -23,6 +23,11 @@ def rendezvous_env(spec: JobSpec, reps: Tuple[Replica, ...], endpoints: Endpoint
 
 
 __all__ = [
-    "rendezvous_env", "tf_config", "cluster_spec", "tensorflow_env",
-    "torch_env", "horovod_env", "hostfile",
+    "rendezvous_env",
+    "tf_config",
+    "cluster_spec",
+    "tensorflow_env",
+    "torch_env",
+    "horovod_env",
+    "hostfile",
 ]

@@ -14,13 +14,13 @@ from typing import Dict, Tuple
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "KVStoreServer"
+    server: KVStoreServer
 
     def _scope_key(self) -> Tuple[str, str]:
         parts = self.path.strip("/").split("/", 1)
         return parts[0], parts[1] if len(parts) > 1 else ""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:
         scope, key = self._scope_key()
         with self.server.lock:
             value = self.server.data.get(scope, {}).get(key)
@@ -34,7 +34,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(value)
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         scope, key = self._scope_key()
         body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
         with self.server.lock:
@@ -43,7 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         scope, key = self._scope_key()
         with self.server.lock:
             if key:
@@ -72,7 +72,7 @@ class KVStoreServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
-    def start(self) -> "KVStoreServer":
+    def start(self) -> KVStoreServer:
         threading.Thread(target=self.serve_forever, name="horovod-kvstore", daemon=True).start()
         return self
 

@@ -43,7 +43,7 @@ class PluginConfig:
 
 
 class _Service(rpc.DevicePluginServicer):
-    def __init__(self, plugin: "DevicePlugin") -> None:
+    def __init__(self, plugin: DevicePlugin) -> None:
         self.plugin = plugin
 
     def GetDevicePluginOptions(self, request, context):
@@ -63,22 +63,28 @@ class _Service(rpc.DevicePluginServicer):
             yield response
 
     def GetPreferredAllocation(self, request, context):
-        return pb.PreferredAllocationResponse(container_responses=[
-            pb.ContainerPreferredAllocationResponse(deviceIDs=list(r.must_include_deviceIDs)
-                                                    + [i for i in r.available_deviceIDs
-                                                       if i not in r.must_include_deviceIDs]
-                                                    [: max(0, r.allocation_size - len(r.must_include_deviceIDs))])
-            for r in request.container_requests
-        ])
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=list(r.must_include_deviceIDs)
+                    + [i for i in r.available_deviceIDs if i not in r.must_include_deviceIDs][
+                        : max(0, r.allocation_size - len(r.must_include_deviceIDs))
+                    ]
+                )
+                for r in request.container_requests
+            ]
+        )
 
     def Allocate(self, request, context):
         responses = []
         for creq in request.container_requests:
             unknown = [i for i in creq.devices_ids if i not in self.plugin.table]
             if unknown:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"unknown {self.plugin.config.resource} device IDs {unknown[:3]}; "
-                              "the plugin restarted with other GPUs: recreate the pod")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"unknown {self.plugin.config.resource} device IDs {unknown[:3]}; "
+                    "the plugin restarted with other GPUs: recreate the pod",
+                )
             responses.append(self.plugin.container_response(len(creq.devices_ids)))
         return pb.AllocateResponse(container_responses=responses)
 
@@ -93,7 +99,7 @@ class DevicePlugin:
         self.config = config
         self.devices = list(devices)
         self.units = unit_ids(self.devices)
-        self.table = {uid: d for uid, d in self.units}
+        self.table = dict(self.units)
         self.unhealthy: Set[str] = set()
         self.changed = threading.Condition()
         self.version = 0
@@ -121,10 +127,12 @@ class DevicePlugin:
                 self.changed.notify_all()
 
     def list_response(self) -> pb.ListAndWatchResponse:
-        return pb.ListAndWatchResponse(devices=[
-            pb.Device(ID=uid, health=UNHEALTHY if (d.uuid in self.unhealthy or not d.healthy) else HEALTHY)
-            for uid, d in self.units
-        ])
+        return pb.ListAndWatchResponse(
+            devices=[
+                pb.Device(ID=uid, health=UNHEALTHY if (d.uuid in self.unhealthy or not d.healthy) else HEALTHY)
+                for uid, d in self.units
+            ]
+        )
 
     def container_response(self, units: int) -> pb.ContainerAllocateResponse:
         envs = dict(self.config.envs)
@@ -132,8 +140,11 @@ class DevicePlugin:
             envs.setdefault("GPUPOOL_SERVER", self.config.agent_url)
             envs.setdefault("GPUPOOL_NODE_AGENT", self.config.agent_url)
         envs["GPUPOOL_UNITS"] = str(units)
-        mounts = [pb.Mount(container_path=c, host_path=h, read_only=ro)
-                  for c, h, ro in self.config.mounts if os.path.exists(h)]
+        mounts = [
+            pb.Mount(container_path=c, host_path=h, read_only=ro)
+            for c, h, ro in self.config.mounts
+            if os.path.exists(h)
+        ]
         return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
 
     # -- lifecycle ---------------------------------------------------------
@@ -177,8 +188,7 @@ class DevicePlugin:
                     version=API_VERSION,
                     endpoint=self.config.endpoint,
                     resource_name=self.config.resource,
-                    options=pb.DevicePluginOptions(pre_start_required=False,
-                                                   get_preferred_allocation_available=False),
+                    options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False),
                 ),
                 timeout=5,
             )
@@ -191,7 +201,8 @@ class DevicePlugin:
             self.register()
             return True
         except grpc.RpcError as err:
-            log.warning("kubelet registration failed (will retry): %s", getattr(err, "details", lambda: err)())
+            details = err.details() if callable(getattr(err, "details", None)) else err
+            log.warning("kubelet registration failed (will retry): %s", details)
             self._kubelet_stamp = None
             return False
 
