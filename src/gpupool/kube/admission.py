@@ -16,7 +16,7 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import InvalidInput
 from . import extender
@@ -65,10 +65,11 @@ class WebhookApp:
         return routes[path](data)
 
     # -- admission -------------------------------------------------------
-    def _review(self, data: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Any]]]:
+    def _review(self, data: Dict[str, Any]) -> Union[Dict[str, Any], Tuple[int, Any]]:
+        """The review's request, or the (status, body) answer when it is not an AdmissionReview."""
         request = data.get("request")
         if not isinstance(request, dict) or not request.get("uid") or not isinstance(request["uid"], str):
-            return None, (
+            return (
                 400,
                 {
                     "error": {
@@ -80,7 +81,7 @@ class WebhookApp:
         if not isinstance(request.get("kind") or {}, dict):
             # The answer must stay an AdmissionReview; a kind that is not a GroupVersionKind
             # object would otherwise fail in _pod and reach the client as a 500.
-            return None, (
+            return (
                 400,
                 {
                     "error": {
@@ -89,11 +90,16 @@ class WebhookApp:
                     }
                 },
             )
-        return request, None
+        return request
 
     @staticmethod
     def _answer(
-        data: Dict[str, Any], uid: str, allowed: bool, message: str = "", patch=None, warnings=()
+        data: Dict[str, Any],
+        uid: str,
+        allowed: bool,
+        message: str = "",
+        patch: Optional[List[Dict[str, Any]]] = None,
+        warnings: Sequence[str] = (),
     ) -> Dict[str, Any]:
         response: Dict[str, Any] = {"uid": uid, "allowed": allowed}
         if not allowed:
@@ -118,9 +124,9 @@ class WebhookApp:
 
     def _admit(self, data: Dict[str, Any], decide: Callable[[str, Dict[str, Any]], Dict[str, Any]]) -> Tuple[int, Any]:
         """Check the review, pass what is not a pod creation, else answer with `decide(uid, pod)`."""
-        request, bad = self._review(data)
-        if bad:
-            return bad
+        request = self._review(data)
+        if isinstance(request, tuple):  # not an AdmissionReview: the error answer
+            return request
         uid = request["uid"]
         pod = self._pod(request)
         if pod is None:

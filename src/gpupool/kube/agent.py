@@ -15,12 +15,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Set, Tuple
+from types import FrameType
+from typing import TYPE_CHECKING, Callable, List, Optional, Set, Tuple
 
 from ..core.model import Lease, pod_uid_of_label
+from ..pool import Pool
 from ..server.serve import NodeEnforcement
 from ..store import Store
 from .apiserver import core_v1
+
+if TYPE_CHECKING:
+    from ..devices.health import HealthWatcher
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,7 @@ class AgentConfig:
     enforcement: NodeEnforcement = field(default_factory=NodeEnforcement)  # isolation mode and watchdog
 
 
-def release_orphans(pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
+def release_orphans(pool: Pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
     """Release leases of pods missing from `live_uids`.
 
     Only leases older than `listed_at` (when the pod list was read) are
@@ -114,7 +119,7 @@ def file_live_pods(path: str) -> LivePods:
     return live
 
 
-def reap_once(pool, live: LivePods) -> List[Lease]:
+def reap_once(pool: Pool, live: LivePods) -> List[Lease]:
     """One pass of the reaper: release the leases of pods missing from the live list."""
     listed = live()
     if listed is None:
@@ -138,7 +143,7 @@ def every(interval_s: float, work: Callable[[], object], stop: threading.Event, 
     return thread
 
 
-def _exit_during_start_up(signum, frame) -> None:
+def _exit_during_start_up(signum: int, frame: Optional[FrameType]) -> None:
     """SIGTERM/SIGINT before the server runs: stop at once (`finally` still cleans up)."""
     raise SystemExit(0)
 
@@ -180,7 +185,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             sync_tokens(prepared.pool.store, tokens_dir)
             every(30.0, lambda: sync_tokens(prepared.pool.store, tokens_dir), stop, "gpupool-token-sync")
 
-        def health_watcher(uuids):
+        def health_watcher(uuids: List[str]) -> _PoolHealth:
             from ..devices.health import HealthWatcher
 
             return _PoolHealth(HealthWatcher(uuids), prepared.pool)
@@ -203,7 +208,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
 class _PoolHealth:
     """A HealthWatcher that also tells the pool, so unhealthy GPUs get no new slices."""
 
-    def __init__(self, watcher, pool) -> None:
+    def __init__(self, watcher: HealthWatcher, pool: Pool) -> None:
         self.watcher, self.pool = watcher, pool
         self.last: Set[str] = set()
 

@@ -18,7 +18,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class _Connection(asyncio.Protocol):
         self.continued = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream server's transports (plain or TLS) are full Transports; the Protocol API types the base.
+        self.transport = cast(asyncio.Transport, transport)
         self._arm()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
@@ -197,7 +198,6 @@ class AsyncServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         context = self._ssl_context() if self._ssl_context else None
-        kwargs = {"ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if context else {}
 
         def factory() -> _Connection:
             if self._ssl_context is not None:
@@ -205,7 +205,13 @@ class AsyncServer:
             return _Connection(self._handler, self._max_body, self.loop)
 
         self._server = self.loop.run_until_complete(
-            self.loop.create_server(factory, sock=self.socket, ssl=context, backlog=1024, **kwargs)
+            self.loop.create_server(
+                factory,
+                sock=self.socket,
+                ssl=context,
+                backlog=1024,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if context else None,  # only valid with ssl
+            )
         )
         self._started.set()
         try:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..core.errors import InvalidInput
 
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
 
-def core_v1(purpose: str, outside_hint: str):  # pragma: no cover - needs an API server
+
+def core_v1(purpose: str, outside_hint: str) -> CoreV1Api:  # pragma: no cover - needs an API server
     """A CoreV1Api from the pod's service account, or a clear error outside a cluster.
 
     Args:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import pathlib
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 def service_names(service: str, namespace: str) -> List[str]:
@@ -24,14 +24,14 @@ def write_certs(
     days: int = 365,
     ca_cert: Optional[str] = None,
     ca_key: Optional[str] = None,
-    ip_addresses: List[str] = (),
+    ip_addresses: Sequence[str] = (),
 ) -> Tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
     """Write ca.crt (and ca.key when new), tls.crt and tls.key under `out_dir`; return their paths."""
     import ipaddress
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     out = pathlib.Path(out_dir)
@@ -60,6 +60,15 @@ def write_certs(
             ca_private.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         )
         (out / "ca.key").chmod(0o600)
+    signers = (
+        rsa.RSAPrivateKey,
+        dsa.DSAPrivateKey,
+        ec.EllipticCurvePrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+    )
+    if not isinstance(ca_private, signers):  # what CertificateBuilder.sign would reject (with a TypeError)
+        raise TypeError(f"{ca_key}: a {type(ca_private).__name__} cannot sign certificates")
     key = ec.generate_private_key(ec.SECP256R1())
     sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
     cert = (

@@ -14,10 +14,10 @@ import bisect
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
-from ..core.model import Claim, Device, Policy, pod_uid_of_label
+from ..core.model import Claim, Device, GpuRequest, Policy, pod_uid_of_label
 from ..core.placement import place
 from . import annotations as ann
 from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask
@@ -31,7 +31,7 @@ class NodeState:
 
     devices: Tuple[Device, ...]
     allocated: Mapping[str, int]
-    holders: frozenset = frozenset()  # pod UIDs with a live lease on this node
+    holders: FrozenSet[str] = frozenset()  # pod UIDs with a live lease on this node
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> NodeState:
@@ -133,7 +133,9 @@ def filter_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[s
     return out
 
 
-def _quick_filter(name: str, state: NodeState, request, out: FilterOutcome, need_by_size: Dict[int, int]) -> None:
+def _quick_filter(
+    name: str, state: NodeState, request: GpuRequest, out: FilterOutcome, need_by_size: Dict[int, int]
+) -> None:
     """One request without filters: count GPUs with the share free (what `place` decides, without its sorting).
 
     The common case, and 1,000 nodes must be judged well inside the scheduler's timeout.
@@ -155,7 +157,7 @@ def _quick_filter(name: str, state: NodeState, request, out: FilterOutcome, need
     )
 
 
-def _need(request, memory_mib: int) -> int:
+def _need(request: GpuRequest, memory_mib: int) -> int:
     """MiB `request` takes on a GPU of `memory_mib` (GpuRequest.memory_on, by size alone)."""
     return request.memory_on(Device("", 0, "", memory_mib))
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..core.errors import InvalidInput
+from ..core.filters import Filter
 from ..isolation.env import MPS_PIPE_ENV
 from . import annotations as ann
 from .resources import ALIASES, UNITS, USER_KEYS, GpuAsk, asks_for_gpu, read_ask
@@ -94,7 +95,7 @@ def mutate(
         errors.extend(problems)
         if ask is not None:
             asks[container["name"]] = ask
-    filters: tuple = ()
+    filters: Tuple[Filter, ...] = ()
     try:
         filters = ann.read_filters(annotations)
         ann.read_policy(annotations)
@@ -132,10 +133,10 @@ def _container(
     config: MutateConfig,
     gpu_size: Callable[[int], Optional[int]],
     wrap: bool,
-    filters,
+    filters: Tuple[Filter, ...],
     warnings: List[str],
 ) -> Dict[str, Any]:
-    new = _copy(dict(container))
+    new: Dict[str, Any] = _copy(dict(container))
     name = container["name"]
     size = gpu_size(ask.memory_mib) if ask.memory_mib is not None else None
     units = ask.units(size or config.gpu_memory_mib)
@@ -160,7 +161,7 @@ def _container(
 
 
 def _add_mps_mounts(
-    mounts: List[Dict[str, Any]], taken: set, config: MutateConfig, name: str, warnings: List[str]
+    mounts: List[Dict[str, Any]], taken: Set[Optional[str]], config: MutateConfig, name: str, warnings: List[str]
 ) -> None:
     """The agent's MPS pipe folder (same path) and shared memory (/dev/shm); read-write, MPS writes both."""
     if MPS_PIPE_VOLUME not in taken and config.mps_pipe_dir not in taken:
@@ -191,7 +192,7 @@ def _copy(value: Any) -> Any:
 
 
 def _wrapped_command(
-    container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters, warnings: List[str]
+    container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters: Tuple[Filter, ...], warnings: List[str]
 ) -> List[str]:
     """`python3 gpupool-run.pyz run -n A -p F ... -- <the original command>`; args stay as they are."""
     name = container["name"]

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.model import Claim, Device
 from .apiserver import core_v1
@@ -26,13 +26,16 @@ Targets = Callable[[], Mapping[str, str]]  # node name -> agent base URL
 Pending = Callable[[], Mapping[str, Sequence[Tuple[str, Claim]]]]  # node -> (pod uid, claim) bound there
 
 
-def fetch_status(url: str, token: str = "", timeout_s: float = 2.0, context: Optional[ssl.SSLContext] = None) -> dict:
+def fetch_status(
+    url: str, token: str = "", timeout_s: float = 2.0, context: Optional[ssl.SSLContext] = None
+) -> Dict[str, Any]:
     """GET {url}/v1/status of one agent."""
     req = urllib.request.Request(url.rstrip("/") + "/v1/status")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
-        return json.loads(resp.read())
+        status: Dict[str, Any] = json.loads(resp.read())
+    return status
 
 
 class ClusterState:
@@ -43,7 +46,7 @@ class ClusterState:
         targets: Targets,
         token: str = "",
         max_age_s: float = 30.0,
-        fetch: Callable[[str], dict] = None,
+        fetch: Optional[Callable[[str], Dict[str, Any]]] = None,
         pending: Optional[Pending] = None,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 16,
@@ -94,7 +97,7 @@ class ClusterState:
         targets = dict(self._targets())
         results: Dict[str, Optional[NodeState]] = {}
 
-        def one(item):
+        def one(item: Tuple[str, str]) -> Tuple[str, Optional[NodeState]]:
             node, url = item
             try:
                 return node, NodeState.from_status(self._fetch(url))
@@ -122,7 +125,7 @@ class ClusterState:
     def start(self, interval_s: float = 2.0) -> None:
         """Refresh every `interval_s` in a daemon thread."""
 
-        def loop():
+        def loop() -> None:
             while not self._stop.is_set():
                 try:
                     self.refresh()

@@ -65,7 +65,9 @@ class GpuAsk:
                 f"{MEMORY}: the webhook does not know the GPU size to turn {self.memory_mib}MiB into "
                 f"{UNITS} units; use {PERCENT} instead, or start the webhook with --gpu-memory"
             )
-        per_gpu = min(UNITS_PER_GPU, math.ceil(self.memory_mib * UNITS_PER_GPU / gpu_memory_mib))  # type: ignore[operator]
+        if self.memory_mib is None:  # neither percent nor memory: no ask read_ask makes (was a TypeError below)
+            raise TypeError("a GpuAsk needs percent or memory_mib")
+        per_gpu = min(UNITS_PER_GPU, math.ceil(self.memory_mib * UNITS_PER_GPU / gpu_memory_mib))
         return self.amount * per_gpu
 
     def request(self, filters: Sequence[Filter] = ()) -> GpuRequest:
@@ -167,9 +169,9 @@ def read_ask(container: Mapping[str, Any]) -> Tuple[Optional[GpuAsk], List[str]]
         memory = _memory_mib(merged[MEMORY], f"{where}: {MEMORY}", errors)
     else:
         percent = 100  # gpu-amount alone means whole GPUs
-    if errors:
+    if errors or amount is None:  # _whole gives None only with an error
         return None, errors
-    return GpuAsk(amount, percent, memory), errors  # type: ignore[arg-type]
+    return GpuAsk(amount, percent, memory), errors
 
 
 def _whole(value: Any, what: str, errors: List[str], low: int, high: Optional[int], fix: str) -> Optional[int]:

@@ -11,10 +11,10 @@ import sys
 
 
 def main() -> int:
-    from grpc_tools import protoc  # dev-only dependency
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # dev-only dependency; ships no types
 
     here = pathlib.Path(__file__).resolve().parent
-    rc = protoc.main(
+    rc: int = protoc.main(
         ["grpc_tools.protoc", f"-I{here}", f"--python_out={here}", f"--grpc_python_out={here}", str(here / "api.proto")]
     )
     if rc != 0:

@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 import grpc
 
@@ -42,14 +42,15 @@ class PluginConfig:
     watch_interval_s: float = 0.5
 
 
-class _Service(rpc.DevicePluginServicer):
+# The generated stubs are untyped (excluded from mypy, imported as Any): subclassing them is the gRPC idiom.
+class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
     def __init__(self, plugin: DevicePlugin) -> None:
         self.plugin = plugin
 
-    def GetDevicePluginOptions(self, request, context):
+    def GetDevicePluginOptions(self, request: Any, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
 
-    def ListAndWatch(self, request, context) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         # Wait on a condition with a timeout, so a gone kubelet or a stopping server ends the stream.
         version = -1
         while context.is_active() and not self.plugin.stopping.is_set():
@@ -62,7 +63,7 @@ class _Service(rpc.DevicePluginServicer):
                 response = self.plugin.list_response()
             yield response
 
-    def GetPreferredAllocation(self, request, context):
+    def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(
@@ -75,7 +76,7 @@ class _Service(rpc.DevicePluginServicer):
             ]
         )
 
-    def Allocate(self, request, context):
+    def Allocate(self, request: Any, context: grpc.ServicerContext) -> pb.AllocateResponse:
         responses = []
         for creq in request.container_requests:
             unknown = [i for i in creq.devices_ids if i not in self.plugin.table]
@@ -88,7 +89,7 @@ class _Service(rpc.DevicePluginServicer):
             responses.append(self.plugin.container_response(len(creq.devices_ids)))
         return pb.AllocateResponse(container_responses=responses)
 
-    def PreStartContainer(self, request, context):
+    def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
 
@@ -228,7 +229,17 @@ class DevicePlugin:
                     time.sleep(self.config.watch_interval_s)
 
 
-def watch_health(plugin: DevicePlugin, watcher_factory: Callable[[List[str]], object]) -> Optional[threading.Thread]:
+class HealthSource(Protocol):
+    """What watch_health polls: devices.health.HealthWatcher, or the agent's wrapper of it."""
+
+    def poll(self, timeout_ms: int) -> Set[str]: ...
+
+    def close(self) -> None: ...
+
+
+def watch_health(
+    plugin: DevicePlugin, watcher_factory: Callable[[List[str]], HealthSource]
+) -> Optional[threading.Thread]:
     """Feed NVML XID events into the plugin (only when there are real GPUs; emulated ones stay healthy)."""
     from ...devices.health import is_emulated
 
@@ -244,9 +255,9 @@ def watch_health(plugin: DevicePlugin, watcher_factory: Callable[[List[str]], ob
             return
         try:
             while not plugin.stopping.is_set():
-                plugin.set_unhealthy(watcher.poll(5000))  # type: ignore[attr-defined]
+                plugin.set_unhealthy(watcher.poll(5000))
         finally:
-            watcher.close()  # type: ignore[attr-defined]
+            watcher.close()
 
     thread = threading.Thread(target=loop, name="gpupool-health", daemon=True)
     thread.start()

@@ -20,7 +20,7 @@ def gpu_key(uuid: str) -> str:
 
 def unit_ids(devices: Iterable[Device]) -> List[Tuple[str, Device]]:
     """(unit ID, its GPU) for every unit of every device, in a stable order."""
-    out = []
+    out: List[Tuple[str, Device]] = []
     for d in sorted(devices, key=lambda d: d.index):
         key = gpu_key(d.uuid)
         out.extend((f"{key}-{i:02d}", d) for i in range(UNITS_PER_GPU))
