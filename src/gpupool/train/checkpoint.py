@@ -72,7 +72,8 @@ def load(run_dir: Path) -> Optional[Dict[str, Any]]:
     if not path.exists():
         return None
     # weights_only=False: the file holds RNG tuples and numpy state, and it is our own file.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    ckpt: Dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    return ckpt
 
 
 def changing_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
@@ -67,13 +67,13 @@ class Split:
         }
 
     @staticmethod
-    def from_json(d: Dict[str, object]) -> Split:
-        """Inverse of to_json."""
+    def from_json(d: Dict[str, Any]) -> Split:
+        """Inverse of to_json (`d` is parsed JSON, checked only by the conversions here)."""
 
         def _rows(key: str) -> Tuple[Tuple[str, int], ...]:
-            return tuple((str(p), int(c)) for p, c in d[key])  # type: ignore[union-attr]
+            return tuple((str(p), int(c)) for p, c in d[key])
 
-        return Split(tuple(d["classes"]), _rows("train"), _rows("val"), _rows("test"), int(d["seed"]))  # type: ignore[arg-type]
+        return Split(tuple(d["classes"]), _rows("train"), _rows("val"), _rows("test"), int(d["seed"]))
 
 
 def scan_class_folders(root: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
@@ -178,6 +178,7 @@ def decode_resized(data: Union[bytes, torch.Tensor], size: int) -> torch.Tensor:
     torchvision's libjpeg-turbo/libpng decoders first, PIL as the fallback for the odd
     formats they refuse (CMYK JPEGs, palette tricks). Raises on undecodable data.
     """
+    img: torch.Tensor
     raw = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
     try:
         with warnings.catch_warnings():
@@ -202,7 +203,7 @@ def read_bytes(path: str) -> torch.Tensor:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf = torch.empty(size, dtype=torch.uint8)
-        if size and f.readinto(memoryview(buf.numpy())) != size:
+        if size and f.readinto(buf.numpy().data) != size:
             raise OSError(f"short read on {path}")
     return buf
 
@@ -215,8 +216,15 @@ def _shared_fd_batches() -> bool:
     return (
         hasattr(os, "memfd_create")
         and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
-        and mp.get_sharing_strategy() == "file_descriptor"
+        and mp.get_sharing_strategy() == "file_descriptor"  # type: ignore[no-untyped-call]  # unannotated in torch
     )
+
+
+class _SharedFdStorage(Protocol):
+    """The private classmethod of torch.UntypedStorage that maps a shared-memory file
+    descriptor as a CPU storage (what torch's own fd sharing uses); torch's stubs omit it."""
+
+    def _new_shared_fd_cpu(self, fd: int, size: int, /) -> torch.UntypedStorage: ...
 
 
 class _SharedBatchWriter:
@@ -238,7 +246,7 @@ class _SharedBatchWriter:
             raise
 
     def write(self, offset: int, hwc: torch.Tensor) -> None:
-        view = memoryview(hwc.contiguous().numpy()).cast("B")
+        view = hwc.contiguous().numpy().data.cast("B")
         while view:
             n = os.pwrite(self.fd, view, offset)
             view, offset = view[n:], offset + n
@@ -247,21 +255,28 @@ class _SharedBatchWriter:
         """The batch as N x C x H x W in channels_last memory; the storage keeps its own
         descriptor, this one is closed."""
         try:
-            storage = torch.UntypedStorage._new_shared_fd_cpu(self.fd, self.nbytes)
+            storage = cast(_SharedFdStorage, torch.UntypedStorage)._new_shared_fd_cpu(self.fd, self.nbytes)
         finally:
             os.close(self.fd)
-        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, self.shape).permute(0, 3, 1, 2)
+        # The contiguous strides that set_ derives when given none (its stubs demand them).
+        stride = [1] * len(self.shape)
+        for k in range(len(self.shape) - 2, -1, -1):
+            stride[k] = stride[k + 1] * self.shape[k + 1]
+        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, self.shape, stride).permute(0, 3, 1, 2)
 
     def close(self) -> None:
         """Drop an unfinished batch."""
         os.close(self.fd)
 
 
-class Batch(tuple):
+class Batch(tuple[torch.Tensor, torch.Tensor, torch.Tensor]):
     """(images, labels, index) built by ImageFiles.__getitems__; `collate` passes it on."""
 
 
-class ImageFiles(Dataset):
+Sample = Tuple[torch.Tensor, int, int]
+
+
+class ImageFiles(Dataset[Sample]):
     """(uint8 image, label, index) triples from a list of relative paths; a file that
     fails to read or decode yields a blank image and BAD_LABEL instead of raising.
 
@@ -290,7 +305,7 @@ class ImageFiles(Dataset):
             img = img.flip(-1)
         return img, self.labels[i]
 
-    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
+    def __getitem__(self, i: int) -> Sample:
         img, label = self._load(i)
         if img is None:
             img = torch.zeros(3, self.size, self.size, dtype=torch.uint8)
@@ -326,21 +341,24 @@ class ImageFiles(Dataset):
                 if writer is not None:
                     if img is not None:
                         writer.write(j * per_image, img.permute(1, 2, 0))
-                elif img is None:
-                    images[j].zero_()  # type: ignore[index]
                 else:
-                    images[j].copy_(img)  # type: ignore[index]
+                    assert images is not None  # allocated above whenever there is no writer
+                    if img is None:
+                        images[j].zero_()
+                    else:
+                        images[j].copy_(img)
         except BaseException:
             if writer is not None:
                 writer.close()
             raise
         if writer is not None:
             images = writer.tensor()
+        assert images is not None
         return Batch((images, torch.tensor(labels, dtype=torch.long), torch.tensor(indices, dtype=torch.long)))
 
 
 def collate(
-    batch: Union[Batch, List[Tuple[torch.Tensor, int, int]]],
+    batch: Union[Batch, List[Sample]],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch from `ImageFiles.__getitems__` as it is; a list of samples stacked (in a
     worker default_collate builds the batch directly in shared memory)."""
@@ -353,6 +371,9 @@ def collate(
 
 class Normalizer(torch.nn.Module):
     """uint8 NCHW on the device -> normalised float, optionally channels_last."""
+
+    mean: torch.Tensor  # buffers, registered in __init__
+    inv_std: torch.Tensor
 
     def __init__(self, channels_last: bool = False) -> None:
         super().__init__()
@@ -390,17 +411,17 @@ def make_loader(
     rank: int,
     world_size: int,
     persistent: bool = True,
-) -> Tuple[DataLoader, Optional[DistributedSampler]]:
+) -> Tuple[DataLoader[Sample], Optional[DistributedSampler[int]]]:
     """A DataLoader over the rank's shard.
 
     Training uses DistributedSampler even for one process: its shuffle is a pure function
     of (seed, epoch), so a resumed run sees exactly the batches the unbroken run would.
     Evaluation shards by striding without padding, so no image is counted twice.
     """
-    sampler: Optional[DistributedSampler] = None
+    sampler: Optional[DistributedSampler[int]] = None
     if shuffle:
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-        source: Dataset = dataset
+        source: Dataset[Sample] = dataset
     else:
         source = torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world_size)))
     loader = DataLoader(

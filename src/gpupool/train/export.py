@@ -76,7 +76,7 @@ def save_serving(
         example = torch.zeros(1, 3, image_size, image_size, dtype=torch.uint8)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # TorchScript deprecation notices are not the user's problem
-            traced = torch.jit.trace(serving, example)
+            traced = torch.jit.trace(serving, example)  # type: ignore[no-untyped-call]  # unannotated in torch
             tmp = out / f".{SCRIPT_FILE}.tmp"
             traced.save(str(tmp))
             tmp.replace(out / SCRIPT_FILE)

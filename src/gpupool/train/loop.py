@@ -75,7 +75,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 def train_epoch(
     eng: Engine,
-    loader: Iterable,
+    loader: Iterable[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     steps: int,
     desc: str,
     show_progress: bool,
@@ -211,7 +211,12 @@ def _forward(
 
 
 @torch.no_grad()
-def evaluate(eng: Engine, loader: Iterable, num_classes: int, max_steps: Optional[int] = None) -> EpochResult:
+def evaluate(
+    eng: Engine,
+    loader: Iterable[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    num_classes: int,
+    max_steps: Optional[int] = None,
+) -> EpochResult:
     """Loss, accuracy and confusion matrix over this rank's shard, summed over all ranks.
 
     Uses the plain model, not the DDP wrapper: ranks hold shards of different sizes here,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ class ConvNet(nn.Module):
     """Three conv-BN-ReLU-pool blocks and a global average pool: fast on CPU, enough for
     digits/CIFAR-sized images (8-64 px). Returns N x 128 x 1 x 1 features."""
 
-    def __init__(self, widths: tuple = (32, 64, 128)) -> None:
+    def __init__(self, widths: Tuple[int, ...] = (32, 64, 128)) -> None:
         super().__init__()
         blocks: List[nn.Module] = []
         c_in = 3
@@ -54,7 +54,8 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Features, N x C x 1 x 1."""
-        return self.pool(self.blocks(x))
+        features: torch.Tensor = self.pool(self.blocks(x))
+        return features
 
 
 class Classifier(nn.Module):
@@ -76,7 +77,8 @@ class Classifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits, N x K."""
-        return self.head(self.backbone(x))
+        logits: torch.Tensor = self.head(self.backbone(x))
+        return logits
 
     def freeze(self, train_last: Optional[str]) -> int:
         """Freeze all but the last K backbone units ("all": none frozen). Returns the number
@@ -109,7 +111,16 @@ class Classifier(nn.Module):
 def _torchvision_model(name: str) -> nn.Module:
     import torchvision
 
-    return getattr(torchvision.models, name)(weights=None)
+    model: nn.Module = getattr(torchvision.models, name)(weights=None)
+    return model
+
+
+def _sequential(parent: nn.Module, name: str) -> nn.Sequential:
+    """The Sequential child `name` of a torchvision model (VGG's features, ResNet's layers)."""
+    child = parent.get_submodule(name)
+    if not isinstance(child, nn.Sequential):
+        raise TypeError(f"{type(parent).__name__}.{name} is a {type(child).__name__}, not a Sequential")
+    return child
 
 
 def load_tensors_file(file: Path, what: str, hint: str) -> Any:
@@ -165,7 +176,7 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
     log.info("loaded %s backbone weights from %s", name, file)
 
 
-def _backbone(name: str, weights: Optional[str]) -> tuple:
+def _backbone(name: str, weights: Optional[str]) -> Tuple[nn.Module, List[nn.Module], bool]:
     """(backbone module, units, is_pretrained)."""
     if name == "convnet":
         if weights not in (None, "none"):
@@ -186,12 +197,12 @@ def _backbone(name: str, weights: Optional[str]) -> tuple:
         _load_weights(full, name, weights)
     if name.startswith("vgg"):
         # Keras' VGG19(include_top=False) ends at block5_pool: no avgpool, no classifier.
-        features = full.features
-        units = [m for m in features if isinstance(m, nn.Conv2d)]
+        features = _sequential(full, "features")
+        units: List[nn.Module] = [m for m in features if isinstance(m, nn.Conv2d)]
         return features, units, pretrained
-    stem = nn.Sequential(full.conv1, full.bn1, full.relu, full.maxpool)
-    blocks = [b for layer in (full.layer1, full.layer2, full.layer3, full.layer4) for b in layer]
-    backbone = nn.Sequential(stem, *blocks, full.avgpool)
+    stem = nn.Sequential(*(full.get_submodule(n) for n in ("conv1", "bn1", "relu", "maxpool")))
+    blocks = [b for n in ("layer1", "layer2", "layer3", "layer4") for b in _sequential(full, n)]
+    backbone = nn.Sequential(stem, *blocks, full.get_submodule("avgpool"))
     return backbone, [stem, *blocks], pretrained
 
 

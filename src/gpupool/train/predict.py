@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,7 +22,7 @@ class Prediction:
     error: Optional[str] = None
     names: Tuple[Optional[str], ...] = ()  # display names of the top classes, where known
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Dict[str, Any]:
         """Machine form for --json."""
         if self.error:
             return {"file": self.file, "error": self.error}

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,11 @@ def write_plots(
 ) -> List[str]:
     """Both plots; a plotting failure is logged, never fatal (the numbers are in report.json)."""
     written: List[str] = []
-    for name, fn in (
+    plots: Tuple[Tuple[str, Callable[[Path], None]], ...] = (
         ("learning_curves.png", lambda p: plot_learning_curves(history, p)),
         ("confusion_matrix.png", lambda p: plot_confusion(confusion, classes, p)),
-    ):
+    )
+    for name, fn in plots:
         try:
             fn(out / name)
             written.append(name)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, cast
 
 import torch
 
@@ -104,7 +104,14 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     num_classes = len(split.classes)
     arch = {"name": cfg.model, "head": cfg.head, "hidden": cfg.hidden, "dropout": cfg.dropout}
     model = build_model(
-        num_classes=num_classes, image_size=cfg.image_size, weights=cfg.weights, train_last=cfg.train_last, **arch
+        num_classes=num_classes,
+        image_size=cfg.image_size,
+        weights=cfg.weights,
+        train_last=cfg.train_last,
+        name=cfg.model,
+        head=cfg.head,
+        hidden=cfg.hidden,
+        dropout=cfg.dropout,
     )
 
     distributed.init(denv, device)
@@ -143,7 +150,7 @@ def _fit(
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
     start_epoch, history = 0, []  # type: int, List[Dict[str, Any]]
-    best = {"val_loss": float("inf"), "epoch": 0, "bad_epochs": 0, "stopped": False, "state": None}
+    best: Dict[str, Any] = {"val_loss": float("inf"), "epoch": 0, "bad_epochs": 0, "stopped": False, "state": None}
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -166,7 +173,9 @@ def _fit(
         ddp_model = DDP(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
-    train_model = torch.compile(ddp_model) if cfg.compile else ddp_model
+    # torch.compile's stubs return the callable's type; given a Module it returns a Module
+    # (an OptimizedModule wrapping it).
+    train_model = cast(torch.nn.Module, torch.compile(ddp_model)) if cfg.compile else ddp_model
     eng = Engine(train_model, model, Normalizer(channels_last).to(device), optimizer, scaler, device, amp_dtype)
 
     workers = cfg.workers if cfg.workers is not None else default_workers(device.type, denv.local_world_size)
