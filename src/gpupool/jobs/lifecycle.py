@@ -31,7 +31,7 @@ class Decision:
 
 def backoff_delay(spec: JobSpec, restarts_done: int) -> float:
     """Exponential back-off before restart number `restarts_done + 1`, capped at 5 minutes."""
-    return min(spec.backoff_seconds * (2**restarts_done), 300.0)
+    return min(spec.backoff_seconds * (2.0**restarts_done), 300.0)
 
 
 def decide(

@@ -90,7 +90,7 @@ class Endpoints:
 
     hosts: Mapping[str, str]
     ports: Mapping[str, Union[int, str]]  # str only for dry-run placeholders
-    rendezvous: Optional[Tuple[str, int]] = None
+    rendezvous: Optional[Tuple[str, Union[int, str]]] = None  # str port only for dry-run placeholders
 
     def address(self, replica: Replica) -> str:
         return f"{self.hosts[replica.name]}:{self.ports[replica.name]}"

@@ -64,11 +64,11 @@ def reserve(
         is_live: whether a job holding reservations still runs; dead jobs' ports are reused.
     """
     with _locked_registry(jobs_dir) as taken:
-        for port, owner in list(taken.items()):
+        for key, owner in list(taken.items()):  # the registry's keys are ports as strings (JSON)
             if owner != job and not is_live(owner):
-                del taken[port]
-        for port in [p for p, owner in taken.items() if owner == job]:
-            del taken[port]  # a restarted supervisor picks again
+                del taken[key]
+        for key in [k for k, owner in taken.items() if owner == job]:
+            del taken[key]  # a restarted supervisor picks again
         rng = random.Random()
         chosen: List[int] = []
         for _ in range(2000):

@@ -18,7 +18,9 @@ from typing import IO, Iterable, List, Mapping, Optional, Sequence
 from .environment import JOB_DIR_ENV
 
 
-def start(command: Sequence[str], env: Mapping[str, str], log: IO[bytes], cwd: Optional[str]) -> subprocess.Popen:
+def start(
+    command: Sequence[str], env: Mapping[str, str], log: IO[bytes], cwd: Optional[str]
+) -> subprocess.Popen[bytes]:
     """Start `command` as the leader of a new session, stdout and stderr into `log`."""
     return subprocess.Popen(
         list(command),
@@ -48,7 +50,7 @@ def group_alive(pgid: int) -> bool:
     return signal_group(pgid, 0)
 
 
-def stop_groups(pgids: Iterable[int], grace_s: float = 5.0, children: Sequence[subprocess.Popen] = ()) -> None:
+def stop_groups(pgids: Iterable[int], grace_s: float = 5.0, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
     """SIGTERM every group, wait up to `grace_s` for them to go, then SIGKILL what is left.
 
     `children` are our own Popen leaders: polling them reaps them, since an
@@ -74,7 +76,7 @@ def stop_groups(pgids: Iterable[int], grace_s: float = 5.0, children: Sequence[s
 def marked_processes(job_dir: Path) -> List[int]:
     """Pids of this user's processes whose env holds GPUPOOL_JOB_DIR=`job_dir`."""
     marker = f"{JOB_DIR_ENV}={job_dir}".encode()
-    found = []
+    found: List[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
         return found

@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..core.errors import GpupoolError, InvalidInput
 from ..core.filters import Filter
@@ -268,7 +268,7 @@ def _check_framework_rules(spec: JobSpec) -> None:
         raise SpecError("roles.worker", "ParameterServerStrategy needs workers next to the ps role")
 
 
-def _no_unknown(data: Mapping[str, Any], known: set, path: str) -> None:
+def _no_unknown(data: Mapping[str, Any], known: Set[str], path: str) -> None:
     for key in data:
         if key not in known:
             where = f"{path}.{key}" if path else str(key)

@@ -136,7 +136,8 @@ class JobStore:
             raise InvalidInput(f"{path} is not valid JSON: remove the job dir or fix the file") from None
 
     def load_spec(self, name: str) -> Dict[str, Any]:
-        return json.loads((self.job_dir(name) / "spec.json").read_text())
+        spec: Dict[str, Any] = json.loads((self.job_dir(name) / "spec.json").read_text())
+        return spec
 
     def names(self) -> List[str]:
         if not self.root.is_dir():

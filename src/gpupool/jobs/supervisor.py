@@ -14,10 +14,11 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ..core.errors import GpupoolError, Unavailable
 from ..core.model import Holder, Lease
@@ -30,6 +31,11 @@ from .lifecycle import Action, backoff_delay, decide
 from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
 from .state import JobState, JobStatus, JobStore
+
+if TYPE_CHECKING:
+    from ..client.base import PoolClient
+    from ..runner.heartbeat import Heartbeat
+    from .rendezvous.kvstore import KVStoreServer
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -54,13 +60,13 @@ class Supervisor:
         self.spec: JobSpec = parse_spec(store.load_spec(name))
         self.state: JobState = store.load(name)
         self.reps = replicas(self.spec)
-        self.procs: Dict[str, processes.subprocess.Popen] = {}
+        self.procs: Dict[str, subprocess.Popen[bytes]] = {}
         self.exits: Dict[str, Optional[int]] = {}
         self.logs: Dict[str, IO[bytes]] = {}  # replica name -> its log, open while it may run
-        self.client = None
+        self.client: Optional[PoolClient] = None
         self.lease: Optional[Lease] = None
-        self.heartbeat = None
-        self.kvstore = None
+        self.heartbeat: Optional[Heartbeat] = None
+        self.kvstore: Optional[KVStoreServer] = None
         self.endpoints: Optional[Endpoints] = None
         self.gpu_envs: Dict[str, Dict[str, str]] = {}
         self._cancel = False
@@ -259,7 +265,7 @@ class Supervisor:
                     self._restart(decision.replicas, decision.message)
             time.sleep(POLL_S)
 
-    def _restart(self, targets, message: str) -> None:
+    def _restart(self, targets: Sequence[Replica], message: str) -> None:
         delay = backoff_delay(self.spec, self.state.restarts)
         self.state.restarts += 1
         self.state.status = JobStatus.RESTARTING.value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from ..spec import JobSpec
 
@@ -55,7 +55,7 @@ class JobDescription:
     def terminal(self) -> bool:
         return self.status in ("Succeeded", "Failed", "Cancelled")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         from dataclasses import asdict
 
         return asdict(self)

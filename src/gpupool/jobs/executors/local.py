@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import yaml
 
@@ -53,10 +53,11 @@ class LocalExecutor(Executor):
         endpoints = Endpoints(
             {r.name: "127.0.0.1" for r in reps},
             {r.name: f"<port:{r.name}>" for r in reps},
-            ("127.0.0.1", "<port:kvstore>") if spec.framework.value == "horovod" else None,  # type: ignore[arg-type]
+            ("127.0.0.1", "<port:kvstore>") if spec.framework.value == "horovod" else None,
         )
         job_dir = str(self.store.job_dir(spec.name))
         claim = gang_claim(spec)
+        planned: List[Dict[str, object]] = []
         plan: Dict[str, object] = {
             "job": spec.name,
             "target": self.target,
@@ -65,12 +66,12 @@ class LocalExecutor(Executor):
             "claim": claim.to_dict() if claim else None,
             "claimDescription": claim.describe() if claim else "no GPUs",
             "setup": list(spec.setup) or None,
-            "replicas": [],
+            "replicas": planned,
         }
         for r in reps:
             gpu = {"CUDA_VISIBLE_DEVICES": f"<granted: group {r.group}>"} if r.group is not None else None
             env = replica_env(spec, reps, endpoints, r, job_dir, gpu)
-            plan["replicas"].append(  # type: ignore[union-attr]
+            planned.append(
                 {
                     "name": r.name,
                     "rank": r.rank,
@@ -235,7 +236,7 @@ def _description(state: JobState) -> JobDescription:
     )
 
 
-def _tail(paths: Dict[str, Path], prefix: bool, follow: bool, finished) -> Iterator[str]:
+def _tail(paths: Dict[str, Path], prefix: bool, follow: bool, finished: Callable[[], bool]) -> Iterator[str]:
     """Lines of every file in `paths`; with `follow`, poll for more until `finished()`."""
     offsets = dict.fromkeys(paths, 0)
     partial = dict.fromkeys(paths, b"")

@@ -92,6 +92,7 @@ def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str,
     so then the variables holding the rank move into the wrapper.
     """
     reps = replicas(spec)
+    # index and rank are $(...) placeholders the kubelet expands: a Replica's ints only in name here.
     symbolic = Replica(role.name, _INDEX, _RANK, None)  # type: ignore[arg-type]
     env = replica_env(spec, reps, cluster_endpoints(spec, reps), symbolic, JOB_DIR, {})
     env[REPLICA_ENV] = f"{role.name}-{_INDEX}"
