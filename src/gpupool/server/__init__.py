@@ -10,12 +10,17 @@ May import: core, floor 1 (pool, store, devices, isolation) and floor 2 (enforce
 FastAPI and uvicorn only in the modules that serve.
 """
 
+from typing import TYPE_CHECKING
+
 from .serve import Prepared, ServerConfig, prepare, run, serve
+
+if TYPE_CHECKING:  # its real signature for type checkers; at run time __getattr__ below loads it
+    from .app import create_app as create_app
 
 __all__ = ["ServerConfig", "Prepared", "prepare", "run", "serve"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # create_app pulls in FastAPI: load it only when asked for.
     if name == "create_app":
         from .app import create_app

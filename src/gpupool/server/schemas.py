@@ -6,7 +6,7 @@ HTTP and SQLite, one set of error messages); these models describe it.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, Field
 
@@ -70,15 +70,16 @@ MODELS = (ClaimRequest, TokenRequest, LeaseBody, ErrorBody)
 REF = "#/components/schemas/{model}"
 
 
-def body_schema(model: type) -> dict:
+def body_schema(model: type) -> Dict[str, Any]:
     """`openapi_extra` that documents a JSON request body we parse ourselves."""
     ref = {"$ref": REF.format(model=model.__name__)}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-def component_schemas() -> dict:
+def component_schemas() -> Dict[str, Any]:
     """Every model above (nested ones included) as OpenAPI component schemas."""
     from pydantic.json_schema import models_json_schema
 
     _, top = models_json_schema([(m, "validation") for m in MODELS], ref_template=REF)
-    return top.get("$defs", {})
+    schemas: Dict[str, Any] = top.get("$defs", {})
+    return schemas

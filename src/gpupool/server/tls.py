@@ -33,7 +33,7 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
     from cryptography.x509.oid import NameOID
 
     directory = Path(state_dir) / TLS_DIR
@@ -75,6 +75,15 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
     if cert_path.is_file() and key_path.is_file() and _covers(cert_path, wanted):
         return ca_cert_path, cert_path, key_path
 
+    signers = (
+        rsa.RSAPrivateKey,
+        dsa.DSAPrivateKey,
+        ec.EllipticCurvePrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+    )
+    if not isinstance(ca_key, signers):  # what CertificateBuilder.sign would reject (with a TypeError)
+        raise TypeError(f"{ca_key_path}: a {type(ca_key).__name__} cannot sign certificates")
     key = ec.generate_private_key(ec.SECP256R1())
     alt: List[x509.GeneralName] = []
     for name in wanted:
