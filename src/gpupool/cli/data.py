@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Dict
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `data imagenet` and `data digits`."""
     parser = subparsers.add_parser(
         "data",
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     digits.set_defaults(func=_digits)
 
 
-def _print_counts(args: argparse.Namespace, counts: dict) -> None:
+def _print_counts(args: argparse.Namespace, counts: Dict[str, int]) -> None:
     if args.json:
         print(json.dumps({"to": str(args.to), "classes": counts, "images": sum(counts.values())}))
     else:

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..jobs.executors import TARGETS
+from ..jobs.executors import TARGETS, Executor
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", default="local", choices=TARGETS, help="where the job runs (default: local)")
         p.add_argument(
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     cancel.set_defaults(func=_cancel)
 
 
-def _executor(args: argparse.Namespace):
+def _executor(args: argparse.Namespace) -> Executor:
     from ..jobs.executors import get_executor
 
     return get_executor(

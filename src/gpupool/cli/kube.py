@@ -17,10 +17,15 @@ from ..core.errors import InvalidInput
 from .server import add_enforcement_arguments, node_enforcement
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kube = subparsers.add_parser("kube", help="Kubernetes: webhooks + scheduler extender, node agent, certificates")
     verbs = kube.add_subparsers(dest="kube_command", metavar="KUBE_COMMAND")
-    kube.set_defaults(func=lambda args: (kube.print_help(sys.stderr), 2)[1])
+
+    def handle_bare(_args: argparse.Namespace) -> int:
+        kube.print_help(sys.stderr)
+        return 2
+
+    kube.set_defaults(func=handle_bare)
 
     p = verbs.add_parser("webhook", help="serve /mutate, /validate, /healthz and the scheduler extender")
     p.add_argument("--listen", default="0.0.0.0:8443", metavar="HOST:PORT")

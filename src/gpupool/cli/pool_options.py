@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, TypedDict
+
+
+class PoolKwargs(TypedDict):
+    """What `pool_kwargs` returns: the pool-choosing keywords of `connect_all` and `RunOptions`."""
+
+    servers: Optional[List[str]]
+    state_dir: Optional[Path]
+    devices_spec: Optional[str]
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +37,7 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def pool_kwargs(args: argparse.Namespace) -> dict:
+def pool_kwargs(args: argparse.Namespace) -> PoolKwargs:
     """Keyword arguments of `client.resolve.connect_all` from the parsed flags."""
     servers: Optional[List[str]] = args.server or None
     return {

@@ -16,7 +16,7 @@ unless --on-lease-loss warn.
 """
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `run`."""
     p = subparsers.add_parser(
         "run",

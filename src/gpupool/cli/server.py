@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from ..server.serve import NodeEnforcement
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "server",
         help="serve this machine's GPUs to clients over HTTP(S)",

@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from .pool_options import add_pool_arguments, pool_kwargs
 
+if TYPE_CHECKING:
+    from ..core.model import PoolStatus
 
-def register(subparsers) -> None:
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `status`, `list-gpus` and `release`."""
     p = subparsers.add_parser("status", help="devices, their allocation and the live leases")
     p.add_argument("--json", action="store_true", help='one JSON object {"devices": [...], "leases": [...]}')
@@ -29,7 +32,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=handle_release)
 
 
-def _status(args: argparse.Namespace):
+def _status(args: argparse.Namespace) -> PoolStatus:
     from ..client.resolve import connect_all, merged_status
     from ..runner import progress
 

@@ -6,13 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..jobs.executors import TARGETS
 from .pool_options import add_pool_arguments
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "submit",
         help="run a (distributed) training job from a YAML spec",

@@ -14,12 +14,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..core.errors import InvalidInput, ServerUnreachable, error_from_dict
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("token", help="create client tokens and bundles")
     sub = p.add_subparsers(dest="token_command", metavar="SUBCOMMAND")
     c = sub.add_parser(
@@ -38,7 +38,12 @@ def register(subparsers) -> None:
     c.add_argument("--ca", metavar="PEM", help="CA certificate to bundle (default: STATE/tls/ca.crt when present)")
     c.add_argument("--out", required=True, metavar="TAR", help="bundle to write (e.g. bundle.tar)")
     c.set_defaults(func=handle_create)
-    p.set_defaults(func=lambda _args: (p.print_help(sys.stderr), 2)[1])
+
+    def handle_bare(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+
+    p.set_defaults(func=handle_bare)
 
 
 def handle_create(args: argparse.Namespace) -> int:
@@ -123,7 +128,7 @@ def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_pem: O
         raise ServerUnreachable(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
 
 
-def _write_tar(out: Path, files: dict) -> None:
+def _write_tar(out: Path, files: Dict[str, str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(str(out), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a token
     with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:

@@ -28,7 +28,7 @@ _OVERRIDES = (
 )
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `train`."""
     p = subparsers.add_parser(
         "train",

@@ -101,7 +101,7 @@ def _parse(path: Path) -> Dict[str, Any]:
     except ValueError as json_err:
         # Hand-written YAML is fine too when PyYAML happens to be installed.
         try:
-            import yaml  # type: ignore
+            import yaml
         except ImportError:
             raise InvalidInput(
                 f"{path} is not JSON ({json_err}); write it as JSON, e.g. "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
-from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.placement import could_ever_fit, place
 from ..core.usage import IsolationMode, UsageReport
 from .base import PoolClient
@@ -186,7 +186,10 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
     """One PoolStatus over several pools (unreachable ones skipped with a warning)."""
     if len(clients) == 1:
         return clients[0].status()
-    devices, leases, queued, nodes = [], [], 0, []
+    devices: List[Device] = []
+    leases: List[Lease] = []
+    nodes: List[str] = []
+    queued = 0
     usages: List[UsageReport] = []
     errors: List[GpupoolError] = []
     for client in clients:

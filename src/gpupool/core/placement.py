@@ -7,7 +7,7 @@ tests all call the same function.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .model import Claim, Device, GpuRequest, Policy, Slice
 from .quantity import format_mib
@@ -51,7 +51,9 @@ def could_ever_fit(devices: Sequence[Device], claim: Claim) -> Placement:
     return place(devices, {}, claim)
 
 
-def _place_in_order(devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim, order) -> Placement:
+def _place_in_order(
+    devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim, order: Iterable[int]
+) -> Placement:
     free: Dict[str, int] = {d.uuid: d.memory_mib - allocated.get(d.uuid, 0) for d in devices}
     chosen: List[Slice] = []
     for group in order:
@@ -67,7 +69,9 @@ def _place_in_order(devices: Sequence[Device], allocated: Mapping[str, int], cla
     return Placement(tuple(chosen))
 
 
-def _pick(devices: Sequence[Device], free: Mapping[str, int], request: GpuRequest, policy: Policy):
+def _pick(
+    devices: Sequence[Device], free: Mapping[str, int], request: GpuRequest, policy: Policy
+) -> Union[List[Tuple[Device, int]], str]:
     """Choose `request.count` distinct devices, or return a reason string."""
     matching = [d for d in devices if d.healthy and request.accepts(d)]
     fitting = [(d, request.memory_on(d)) for d in matching if free[d.uuid] >= request.memory_on(d)]
@@ -82,7 +86,13 @@ def _pick(devices: Sequence[Device], free: Mapping[str, int], request: GpuReques
     return fitting[: request.count]
 
 
-def _reason(devices, matching, fitting, free, request: GpuRequest) -> str:
+def _reason(
+    devices: Sequence[Device],
+    matching: Sequence[Device],
+    fitting: Sequence[Tuple[Device, int]],
+    free: Mapping[str, int],
+    request: GpuRequest,
+) -> str:
     wanted = request.describe()
     if not devices:
         return f"needs {wanted}, but the pool has no GPUs"

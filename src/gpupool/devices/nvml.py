@@ -24,7 +24,7 @@ class NvmlUnavailable(InvalidInput):
 def load_nvml() -> Any:
     """Import and initialise pynvml; raise NvmlUnavailable when that is impossible."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         raise NvmlUnavailable(
             "NVML is not installed (pip install nvidia-ml-py): use --devices emulated:2x16GiB without GPUs"

@@ -131,7 +131,7 @@ class MpsDaemon:
         self.ready_s = ready_s
         self.quit_s = quit_s
         self.restarts = 0
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen[bytes]] = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -178,7 +178,7 @@ class MpsDaemon:
         log.info("MPS control daemon %d serving %s", proc.pid, self.pipe_dir)
         return self.isolation
 
-    def _spawn(self, path: str) -> subprocess.Popen:
+    def _spawn(self, path: str) -> subprocess.Popen[bytes]:
         # Its own session: the MPS servers it starts go in its process group, which
         # stop() can end as a whole, and a terminal's Ctrl-C does not reach it.
         with open(self.log_dir / "control-foreground.log", "ab") as out:
@@ -192,7 +192,7 @@ class MpsDaemon:
                 close_fds=True,
             )
 
-    def _wait_ready(self, proc: subprocess.Popen) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.ready_s
         while True:
             code = proc.poll()

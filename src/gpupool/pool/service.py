@@ -30,10 +30,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
-from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
 from ..core.placement import could_ever_fit, place
 from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
@@ -130,7 +130,7 @@ class Pool:
             raise
 
     @classmethod
-    def open(cls, state_dir: Union[str, Path], **kwargs) -> Pool:
+    def open(cls, state_dir: Union[str, Path], **kwargs: Any) -> Pool:
         return cls(state_dir, **kwargs)
 
     def close(self) -> None:
@@ -145,10 +145,14 @@ class Pool:
         transaction fails it is dropped, as is one another writer made stale.
         """
         with self.store.write() as tx:
-            view = getattr(self._local, "view", None)
+            view: Optional[_View] = getattr(self._local, "view", None)
             version = tx.data_version()
-            stale = view is None or view.conn is not tx.conn or view.version != version
-            if stale or view.commits != self.store.commits():
+            if (
+                view is None
+                or view.conn is not tx.conn
+                or view.version != version
+                or view.commits != self.store.commits()
+            ):
                 view = _View(tx.conn, version, -1, list(self._devices(tx)), tx.allocated(), None, tx.next_expiry())
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
@@ -281,7 +285,7 @@ class Pool:
             "wait longer or ask for less"
         )
 
-    def _grant(self, tx: Tx, view: _View, slices, holder: Holder, ttl_s: float, now: float) -> Lease:
+    def _grant(self, tx: Tx, view: _View, slices: Iterable[Slice], holder: Holder, ttl_s: float, now: float) -> Lease:
         lease = Lease(
             id=secrets.token_hex(8),
             holder=holder,

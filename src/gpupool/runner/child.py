@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from types import FrameType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..core.errors import InvalidInput
 
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After this many forwarded signals the child is killed: the user means it.
 KILL_AFTER = 3
+
+# What signal.signal takes and returns (typeshed's private signal._HANDLER).
+SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 class Interrupted(Exception):
@@ -42,9 +46,9 @@ class SignalRelay:
     """
 
     def __init__(self) -> None:
-        self.child: Optional[subprocess.Popen] = None
+        self.child: Optional[subprocess.Popen[bytes]] = None
         self.received: List[int] = []
-        self._previous: Dict[int, object] = {}
+        self._previous: Dict[int, SignalHandler] = {}
 
     def install(self) -> SignalRelay:
         for signum in FORWARDED:
@@ -53,7 +57,7 @@ class SignalRelay:
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            signal.signal(signum, handler)
         self._previous.clear()
 
     def quiet(self) -> None:
@@ -80,24 +84,22 @@ class SignalRelay:
 
 def start(
     command: Sequence[str], env: Mapping[str, str], preexec: Optional[Callable[[], None]] = None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start `command` as the leader of a new process group (so signals reach its whole tree);
     `preexec` runs in the child between fork and exec (the parent-death signal)."""
-    kwargs: Dict[str, object] = {}
-    if sys.version_info >= (3, 11):
-        kwargs["process_group"] = 0
-        if preexec is not None:
-            kwargs["preexec_fn"] = preexec
-    else:  # pragma: no cover - exercised on 3.9/3.10 only
-
-        def setup() -> None:
-            os.setpgrp()
-            if preexec is not None:
-                preexec()
-
-        kwargs["preexec_fn"] = setup
+    argv, child_env = list(command), dict(env)
     try:
-        return subprocess.Popen(list(command), env=dict(env), **kwargs)  # type: ignore[call-overload]
+        if sys.version_info >= (3, 11):
+            # preexec_fn=None is Popen's default: no hook between fork and exec.
+            return subprocess.Popen(argv, env=child_env, process_group=0, preexec_fn=preexec)
+        else:  # pragma: no cover - exercised on 3.9/3.10 only
+
+            def setup() -> None:
+                os.setpgrp()
+                if preexec is not None:
+                    preexec()
+
+            return subprocess.Popen(argv, env=child_env, preexec_fn=setup)
     except FileNotFoundError:
         raise InvalidInput(f"command {command[0]!r} was not found: check the name or give a full path") from None
     except PermissionError:
@@ -138,10 +140,10 @@ class _ignored:
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        self.previous: object = None
+        self.previous: SignalHandler = None
 
     def __enter__(self) -> None:
         self.previous = signal.signal(self.signum, signal.SIG_IGN)
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(self.signum, self.previous)  # type: ignore[arg-type]
+        signal.signal(self.signum, self.previous)

@@ -186,7 +186,9 @@ def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Calla
     return end
 
 
-def _end_run_tree(child: subprocess.Popen, guard: Optional[Guard], grace_s: float, lease: Optional[Lease]) -> None:
+def _end_run_tree(
+    child: subprocess.Popen[bytes], guard: Optional[Guard], grace_s: float, lease: Optional[Lease]
+) -> None:
     """End everything the command left (background jobs, daemons) before the lease is released,
     then reap it. `lease` is given where there is no subreaper: its env finds the orphans then."""
     exclude = {guard.pid} if guard is not None else set()

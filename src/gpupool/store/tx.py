@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core.model import Device, Holder, Lease, Slice
 
@@ -107,7 +107,7 @@ class Tx:
         ).fetchall()
         return _lease(row, slices)
 
-    def leases(self, where: str = "", params: Iterable = ()) -> List[Lease]:
+    def leases(self, where: str = "", params: Iterable[Any] = ()) -> List[Lease]:
         """Leases in creation order, optionally filtered by a SQL condition on `leases`."""
         rows = self.conn.execute(
             "SELECT id, holder, ttl_s, created_at, expires_at FROM leases "
@@ -140,12 +140,17 @@ class Tx:
         self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
 
     # --- tickets (the FIFO queue) ---------------------------------------------
-    def add_ticket(self, claim: dict, holder: dict, host: str, pid: int, now: float, expires_at: float) -> int:
+    def add_ticket(
+        self, claim: Dict[str, Any], holder: Dict[str, Any], host: str, pid: int, now: float, expires_at: float
+    ) -> int:
         cur = self.conn.execute(
             "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
             (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at),
         )
-        return int(cur.lastrowid)
+        ticket_id = cur.lastrowid
+        if ticket_id is None:  # never after an INSERT; sqlite3 types it Optional
+            raise TypeError("INSERT INTO tickets returned no rowid")
+        return int(ticket_id)
 
     def head_ticket(self) -> Optional[int]:
         row = self.conn.execute("SELECT MIN(id) FROM tickets").fetchone()
@@ -182,7 +187,7 @@ class Tx:
         return (row[0], bool(row[1])) if row else None
 
 
-def _lease(row: tuple, slices: Iterable[Tuple[str, int, int]]) -> Lease:
+def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Lease:
     lease_id, holder, ttl_s, created_at, expires_at = row
     return Lease(
         id=lease_id,

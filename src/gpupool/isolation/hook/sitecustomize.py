@@ -17,16 +17,24 @@ It never breaks an import: every failure is swallowed (and printed when
 GPUPOOL_HOOK_DEBUG=1, the test seam that also reports what was applied).
 """
 
+from __future__ import annotations
+
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
+# typing is not imported at run time: this runs at the start of every Python the workload starts.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEBUG = os.environ.get("GPUPOOL_HOOK_DEBUG", "") not in ("", "0", "false", "no")
 
 
-def _say(message):
+def _say(message: str) -> None:
     if _DEBUG:
         sys.stderr.write("gpupool-hook: %s\n" % message)
         sys.stderr.flush()
@@ -37,7 +45,7 @@ FRACTION_ENVS = ("GPUPOOL_ALLOCATOR_FRACTION", "GPUPOOL_MEMORY_FRACTION")
 LIMIT_ENVS = ("GPUPOOL_ALLOCATOR_LIMIT_MIB", "GPUPOOL_MEMORY_LIMIT_MIB")
 
 
-def _first(names):
+def _first(names: Sequence[str]) -> str:
     """The first of `names` that is set (the allocator cap, else the whole grant)."""
     for name in names:
         if os.environ.get(name, "").strip():
@@ -45,7 +53,7 @@ def _first(names):
     return names[-1]
 
 
-def _floats(name):
+def _floats(name: str) -> List[float]:
     text = os.environ.get(name, "").strip()
     if not text:
         return []
@@ -56,7 +64,7 @@ def _floats(name):
         return []
 
 
-def _apply_torch(torch):
+def _apply_torch(torch: Any) -> None:
     """Cap the caching allocator of every visible GPU at the lease's fraction."""
     name = _first(FRACTION_ENVS)
     fractions = _floats(name)
@@ -68,7 +76,7 @@ def _apply_torch(torch):
         _say("torch: skipped (no CUDA); would set memory fraction %s" % ",".join("%g" % f for f in fractions))
         return
 
-    def apply():
+    def apply() -> None:
         count = cuda.device_count()
         for index, fraction in enumerate(fractions[:count]):
             cuda.set_per_process_memory_fraction(min(max(fraction, 0.0), 1.0), index)
@@ -84,7 +92,7 @@ def _apply_torch(torch):
         apply()
 
 
-def _apply_tensorflow(tf):
+def _apply_tensorflow(tf: Any) -> None:
     """Give every visible GPU one logical device capped at the lease's MiB (before TF initialises GPUs)."""
     name = _first(LIMIT_ENVS)
     limits = _floats(name)
@@ -107,10 +115,10 @@ def _apply_tensorflow(tf):
             sys.stderr.write("gpupool-hook: warning: tensorflow memory limit not applied: %s\n" % err)
 
 
-_HOOKS = {"torch": _apply_torch, "tensorflow": _apply_tensorflow}
+_HOOKS: Dict[str, Callable[[Any], None]] = {"torch": _apply_torch, "tensorflow": _apply_tensorflow}
 
 
-def _run_hook(name, module):
+def _run_hook(name: str, module: ModuleType) -> None:
     try:
         _HOOKS[name](module)
     except Exception as err:  # a limit we could not set must not break the user's import
@@ -120,10 +128,12 @@ def _run_hook(name, module):
 class _PostImportFinder:
     """Finds nothing itself; wraps the real loader of hooked modules to run the hook after exec."""
 
-    def __init__(self):
-        self._busy = set()
+    def __init__(self) -> None:
+        self._busy: Set[str] = set()
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]] = None, target: Optional[ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
         if fullname not in _HOOKS or fullname in self._busy:
             return None
         self._busy.add(fullname)
@@ -135,20 +145,23 @@ class _PostImportFinder:
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        original = spec.loader.exec_module
+        loader: Any = spec.loader  # any loader with exec_module; patched on the instance below
+        original: Callable[[ModuleType], None] = loader.exec_module
 
-        def exec_module(module, _original=original, _name=fullname):
+        def exec_module(
+            module: ModuleType, _original: Callable[[ModuleType], None] = original, _name: str = fullname
+        ) -> None:
             _original(module)
             _run_hook(_name, module)
 
         try:
-            spec.loader.exec_module = exec_module
+            loader.exec_module = exec_module
         except (AttributeError, TypeError):
             return spec
         return spec
 
 
-def _chain_sitecustomize():
+def _chain_sitecustomize() -> None:
     """Run the sitecustomize this file shadows (distro or venv), as Python would have."""
     others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
@@ -162,7 +175,7 @@ def _chain_sitecustomize():
         sys.stderr.write("gpupool-hook: warning: %s failed: %r\n" % (spec.origin, err))
 
 
-def _install():
+def _install() -> None:
     _chain_sitecustomize()
     for name in _HOOKS:
         if name in sys.modules:  # imported by the chained sitecustomize already
