@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo demo-sharing test test-fast gpu-check bench deploy undeploy clean
+.PHONY: all install pyz demo demo-sharing lint test test-fast gpu-check bench deploy undeploy clean
 
 all: install pyz
 
@@ -29,7 +29,13 @@ demo: install pyz
 demo-sharing: install pyz
 	$(BIN)/python examples/demo.py
 
-test: install pyz
+# ruff (lint + format) and mypy (strict on the floors below server/jobs/kube/train); `make test` runs it first.
+lint: install
+	$(BIN)/ruff check src tests benchmarks tools examples
+	$(BIN)/ruff format --check src tests benchmarks tools examples
+	$(BIN)/mypy
+
+test: install pyz lint
 	$(BIN)/python -m pytest -q
 
 test-fast: install pyz

@@ -11,7 +11,7 @@ import sys
 
 
 def main() -> int:
-    from grpc_tools import protoc  # type: ignore[import-untyped]  # dev-only dependency; ships no types
+    from grpc_tools import protoc
 
     here = pathlib.Path(__file__).resolve().parent
     rc: int = protoc.main(
