@@ -1,0 +1,204 @@
+"""The dashboard's routes: `/` (the page), `/ui/live` (what the page refreshes), sign-in, sign-out, static files.
+
+Auth is the API's: the same tokens, checked by the same `LeaseApi.identify`.
+A browser cannot send a bearer header on a plain navigation, so a valid token
+given once (the sign-in form, or `/?token=...`) is kept in an HttpOnly,
+SameSite=Strict cookie (Secure under TLS) that these routes alone accept; the
+/v1 API keeps asking for the header, so the cookie can never change the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ... import __version__
+from ...core.errors import NotFound, Unauthorized
+from ...pool import Pool
+from ..auth import Identity
+from ..handlers import LeaseApi
+from . import render
+from .history import History
+from .view import QueuedClaim, build
+
+log = logging.getLogger(__name__)
+
+COOKIE = "gpupool_token"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+MAX_QUERY = 200
+# No inline script or style, nothing from elsewhere; the page talks to this origin only.
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",  # a ?token= URL must not leak to other sites
+    "cache-control": "no-store",
+}
+
+QueueReader = Callable[[Pool], Sequence[QueuedClaim]]
+
+
+class DashboardState:
+    """What the dashboard keeps beside the app: the hour of history and how to read the queue."""
+
+    def __init__(self, queue: Optional[QueueReader] = None, history: Optional[History] = None) -> None:
+        self.history = history or History()
+        self.queue: QueueReader = queue or (lambda _pool: ())
+
+
+@asynccontextmanager
+async def _record_history(app: FastAPI) -> AsyncIterator[None]:
+    """Lifespan part: a point of history every period, whether or not anyone looks."""
+    state: DashboardState = app.state.dashboard
+    api: LeaseApi = app.state.api
+
+    async def record_forever() -> None:
+        while True:
+            try:
+                now = time.time()
+                if state.history.due(now):
+                    status = await run_in_threadpool(api.pool.status)
+                    state.history.record(status, now)
+            except Exception:
+                log.warning("dashboard history: pool status failed", exc_info=True)
+            await asyncio.sleep(state.history.period_s)
+
+    task = asyncio.get_running_loop().create_task(record_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+router = APIRouter(tags=["dashboard"], include_in_schema=False, lifespan=_record_history)
+
+
+def install(app: FastAPI, queue: Optional[QueueReader] = None) -> None:
+    """Serve the dashboard from `app` (after `app.state.api` is set)."""
+    app.state.dashboard = DashboardState(queue)
+    app.include_router(router)
+
+
+def _api(request: Request) -> LeaseApi:
+    api: LeaseApi = request.app.state.api
+    return api
+
+
+def _identify(request: Request) -> Identity:
+    """The caller from the Authorization header or the dashboard cookie; Unauthorized without either."""
+    header = request.headers.get("authorization")
+    if not header:
+        token = request.cookies.get(COOKIE)
+        header = f"Bearer {token}" if token else None
+    return _api(request).identify(header)
+
+
+def _html(request: Request, text: str, status: int = 200, headers: Optional[Dict[str, str]] = None) -> Response:
+    """An HTML answer with the security headers, gzipped when the client takes it (pages of 1,000 GPUs are MBs)."""
+    body = text.encode("utf-8")
+    out = dict(SECURITY_HEADERS, **(headers or {}))
+    out["vary"] = "accept-encoding"
+    if len(body) > 2048 and "gzip" in request.headers.get("accept-encoding", ""):
+        body = gzip.compress(body, compresslevel=5, mtime=0)
+        out["content-encoding"] = "gzip"
+    return Response(body, status_code=status, media_type="text/html; charset=utf-8", headers=out)
+
+
+def _redirect(to: str) -> Response:
+    return Response(status_code=303, headers=dict(SECURITY_HEADERS, location=to))
+
+
+def _login_page(request: Request, error: str = "") -> Response:
+    hint = "" if request.url.scheme == "https" else "Served without TLS: the token crosses the network in clear."
+    return _html(request, render.login(error, hint), status=401)
+
+
+def _with_cookie(response: Response, request: Request, token: str) -> Response:
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/")
+    return response
+
+
+def _query(request: Request) -> str:
+    return request.query_params.get("q", "").strip()[:MAX_QUERY]
+
+
+def _render(request: Request, whole_page: bool) -> str:
+    """Build and draw the dashboard (in a worker thread: at 10,000 leases it takes tens of milliseconds)."""
+    api = _api(request)
+    state: DashboardState = request.app.state.dashboard
+    status = api.pool.status()
+    now = time.time()
+    if state.history.due(now):
+        state.history.record(status, now)
+    view = build(status, now, state.queue(api.pool), _query(request))
+    points = state.history.points(now)
+    return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)
+
+
+@router.get("/")
+async def dashboard(request: Request) -> Response:
+    """The dashboard; without a valid token, the sign-in page (401)."""
+    token = request.query_params.get("token")
+    if token is not None:
+        try:
+            _api(request).identify(f"Bearer {token}")
+        except Unauthorized as err:
+            return _login_page(request, err.message)
+        rest = {k: v for k, v in request.query_params.items() if k != "token"}
+        return _with_cookie(_redirect("/" + (f"?{urlencode(rest)}" if rest else "")), request, token)
+    try:
+        _identify(request)
+    except Unauthorized:
+        return _login_page(request)
+    return _html(request, await run_in_threadpool(_render, request, True))
+
+
+@router.get("/ui/live")
+async def live(request: Request) -> Response:
+    """The refreshed part of the page; 401 (JSON, as the API) when the token no longer holds."""
+    _identify(request)
+    return _html(request, await run_in_threadpool(_render, request, False))
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """The sign-in form: a valid token becomes the dashboard cookie."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    token = (form.get("token") or [""])[0].strip()
+    try:
+        _api(request).identify(f"Bearer {token}" if token else None)
+    except Unauthorized as err:
+        return _login_page(request, err.message)
+    return _with_cookie(_redirect("/"), request, token)
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    response = _redirect("/")
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@router.get("/ui/static/{name}")
+async def static(name: str) -> Response:
+    """The page's script and style sheet (no auth: the sign-in page needs the style too)."""
+    media = STATIC_TYPES.get(name)
+    if media is None:
+        raise NotFound(f"no dashboard file {name!r}: the dashboard serves {sorted(STATIC_TYPES)}")
+    body = await run_in_threadpool((STATIC_DIR / name).read_bytes)
+    headers: Dict[str, Any] = {"cache-control": "no-cache", "x-content-type-options": "nosniff"}
+    headers["etag"] = f'"{__version__}-{len(body)}"'
+    return Response(body, media_type=media, headers=headers)

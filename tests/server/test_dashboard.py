@@ -1,0 +1,205 @@
+"""The web dashboard in-process: sign-in and cookie, what the page shows, the live part, escaping, the queue."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpupool.core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
+from gpupool.core.usage import (
+    DeviceUsage,
+    EnforcementAction,
+    EnforceMode,
+    ProcessUsage,
+    UsageReport,
+    Violation,
+)
+from gpupool.devices import emulated_devices
+from gpupool.pool import Pool
+from gpupool.server.app import create_app
+from gpupool.server.auth import Authenticator, create_token
+from gpupool.server.dashboard import COOKIE, QueuedClaim, build, install
+from gpupool.server.dashboard import render as draw
+from gpupool.server.dashboard.history import History
+from gpupool.server.dashboard.view import holder_text, pod_of_label
+
+ADMIN = "admin-token-for-tests-0123456789"
+H = {"Authorization": f"Bearer {ADMIN}"}
+HALF = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}
+
+
+def make_app(pool, auth=True):
+    app = create_app(pool, Authenticator(ADMIN, pool.store) if auth else None)
+    if not any(getattr(r, "path", "") == "/ui/live" for r in app.routes):
+        install(app)  # until create_app mounts it
+    return app
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(tmp_path / "pool", devices=emulated_devices("2x16GiB", "node-a"))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def client(pool):
+    with TestClient(make_app(pool)) as c:
+        yield c
+
+
+def test_sign_in_with_the_form_sets_an_httponly_cookie(client, pool):
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 401 and 'name="token"' in r.text and "GPU-emu-" not in r.text
+    r = client.post("/login", data={"token": "wrong-token-0123456789"}, follow_redirects=False)
+    assert r.status_code == 401 and "not valid" in r.text
+    alice = create_token(pool.store, "alice")
+    r = client.post("/login", data={"token": alice}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    cookie = r.headers["set-cookie"]
+    assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    r = client.get("/")
+    assert r.status_code == 200 and "GPU-emu-" in r.text
+    assert client.get("/ui/live").status_code == 200
+    # the cookie opens the dashboard only: the API still wants the bearer header
+    assert client.get("/v1/status").status_code == 401
+    r = client.post("/logout", follow_redirects=False)
+    assert r.status_code == 303 and "Max-Age=0" in r.headers["set-cookie"]
+    client.cookies.clear()
+    assert client.get("/ui/live").status_code == 401
+    assert client.get("/ui/live").json()["error"]["code"] == "unauthorized"
+
+
+def test_token_in_the_url_becomes_the_cookie_and_leaves_the_url(client):
+    r = client.get(f"/?token={ADMIN}&q=alice", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/?q=alice"
+    assert "HttpOnly" in r.headers["set-cookie"]
+    assert r.headers["referrer-policy"] == "no-referrer"
+    assert client.get("/?q=alice").status_code == 200
+    client.cookies.clear()
+    assert client.get("/?token=nope-nope-nope-nope", follow_redirects=False).status_code == 401
+
+
+def test_bearer_header_works_too_and_the_page_is_locked_down(client):
+    r = client.get("/", headers=H)
+    assert r.status_code == 200
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp
+    assert r.headers["cache-control"] == "no-store"
+    assert "<script>" not in r.text and " style=" not in r.text  # nothing inline: the CSP forbids it
+    assert 'href="data:,"' in r.text  # no favicon request, no 404 in the browser's console
+    js = client.get("/ui/static/dashboard.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert client.get("/ui/static/dashboard.css").status_code == 200
+    assert client.get("/ui/static/../app.py").status_code == 404
+    assert client.get("/ui/static/nope.js").status_code == 404
+
+
+def test_no_auth_pool_serves_the_page_without_sign_in(pool):
+    with TestClient(make_app(pool, auth=False)) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and "Sign out" not in r.text and "GPU-emu-" in r.text
+
+
+def test_page_shows_gpus_leases_and_their_usage(client, pool):
+    r = client.post("/v1/leases", json=dict(HALF, holder={"name": "x", "label": "pod:team-a/train-0:uid-1"}), headers=H)
+    lease = r.json()
+    uuid = lease["devices"][0]["uuid"]
+    usage = UsageReport(
+        time.time(),
+        devices=(DeviceUsage(uuid, 5000, 0.42),),
+        processes=(ProcessUsage(11, uuid, 3000, 0.4, lease["id"]), ProcessUsage(12, uuid, 2000, None, "")),
+        actions=(EnforcementAction(time.time(), Violation.UNLEASED, EnforceMode.WARN, 12, uuid, 2000),),
+        actions_total={"unleased": 1},
+    )
+    pool.record_usage(usage)
+    html = client.get("/ui/live", headers=H).text
+    assert html.count('class="gpu"') == 2
+    assert f'data-lease="{lease["id"]}"' in html
+    assert "team-a/train-0" in html and ">team-a<" in html  # holder as the pod, namespace column
+    assert "42%" in html  # utilisation
+    assert "2.93GiB used" in html  # what the lease's processes use, in its bar segment's title
+    assert 'class="unleased"' in html and "Processes of no lease" in html
+    assert "unleased: 1" in html and ">warn<" in html
+
+
+def test_live_part_is_gzipped_for_browsers(client):
+    for _ in range(30):
+        client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "memory_mib": 100}]}}, headers=H)
+    r = client.get("/ui/live", headers=dict(H, **{"accept-encoding": "gzip"}))
+    assert r.headers.get("content-encoding") == "gzip"  # httpx decoded it
+    assert r.text.count('class="lease"') == 30
+    raw = client.get("/ui/live", headers=dict(H, **{"accept-encoding": "identity"}))
+    assert "content-encoding" not in raw.headers and len(gzip.compress(raw.content)) < len(raw.content)
+
+
+def test_everything_from_the_pool_is_escaped(pool):
+    evil = "<script>alert(1)</script>"
+    status = PoolStatus(
+        devices=(Device("GPU-<b>", 0, evil, 1024, node=evil),),
+        leases=(
+            Lease("l1", Holder(evil, 1, evil, "pod:" + evil + "/" + evil + ":u"), (Slice("GPU-<b>", 512),), 30, 0, 60),
+        ),
+        node=evil,
+    )
+    html = draw.page(build(status, 10.0, query=evil), (), auth=True)
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert "GPU-<b>" not in html
+
+
+def test_filter_and_lease_limit():
+    devices = (Device("GPU-0", 0, "emu", 16384),)
+    leases = tuple(
+        Lease(f"lease{i:03d}", Holder("alice" if i % 2 else "bob", i, "h"), (Slice("GPU-0", 10),), 30, float(i), 99.0)
+        for i in range(40)
+    )
+    view = build(PoolStatus(devices, leases), 50.0, query="ALICE", lease_limit=5)
+    assert view.lease_count == 40 and view.lease_matches == 20 and len(view.leases) == 5
+    assert [r.lease.id for r in view.leases][0] == "lease039"  # newest first
+    assert all(r.holder.startswith("alice@") for r in view.leases)
+    html = draw.live(view, ())
+    assert "20 of 40 match" in html and "the newest 5 shown" in html
+    assert view.gpus[0].allocated_mib == 400 and view.gpus[0].used_mib is None
+
+
+def test_queue_rows_say_why_each_claim_waits():
+    devices = (Device("GPU-0", 0, "emu", 16384),)
+    full = (Lease("big", Holder("bob"), (Slice("GPU-0", 16384),), 30, 0.0, 99.0),)
+    queue = [
+        QueuedClaim(1, Claim.single(1, fraction=0.5), Holder("alice", 5, "h"), 10.0),
+        QueuedClaim(2, Claim.single(1, fraction=0.25), Holder("x", 0, "", "pod:ns/p:uid"), 20.0),
+    ]
+    view = build(PoolStatus(devices, full, queued=2), 30.0, queue)
+    head, second = view.queue
+    assert head.position == 1 and head.holder == "alice@h:5" and head.waited_s == 20.0
+    assert "GPU" in head.reason or "free" in head.reason  # place()'s reason for the head
+    assert second.reason == "behind 1 earlier claim(s) (FIFO)" and second.holder == "ns/p"
+    html = draw.live(view, ())
+    assert "why it waits" in html and "behind 1 earlier" in html
+
+
+def test_history_charts():
+    history = History(period_s=10, span_s=3600)
+    status = PoolStatus(
+        (Device("GPU-0", 0, "emu", 1000),), (Lease("a", Holder("x"), (Slice("GPU-0", 500),), 30, 0, 99),)
+    )
+    assert history.due(0.0)
+    history.record(status, 0.0)
+    assert not history.due(5.0)
+    history.record(status, 10.0)
+    points = history.points(3000.0)
+    assert [p.allocated_mib for p in points] == [500, 500] and points[0].used_mib is None
+    assert history.points(3605.0)[0].at == 10.0
+    html = draw.live(build(status, 20.0), points)
+    assert 'class="line-alloc"' in html and "allocated 50" in html
+
+
+def test_pod_labels():
+    assert pod_of_label("pod:team-a/train-0:0d5c-uid") == ("team-a", "train-0")
+    assert pod_of_label("pod:broken") == ("", "")
+    assert pod_of_label("job:x") == ("", "")
+    assert holder_text(Holder("alice", 7, "h1")) == "alice@h1:7"
+    assert holder_text(Holder("alice")) == "alice"
