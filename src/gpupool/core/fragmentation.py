@@ -1,0 +1,394 @@
+"""Fragmentation-aware placement: how much GPU a placement strands, against the mix of task shapes seen.
+
+A node's fragmentation against one task shape is the GPU share it holds free that such a task
+could not use: all of it when the task cannot run there at all (too few GPUs with room, not
+enough CPU or memory, another GPU model), else the free share of the GPUs too full to hold one
+of its GPUs. Against a mix of shapes it is the expectation over the mix. FGD (Weng et al.,
+"Beware of Fragmentation", USENIX ATC '23) places each task where that expectation grows least.
+
+`fgd_evaluate` is FGD as the paper's simulator scores it (the baseline). `fragaware_evaluate` is
+gpupool's policy: the same gradient, but exact instead of quantised to 100 levels, counting
+memory as well as CPU, weighting each shape by the GPU it asks for (a stranded 8-GPU task
+leaves more idle than a stranded tenth of one), and breaking ties by packing. The mix comes
+from a decaying histogram of the claims the pool has seen (`ShapeHistogram`), not a fixed file.
+
+Pure: no I/O, no clock. GPU shares are in thousandths of a GPU ("milli", 1000 = a whole GPU).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import InvalidInput
+
+MILLI = 1000
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What one task asks of a node: N GPUs at a share each, CPU, memory, accepted GPU models."""
+
+    gpus: int = 0
+    milli: int = 0  # share of each GPU, 1..1000 when gpus > 0, else 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    models: Tuple[str, ...] = ()  # accepted GPU models; empty: any
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
+            raise InvalidInput(f"task shape {self} has a negative amount: GPUs, CPU and memory are >= 0")
+        if self.gpus > 0 and not (0 < self.milli <= MILLI):
+            raise InvalidInput(f"task shape {self}: a GPU share is 1..1000 thousandths of a GPU")
+        if self.gpus == 0 and self.milli != 0:
+            raise InvalidInput(f"task shape {self}: a share without GPUs; set gpus >= 1 or milli = 0")
+
+    @property
+    def total_milli(self) -> int:
+        """The GPU it asks for in all, in thousandths of a GPU."""
+        return self.gpus * self.milli
+
+    def accepts(self, model: str) -> bool:
+        """Whether a GPU of `model` may serve this task."""
+        return not self.models or model in self.models
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "milli": self.milli,
+            "cpu_milli": self.cpu_milli,
+            "memory_mib": self.memory_mib,
+            "models": list(self.models),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskShape:
+        return cls(
+            gpus=int(data.get("gpus", 0)),
+            milli=int(data.get("milli", 0)),
+            cpu_milli=int(data.get("cpu_milli", 0)),
+            memory_mib=int(data.get("memory_mib", 0)),
+            models=tuple(str(m) for m in data.get("models") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class NodeFree:
+    """What a node has free: per-GPU share, and CPU and memory where the node reports them (None: not counted)."""
+
+    gpus: Tuple[int, ...]
+    cpu_milli: Optional[int] = None
+    memory_mib: Optional[int] = None
+    model: str = ""
+
+    @property
+    def free_milli(self) -> int:
+        return sum(self.gpus)
+
+    def holds(self, task: TaskShape) -> bool:
+        """Whether `task` fits here now: model, CPU, memory, and enough GPUs with its share free."""
+        if self.cpu_milli is not None and task.cpu_milli > self.cpu_milli:
+            return False
+        if self.memory_mib is not None and task.memory_mib > self.memory_mib:
+            return False
+        if task.gpus == 0:
+            return True
+        if not task.accepts(self.model):
+            return False
+        need = task.milli
+        return sum(1 for g in self.gpus if g >= need) >= task.gpus
+
+    def minus(self, task: TaskShape, picks: Sequence[int]) -> NodeFree:
+        """This node after `task` took its share of each GPU in `picks` (indices), its CPU and memory."""
+        gpus = list(self.gpus)
+        for i in picks:
+            gpus[i] -= task.milli
+        return NodeFree(
+            tuple(gpus),
+            None if self.cpu_milli is None else self.cpu_milli - task.cpu_milli,
+            None if self.memory_mib is None else self.memory_mib - task.memory_mib,
+            self.model,
+        )
+
+
+class ShapeMix:
+    """A normalised distribution of task shapes, with what fragmentation needs precomputed."""
+
+    def __init__(self, weighted: Iterable[Tuple[TaskShape, float]]) -> None:
+        merged: Dict[TaskShape, float] = {}
+        for shape, weight in weighted:
+            if weight > 0:
+                merged[shape] = merged.get(shape, 0.0) + weight
+        total = sum(merged.values())
+        ordered = sorted(merged.items(), key=lambda sw: (-sw[1], _shape_order(sw[0])))
+        self.shapes: Tuple[Tuple[TaskShape, float], ...] = tuple((s, w / total) for s, w in ordered) if total else ()
+        # CPU and memory matter to fragmentation only through these thresholds.
+        self.cpu_levels: List[int] = sorted({s.cpu_milli for s, _ in self.shapes})
+        self.memory_levels: List[int] = sorted({s.memory_mib for s, _ in self.shapes})
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def top(self, coverage: float = 1.0, limit: int = 0) -> ShapeMix:
+        """The most frequent shapes that together make `coverage` of the mix (at most `limit`), renormalised."""
+        kept: List[Tuple[TaskShape, float]] = []
+        covered = 0.0
+        for shape, p in self.shapes:
+            if covered >= coverage - 1e-12 or (limit and len(kept) >= limit):
+                break
+            kept.append((shape, p))
+            covered += p
+        return ShapeMix(kept)
+
+    def reweighted(self, gpu_weight: float) -> ShapeMix:
+        """The mix with each shape's weight times (1 + gpu_weight * GPUs it asks for): big tasks count more."""
+        return ShapeMix((s, p * (1.0 + gpu_weight * s.total_milli / MILLI)) for s, p in self.shapes)
+
+    def to_list(self) -> List[Dict[str, Any]]:
+        return [dict(s.to_dict(), p=p) for s, p in self.shapes]
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[TaskShape, float]) -> ShapeMix:
+        return cls(counts.items())
+
+
+def _shape_order(s: TaskShape) -> Tuple[int, int, int, int, Tuple[str, ...]]:
+    return (s.gpus, s.milli, s.cpu_milli, s.memory_mib, s.models)
+
+
+class ShapeHistogram:
+    """A decaying count of the task shapes a pool has seen: recent claims weigh more.
+
+    Each observation adds 1; older ones decay by half every `half_life` observations. The
+    state is a plain dict (`to_dict`/`from_dict`) so the pool can persist it.
+    """
+
+    def __init__(self, half_life: float = 5000.0, counts: Optional[Mapping[TaskShape, float]] = None) -> None:
+        if half_life <= 0:
+            raise InvalidInput(f"half_life {half_life!r} must be > 0 (observations)")
+        self.half_life = float(half_life)
+        self._decay = 0.5 ** (1.0 / self.half_life)
+        self._scale = 1.0  # counts are stored multiplied by this, so decay costs nothing per observation
+        self._counts: Dict[TaskShape, float] = dict(counts or {})
+        self.observed = 0
+
+    def observe(self, shape: TaskShape, weight: float = 1.0) -> None:
+        """Count one claim of `shape`."""
+        self._scale /= self._decay
+        if self._scale > 1e100:  # fold the scale back in before it overflows
+            self._counts = {s: c / self._scale for s, c in self._counts.items()}
+            self._scale = 1.0
+        self._counts[shape] = self._counts.get(shape, 0.0) + weight * self._scale
+        self.observed += 1
+
+    def counts(self) -> Dict[TaskShape, float]:
+        """The decayed count of each shape (a newest observation counts 1)."""
+        return {s: c / self._scale for s, c in self._counts.items() if c / self._scale > 1e-9}
+
+    def mix(self, coverage: float = 0.99, limit: int = 64) -> ShapeMix:
+        """The current mix: the most frequent shapes covering `coverage` of the weight, at most `limit`."""
+        return ShapeMix.from_counts(self.counts()).top(coverage, limit)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "half_life": self.half_life,
+            "observed": self.observed,
+            "shapes": [dict(s.to_dict(), count=c) for s, c in sorted(self.counts().items(), key=lambda sc: -sc[1])],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShapeHistogram:
+        counts = {TaskShape.from_dict(d): float(d.get("count", 0.0)) for d in data.get("shapes") or ()}
+        hist = cls(float(data.get("half_life", 5000.0)), counts)
+        hist.observed = int(data.get("observed", 0))
+        return hist
+
+
+class Fragmentation:
+    """Expected fragmentation of node states against one mix, memoised per state (states recur a lot).
+
+    Args:
+        mix: the task shapes to expect.
+        memory: count memory when deciding whether a shape can run (FGD counts CPU only).
+        gpu_only: leave CPU-only shapes out (they need no GPU, so they cannot strand one).
+    """
+
+    def __init__(self, mix: ShapeMix, memory: bool = True, gpu_only: bool = False) -> None:
+        self.mix = mix
+        self.memory = memory
+        shapes = [(s, p) for s, p in mix.shapes if not (gpu_only and s.gpus == 0)]
+        self._cpu_levels = sorted({s.cpu_milli for s, _ in shapes})
+        self._mem_levels = sorted({s.memory_mib for s, _ in shapes}) if memory else []
+        # each shape with the level a node needs to hold its CPU and memory (see `of`)
+        self._shapes = [
+            (
+                s.gpus,
+                s.milli,
+                bisect.bisect_right(self._cpu_levels, s.cpu_milli),
+                bisect.bisect_right(self._mem_levels, s.memory_mib) if memory else 0,
+                frozenset(s.models),
+                p,
+            )
+            for s, p in shapes
+        ]
+        self._memo: Dict[Tuple[Any, ...], float] = {}
+
+    def of(self, node: NodeFree) -> float:
+        """Expected free GPU share (milli) that the next task of the mix could not use."""
+        # CPU and memory change the answer only when they cross a shape's demand: key on the level.
+        cpu = -1 if node.cpu_milli is None else bisect.bisect_right(self._cpu_levels, node.cpu_milli)
+        mem = (
+            -1 if node.memory_mib is None or not self.memory else bisect.bisect_right(self._mem_levels, node.memory_mib)
+        )
+        gpus = tuple(sorted(node.gpus))
+        key = (node.model, gpus, cpu, mem)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self._compute(node.model, gpus, cpu, mem)
+        return value
+
+    def _compute(self, model: str, gpus: Tuple[int, ...], cpu_level: int, mem_level: int) -> float:
+        total = sum(gpus)
+        if total == 0:
+            return 0.0
+        frag = 0.0
+        for count, milli, cpu_need, mem_need, models, p in self._shapes:
+            # a level counts the thresholds at or below the node's amount: the shape fits iff its own is one
+            if (cpu_level >= 0 and cpu_need > cpu_level) or (mem_level >= 0 and mem_need > mem_level):
+                frag += p * total
+                continue
+            if count == 0 or (models and model not in models):
+                frag += p * total
+                continue
+            # gpus ascending: those with at least `milli` free are a suffix
+            first = bisect.bisect_left(gpus, milli)
+            if len(gpus) - first >= count:
+                frag += p * sum(gpus[:first])
+            else:
+                frag += p * total
+        return frag
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A node's score for a task (higher is better) and the GPUs (indices) the task would take there."""
+
+    score: float
+    picks: Tuple[int, ...]
+
+
+def _fitting(node: NodeFree, milli: int) -> List[int]:
+    return [i for i, g in enumerate(node.gpus) if g >= milli]
+
+
+def _packed(node: NodeFree, task: TaskShape) -> Tuple[int, ...]:
+    """The task's GPUs by best fit: the fullest GPUs that still hold its share."""
+    fitting = sorted(_fitting(node, task.milli), key=lambda i: (node.gpus[i], i))
+    return tuple(sorted(fitting[: task.gpus]))
+
+
+def fgd_evaluate(node: NodeFree, task: TaskShape, frag: Fragmentation) -> Optional[Evaluation]:
+    """FGD as the paper's simulator scores it: 0..100, sigmoid of the fragmentation decrease, truncated.
+
+    A shared GPU goes to the GPU with the best (quantised) score, the first in index order among
+    equals; whole GPUs are taken fully free, first ones first. CPU counts, memory does not.
+    """
+    if not node.holds(task):
+        return None
+    before = frag.of(node)
+    if task.gpus == 1 and task.milli < MILLI:
+        best: Optional[Evaluation] = None
+        for i in _fitting(node, task.milli):
+            score = _sigmoid_score(before - frag.of(node.minus(task, (i,))))
+            if best is None or score > best.score:
+                best = Evaluation(score, (i,))
+        return best
+    picks = _packed(node, task) if task.gpus else ()
+    return Evaluation(_sigmoid_score(before - frag.of(node.minus(task, picks))), picks)
+
+
+def _sigmoid_score(decrease: float) -> float:
+    return float(int(100.0 / (1.0 + math.exp(-decrease / MILLI))))
+
+
+def fragaware_evaluate(node: NodeFree, task: TaskShape, frag: Fragmentation) -> Optional[Evaluation]:
+    """gpupool's policy: least growth of expected fragmentation, exact; ties go to the fuller node.
+
+    Score = -(growth in milli) - (free GPU share left on the node) / 1e6: the second term only
+    orders placements that strand equally, packing tasks onto fuller nodes so empty ones stay
+    whole for multi-GPU tasks.
+    """
+    if not node.holds(task):
+        return None
+    before = frag.of(node)
+    if task.gpus == 0:
+        after_node = node.minus(task, ())
+        return Evaluation(before - frag.of(after_node) - after_node.free_milli / 1e6, ())
+    if task.gpus == 1:
+        best: Optional[Evaluation] = None
+        seen = set()
+        for i in _fitting(node, task.milli):
+            if node.gpus[i] in seen:  # GPUs with the same free share are interchangeable
+                continue
+            seen.add(node.gpus[i])
+            after_node = node.minus(task, (i,))
+            # among equal growth, the GPU that ends up fullest (best fit)
+            score = before - frag.of(after_node) - after_node.free_milli / 1e6 - (node.gpus[i] - task.milli) / 1e9
+            if best is None or score > best.score:
+                best = Evaluation(score, (i,))
+        return best
+    picks = _greedy_picks(node, task, frag)
+    after_node = node.minus(task, picks)
+    return Evaluation(before - frag.of(after_node) - after_node.free_milli / 1e6, picks)
+
+
+def _greedy_picks(node: NodeFree, task: TaskShape, frag: Fragmentation) -> Tuple[int, ...]:
+    """GPUs for a multi-GPU task, one at a time, each where the fragmentation grows least."""
+    if task.milli == MILLI:
+        return tuple(i for i, g in enumerate(node.gpus) if g >= MILLI)[: task.gpus]
+    picks: List[int] = []
+    current = node
+    one = TaskShape(1, task.milli)
+    for _ in range(task.gpus):
+        candidates = [i for i in _fitting(current, task.milli) if i not in picks]
+        best = min(candidates, key=lambda i: (frag.of(current.minus(one, (i,))), current.gpus[i], i))
+        picks.append(best)
+        current = current.minus(one, (best,))
+    return tuple(sorted(picks))
+
+
+def fullness_score(node: NodeFree, task: TaskShape, spread: bool = False) -> Optional[Evaluation]:
+    """The scheduler extender's binpack/spread score, 0..10: how full (or empty) the node's GPUs are after.
+
+    GPUs are chosen as `core.placement.place` does: binpack the fullest GPU that holds the share,
+    spread the emptiest.
+    """
+    if not node.holds(task):
+        return None
+    fitting = _fitting(node, task.milli) if task.gpus else []
+    if spread:
+        fitting.sort(key=lambda i: (-node.gpus[i], i))
+    else:
+        fitting.sort(key=lambda i: (node.gpus[i] - task.milli, i))
+    picks = tuple(sorted(fitting[: task.gpus]))
+    capacity = MILLI * len(node.gpus) or 1
+    used = capacity - node.free_milli + task.total_milli
+    full = min(1.0, used / capacity)
+    share = 1.0 - full if spread else full
+    return Evaluation(float(math.floor(share * 10 + 1e-9)), picks)
+
+
+__all__ = [
+    "MILLI",
+    "Evaluation",
+    "Fragmentation",
+    "NodeFree",
+    "ShapeHistogram",
+    "ShapeMix",
+    "TaskShape",
+    "fgd_evaluate",
+    "fragaware_evaluate",
+    "fullness_score",
+]
