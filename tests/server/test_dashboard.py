@@ -35,6 +35,7 @@ def make_app(pool, auth=True):
     app = create_app(pool, Authenticator(ADMIN, pool.store) if auth else None)
     if not any(getattr(r, "path", "") == "/ui/live" for r in app.routes):
         install(app)  # until create_app mounts it
+    app.state.dashboard.status_max_age_s = 0.0  # every request sees what the test just did
     return app
 
 
@@ -53,7 +54,7 @@ def client(pool):
 
 def test_sign_in_with_the_form_sets_an_httponly_cookie(client, pool):
     r = client.get("/", follow_redirects=False)
-    assert r.status_code == 401 and 'name="token"' in r.text and "GPU-emu-" not in r.text
+    assert r.status_code == 200 and 'name="token"' in r.text and "GPU-emu-" not in r.text
     r = client.post("/login", data={"token": "wrong-token-0123456789"}, follow_redirects=False)
     assert r.status_code == 401 and "not valid" in r.text
     alice = create_token(pool.store, "alice")
@@ -203,3 +204,13 @@ def test_pod_labels():
     assert pod_of_label("job:x") == ("", "")
     assert holder_text(Holder("alice", 7, "h1")) == "alice@h1:7"
     assert holder_text(Holder("alice")) == "alice"
+
+
+def test_viewers_share_one_status_read(pool):
+    from gpupool.server.dashboard import DashboardState
+
+    calls = []
+    real = pool.status
+    pool.status = lambda: calls.append(1) or real()
+    state = DashboardState(status_max_age_s=60)
+    assert state.status(pool) is state.status(pool) and len(calls) == 1
