@@ -1,40 +1,83 @@
-"""Parse and format quantities: memory sizes and memory fractions."""
+"""Parse and format quantities: memory sizes and memory fractions.
+
+One parser for every size gpupool reads (`gpupool run -m`, job specs, `gpupool.io/gpu-memory`,
+filters, `--gpu-memory`, emulated devices), with Kubernetes' quantity semantics: `Ki Mi Gi Ti
+Pi Ei` are binary, `k M G T P E` decimal, `e9` an exponent. Two things differ by where a size
+is written, and only these: a bare number is MiB on the command line and in job specs (as
+Bitfusion's `-m 8192`) but bytes in Kubernetes resources (as Kubernetes reads it). A size is
+rounded down to whole MiB, so that a grant never exceeds what was written (`8G` = 8e9 bytes =
+7629 MiB); under one MiB is refused. `m` (milli), `u` and `n` are refused for memory: in
+Kubernetes `8000m` is 8 bytes, not 8000 MiB.
+"""
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import InvalidInput
 
-_UNITS_MIB = {
-    "": 1,  # a bare number is MiB, as in `gpupool run -m 8192`
-    "mi": 1,
-    "mib": 1,
-    "m": 1,
-    "mb": 1,
-    "gi": 1024,
-    "gib": 1024,
-    "g": 1024,
-    "gb": 1024,
-    "ti": 1024 * 1024,
-    "tib": 1024 * 1024,
-}
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+MIB = 1024**2
+BYTE = 1
+
+_BINARY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# Spelled-out forms people write outside Kubernetes: `16GiB` is binary, `8GB` decimal (as SI).
+_LONG = (
+    {f"{k}B": v for k, v in _BINARY.items()} | {"kB": 10**3, "KB": 10**3} | {f"{k}B": v for k, v in _DECIMAL.items()}
+)
+# Fractions of a byte: valid Kubernetes suffixes, never a memory size anyone means.
+_SUB_BYTE = {"m": (Fraction(1, 10**3), "10^-3"), "u": (Fraction(1, 10**6), "10^-6"), "n": (Fraction(1, 10**9), "10^-9")}
+# sign, number (`8`, `8.5`, `.5`, `8.`), then a suffix or a decimal exponent.
+_QUANTITY_RE = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([A-Za-z]*))\s*$")
 
 
-def parse_memory_mib(text: str, what: str = "memory") -> int:
-    """Parse '8192', '8Gi', '16GiB', '512MiB' into whole MiB (rounded up)."""
-    match = _MEMORY_RE.match(str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS_MIB:
+def parse_memory_mib(text: object, what: str = "memory", bare: int = MIB) -> int:
+    """A memory size in whole MiB, rounded down; `bare` is what a number without a unit counts
+    (MIB on the command line and in job specs, BYTE in Kubernetes resources)."""
+    raw = str(text).strip()
+    match = _QUANTITY_RE.match(raw)
+    bare_name = "MiB" if bare == MIB else "bytes"
+    fix = f"write e.g. 8Gi (8 GiB = 8192 MiB), 8G (8e9 bytes = 7629 MiB) or 8192Mi; a bare number is {bare_name}"
+    if not match:
+        raise InvalidInput(f"{what} {text!r} is not a size: {fix}")
+    number, exponent, suffix = Fraction(match.group(1)), match.group(2), match.group(3) or ""
+    if exponent:
+        number *= Fraction(10) ** int(exponent[1:])
+        suffix = ""
+    if suffix in _SUB_BYTE:
+        tiny, power = _SUB_BYTE[suffix]
         raise InvalidInput(
-            f"{what} {text!r} is not a size: use MiB as a number (8192) or a unit such as 512MiB, 8Gi, 16GiB"
+            f"{what} {text!r}: {suffix!r} means {power} in Kubernetes, so {raw} is "
+            f"{_bytes_text(number * tiny)}, not a memory size; for MiB write {match.group(1)}Mi"
         )
-    mib = float(match.group(1)) * _UNITS_MIB[unit]
-    whole = int(mib) if mib == int(mib) else int(mib) + 1
-    if whole <= 0:
-        raise InvalidInput(f"{what} {text!r} must be greater than zero")
-    return whole
+    scale = _unit(suffix, bare)
+    if scale is None:
+        raise InvalidInput(f"{what} {text!r}: unit {suffix!r} is unknown or ambiguous; {fix}")
+    size = number * scale
+    if size <= 0:
+        raise InvalidInput(f"{what} {text!r} must be greater than zero; {fix}")
+    mib = int(size // MIB)
+    if mib < 1:
+        raise InvalidInput(f"{what} {text!r} is {_bytes_text(size)}, less than 1 MiB; {fix}")
+    return mib
+
+
+def _unit(suffix: str, bare: int) -> int | None:
+    if suffix == "":
+        return bare
+    for table in (_BINARY, _DECIMAL, _LONG):
+        if suffix in table:
+            return table[suffix]
+    # `16gib`, `16GIB`: any case of a spelled-out binary unit is unambiguous.
+    for name, scale in _BINARY.items():
+        if suffix.lower() == f"{name}b".lower():
+            return scale
+    return None  # `8g`, `8gb`, `8K`: ambiguous; the message shows both meanings
+
+
+def _bytes_text(size: Fraction) -> str:
+    return f"{float(size):g} bytes"
 
 
 def parse_fraction(text: str, what: str = "fraction") -> float:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..core.errors import InvalidInput
 from ..core.filters import Filter
 from ..core.model import Claim, GpuRequest, Policy
+from ..core.quantity import BYTE, parse_memory_mib
 
 DOMAIN = "gpupool.io"
 UNITS = f"{DOMAIN}/gpu"  # what the device plugin advertises: 1 unit = 1 % of a GPU
@@ -31,20 +32,6 @@ ALIASES = {
     "bitfusion.io/gpu-amount": AMOUNT,
     "bitfusion.io/gpu-percent": PERCENT,
     "bitfusion.io/gpu-memory": MEMORY,
-}
-
-_QUANTITY_RE = re.compile(r"^\s*([+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-# Kubernetes quantity suffixes, as multipliers of one byte (binary and decimal).
-_BYTES = {
-    "": 1,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
 }
 
 
@@ -187,16 +174,12 @@ def _whole(value: Any, what: str, errors: List[str], low: int, high: Optional[in
 
 
 def _memory_mib(value: Any, what: str, errors: List[str]) -> Optional[int]:
-    """A Kubernetes quantity ('8Gi', '8192Mi', '16G', bare bytes) in whole MiB, rounded up."""
-    match = _QUANTITY_RE.match(str(value))
-    if not match or match.group(2) not in _BYTES:
-        errors.append(f"{what} {value!r} is not a memory quantity; use e.g. 8Gi or 8192Mi")
+    """A Kubernetes quantity ('8Gi', '8192Mi', '16G', bare bytes) in whole MiB (core.quantity's rules)."""
+    try:
+        return parse_memory_mib(value, what, bare=BYTE)
+    except InvalidInput as err:
+        errors.append(err.message)
         return None
-    size = float(match.group(1)) * _BYTES[match.group(2)]
-    if size <= 0:
-        errors.append(f"{what} {value!r} must be greater than zero; use e.g. 8Gi")
-        return None
-    return max(1, math.ceil(size / 1024**2))
 
 
 def parse_units(value: Any) -> Optional[int]:
