@@ -47,6 +47,13 @@ class Unsatisfiable(InvalidClaim):
     http_status = 422
 
 
+class TooLarge(InvalidInput):
+    """A request body over the server's size limit."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class Unavailable(GpupoolError):
     """The claim is valid but does not fit now (and the wait, if any, ran out)."""
 
@@ -109,6 +116,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     InvalidInput,
     InvalidClaim,
     Unsatisfiable,
+    TooLarge,
     Unavailable,
     NotFound,
     Unauthorized,

@@ -28,6 +28,7 @@ from .handlers import LeaseApi
 from .metrics import Metrics
 from .routes import ROUTERS
 from .schemas import component_schemas
+from .wire import internal_error
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(Exception)
-    async def internal_error(_request: Request, err: Exception) -> JSONResponse:
-        log.error("internal error", exc_info=err)
-        return JSONResponse({"error": {"code": "internal", "message": f"internal error: {err}"}}, status_code=500)
+    async def internal(request: Request, err: Exception) -> JSONResponse:
+        request_id, body = internal_error(err, request.method, request.url.path)
+        return JSONResponse(body, status_code=500, headers={"x-request-id": request_id})
 
 
 def _openapi(app: FastAPI) -> Callable[[], Dict[str, Any]]:

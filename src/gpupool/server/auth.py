@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..store import Store
@@ -25,6 +25,7 @@ from ..store import Store
 log = logging.getLogger(__name__)
 
 ADMIN_NAME = "admin"
+LEGACY = "legacy"  # tokens.origin of a token made before origins were recorded
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 # How long a named-token lookup is trusted before the database is asked again:
 # tokens created or revoked by another process take effect within this time.
@@ -83,12 +84,16 @@ def load_or_create_token_file(path: Union[str, Path]) -> str:
     return token
 
 
-def create_token(store: Store, name: str, admin: bool = False) -> str:
-    """Create (or rotate) the named token; returns the token, whose hash alone is stored."""
+def create_token(store: Store, name: str, admin: bool = False, origin: str = "local") -> str:
+    """Create (or rotate) the named token; returns the token, whose hash alone is stored.
+
+    `origin`: "api" when an admin token asked over HTTP, "local" when made in the state dir
+    (`gpupool token create --state`: whoever may write pool.db is its admin already).
+    """
     check_name(name)
     token = new_token()
     with store.write() as tx:
-        tx.put_token(name, token_hash(token), admin, time.time())
+        tx.put_token(name, token_hash(token), admin, time.time(), origin)
     log.info("created %stoken %r", "admin " if admin else "", name)
     return token
 
@@ -99,12 +104,19 @@ def install_token(store: Store, name: str, token: str) -> bool:
     check_name(name)
     digest = token_hash(token)
     with store.read() as tx:
-        known = tx.token_by_hash(digest)
-    if known is not None and known[0] == name:
+        known = tx.token_row(digest)
+    if known is not None and known[0] == name and known[2] != LEGACY:
         return False
     with store.write() as tx:
-        tx.put_token(name, digest, False, time.time())
+        tx.put_token(name, digest, False, time.time(), "secret")
     return True
+
+
+def legacy_tokens(store: Store) -> List[str]:
+    """Names of tokens whose origin is unknown (made before gpupool recorded it): an
+    authenticating server does not honour them, since a server without auth may have made them."""
+    with store.read() as tx:
+        return tx.legacy_tokens()
 
 
 class Authenticator:
@@ -152,8 +164,9 @@ class Authenticator:
         identity = None
         if self._store is not None:
             with self._store.read() as tx:
-                row = tx.token_by_hash(digest)
-            identity = Identity(row[0], row[1]) if row else None
+                row = tx.token_row(digest)
+            # A legacy token may come from a server that ran without auth, where anyone could mint one.
+            identity = Identity(row[0], row[1]) if row and row[2] != LEGACY else None
         with self._lock:
             if len(self._cache) > 10000:  # bounded: random bad tokens must not grow memory
                 self._cache.clear()

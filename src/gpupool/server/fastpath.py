@@ -32,8 +32,9 @@ from typing import (
     Tuple,
 )
 
-from ..core.errors import Forbidden, GpupoolError, InvalidInput, Unauthorized
+from ..core.errors import Forbidden, GpupoolError, Unauthorized
 from .auth import Identity
+from .wire import check_size, internal_error
 
 if (
     TYPE_CHECKING
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 ENV = "GPUPOOL_FAST_PATH"
 PREFIX = "/v1/leases"
-MAX_BODY = 1 << 20
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 Scope = MutableMapping[str, Any]
@@ -78,6 +78,7 @@ class FastPath:
         verb, lease_id = route
         status = 200
         payload: Dict[str, Any]
+        extra: List[Tuple[bytes, bytes]] = []
         try:
             identity = self._identify(scope, counts_claim=verb == "claim")
             if verb == "claim":
@@ -90,11 +91,12 @@ class FastPath:
                 payload = self.api.release(identity, lease_id)
         except GpupoolError as err:
             status, payload = err.http_status, err.to_dict()
-        except Exception as err:  # never a bare 500 without the JSON shape
-            log.error("internal error", exc_info=err)
-            status, payload = 500, {"error": {"code": "internal", "message": f"internal error: {err}"}}
+        except Exception as err:  # a bug: logged with a request id, never a traceback to the client
+            request_id, payload = internal_error(err, scope["method"], scope["path"])
+            status = 500
+            extra = [(b"x-request-id", request_id.encode())]
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = _JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
+        headers = _JSON_HEADERS + extra + [(b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -147,8 +149,7 @@ async def _read_body(receive: Receive) -> Tuple[bytes, Callable[[], Awaitable[bo
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
         size += len(chunks[-1])
-        if size > MAX_BODY:
-            raise InvalidInput(f"the request body is over {MAX_BODY} bytes: a claim is a small JSON object")
+        check_size(size)
 
     async def disconnected() -> bool:
         # After the body, the next receive() only ever says http.disconnect; poll it without waiting.

@@ -26,6 +26,7 @@ from ..core.model import Claim, Holder, Lease
 from ..pool import Pool, Waiter, poll_delays
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
+from .wire import json_object
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +138,6 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
     wait_s = body.get("wait_s")
     ttl_s = body.get("ttl_s")
     return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s
-
-
-def json_object(raw: bytes) -> Dict[str, Any]:
-    """A request body that must be one JSON object (empty: {}); InvalidInput (400) otherwise."""
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as err:
-        raise InvalidInput(f"the request body is not valid JSON: {err}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput(f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
 
 
 def dumps(data: Any) -> bytes:

@@ -16,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from .auth import Identity, check_name, create_token, require_admin
-from .handlers import LeaseApi, dumps, json_object
+from .handlers import LeaseApi, dumps
 from .schemas import ClaimRequest, ErrorBody, LeaseBody, TokenRequest, body_schema
+from .wire import check_size, json_object
 
 ERRORS: Dict[Union[int, str], Dict[str, Any]] = {
     str(code): {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
@@ -63,6 +64,20 @@ async def claimer(request: Request, api: Api) -> Identity:
 Claimer = Annotated[Identity, Depends(claimer)]
 
 
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) as soon as it passes the size limit."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit():
+        check_size(int(length))
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_size(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     # A ready Response skips FastAPI's response validation and encoder: the
     # payloads are already plain dicts in the one wire format (to_dict()).
@@ -82,7 +97,7 @@ lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"], responses=ERRORS)
 )
 async def claim(request: Request, api: Api, identity: Claimer) -> Response:
     """POST /v1/leases; a waiting claim polls with asyncio and gives up when the client leaves."""
-    lease = await api.claim(identity, await request.body(), request.is_disconnected)
+    lease = await api.claim(identity, await read_body(request), request.is_disconnected)
     return _json(lease, 201)
 
 
@@ -131,7 +146,13 @@ async def devices(api: Api, _identity: Caller) -> Response:
     summary="Create or rotate a named token (admin only)",
 )
 async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
-    body = json_object(await request.body())
+    if api.auth is None:
+        # Every caller is admin here: minting would hand admin tokens to anyone on this host.
+        raise Forbidden(
+            "this server runs without auth (no --token-file), so it creates no tokens: restart it with "
+            "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
+        )
+    body = json_object(await read_body(request))
     unknown = set(body) - {"name", "admin"}
     if unknown:
         raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name' and 'admin'")
@@ -139,9 +160,8 @@ async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
     if not isinstance(is_admin, bool):
         raise InvalidInput(f"admin {is_admin!r} must be true or false")
     name = check_name(body.get("name"))
-    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin)
-    if api.auth is not None:
-        api.auth.forget()  # this process must see the rotation now, not after the lookup cache expires
+    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api")
+    api.auth.forget()  # this process must see the rotation now, not after the lookup cache expires
     return _json({"name": name, "token": token}, 201)
 
 

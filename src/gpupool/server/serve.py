@@ -23,7 +23,7 @@ from ..core.usage import EnforceMode, IsolationMode, NodeIsolation
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock
-from .auth import Authenticator, load_or_create_token_file
+from .auth import Authenticator, legacy_tokens, load_or_create_token_file
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,15 @@ def prepare(config: ServerConfig) -> Prepared:
         pool = Pool(state, devices=devices, node=config.node, background_checkpoint=True)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None
         authenticator = Authenticator(admin_token, pool.store) if admin_token else None
+        if authenticator is not None:
+            legacy = legacy_tokens(pool.store)
+            if legacy:
+                log.warning(
+                    "%d token(s) without a recorded origin are not honoured (a server without auth may have "
+                    "made them): %s; create new ones with `gpupool token create`",
+                    len(legacy),
+                    ", ".join(legacy[:20]),
+                )
         certfile, keyfile = config.tls_cert, config.tls_key
         if config.tls_auto:
             from .tls import ensure_self_signed

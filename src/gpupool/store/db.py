@@ -19,7 +19,6 @@ only when the WAL has grown past `WAL_RESTART_BYTES` (see `_checkpoint`).
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import threading
@@ -28,10 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional, Union
 
+from ..logs import get_logger
 from .schema import SCHEMA, SCHEMA_VERSION
 from .tx import Tx
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DB_NAME = "pool.db"
 SYNC_ENV = "GPUPOOL_SYNC"
@@ -177,12 +177,15 @@ class Store:
                     tx.conn.execute(statement)
                     statement = ""
             version = tx.meta("schema_version")
-            if version is None:
-                tx.set_meta("schema_version", str(SCHEMA_VERSION))
-            elif int(version) > SCHEMA_VERSION:
+            if version is not None and int(version) > SCHEMA_VERSION:
                 raise RuntimeError(
                     f"state dir {self.state_dir} was written by a newer gpupool (schema {version}); upgrade gpupool"
                 )
+            columns = {row[1] for row in tx.conn.execute("PRAGMA table_info(tokens)")}
+            if "origin" not in columns:  # schema 1: its tokens keep origin 'legacy' (not honoured with auth on)
+                tx.conn.execute("ALTER TABLE tokens ADD COLUMN origin TEXT NOT NULL DEFAULT 'legacy'")
+            if version is None or int(version) < SCHEMA_VERSION:
+                tx.set_meta("schema_version", str(SCHEMA_VERSION))
 
     @contextmanager
     def write(self) -> Iterator[Tx]:

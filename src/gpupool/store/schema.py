@@ -4,7 +4,11 @@ Leases keep their slices in a table of their own (not a JSON column) so the
 allocation per device is one indexed SUM instead of decoding every lease.
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Where a token came from (tokens.origin). A token of version 1 has none recorded
+# ("legacy"): it may have been minted by a server running without auth, so an
+# authenticating server does not honour it (see server/auth.py).
+TOKEN_ORIGINS = ("api", "local", "secret", "legacy")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -50,6 +54,7 @@ CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
     hash       TEXT NOT NULL UNIQUE,  -- sha256 hex of the token; the token itself is never stored
     admin      INTEGER NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    origin     TEXT NOT NULL DEFAULT 'legacy'  -- api (an admin token over HTTP), local (--state), secret (node agent)
 );
 """

@@ -174,17 +174,28 @@ class Tx:
         return self.conn.execute("SELECT id, host, pid, expires_at FROM tickets ORDER BY id").fetchall()
 
     # --- tokens ---------------------------------------------------------------
-    def put_token(self, name: str, token_hash: str, admin: bool, now: float) -> None:
-        """Create or replace the token called `name` (replacing rotates it)."""
+    def put_token(self, name: str, token_hash: str, admin: bool, now: float, origin: str = "local") -> None:
+        """Create or replace the token called `name` (replacing rotates it); `origin` says who made it
+        (schema.TOKEN_ORIGINS)."""
         self.conn.execute("DELETE FROM tokens WHERE name = ? OR hash = ?", (name, token_hash))
         self.conn.execute(
-            "INSERT INTO tokens (name, hash, admin, created_at) VALUES (?, ?, ?, ?)",
-            (name, token_hash, int(admin), now),
+            "INSERT INTO tokens (name, hash, admin, created_at, origin) VALUES (?, ?, ?, ?, ?)",
+            (name, token_hash, int(admin), now, origin),
         )
 
     def token_by_hash(self, token_hash: str) -> Optional[Tuple[str, bool]]:
-        row = self.conn.execute("SELECT name, admin FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
-        return (row[0], bool(row[1])) if row else None
+        """(name, admin) of the token with this hash, or None."""
+        row = self.token_row(token_hash)
+        return (row[0], row[1]) if row else None
+
+    def token_row(self, token_hash: str) -> Optional[Tuple[str, bool, str]]:
+        """(name, admin, origin) of the token with this hash, or None."""
+        row = self.conn.execute("SELECT name, admin, origin FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
+        return (row[0], bool(row[1]), str(row[2])) if row else None
+
+    def legacy_tokens(self) -> List[str]:
+        """Names of tokens with no recorded origin (made before schema 2)."""
+        return [r[0] for r in self.conn.execute("SELECT name FROM tokens WHERE origin = 'legacy' ORDER BY name")]
 
 
 def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Lease:

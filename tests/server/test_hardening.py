@@ -1,0 +1,172 @@
+"""Issue 9: no admin by accident, no 500 and no traceback for bad input, on both paths of the app."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpupool.devices import emulated_devices
+from gpupool.pool import Pool
+from gpupool.server.app import create_app
+from gpupool.server.auth import Authenticator, create_token, install_token, token_hash
+from gpupool.server.fastpath import FastPath
+from gpupool.store import Store
+
+ADMIN = "admin-token-for-tests-0123456789"
+H = {"Authorization": f"Bearer {ADMIN}"}
+HALF = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}
+
+
+def _client(tmp_path, fast_path: bool, auth: bool = True) -> TestClient:
+    pool = Pool(tmp_path / "pool", devices=emulated_devices("2x16GiB", "n"))
+    app = create_app(pool, Authenticator(ADMIN, pool.store) if auth else None)
+    client = TestClient(FastPath(app, app.state.api) if fast_path else app, raise_server_exceptions=False)
+    client.pool = pool  # type: ignore[attr-defined]
+    return client
+
+
+@pytest.fixture(params=[False, True], ids=["routers", "fast_path"])
+def client(request, tmp_path):
+    with _client(tmp_path, request.param) as c:
+        yield c
+    c.pool.close()
+
+
+# --- 1. tokens ------------------------------------------------------------------------
+def test_a_server_without_auth_mints_no_tokens(tmp_path):
+    with _client(tmp_path, fast_path=True, auth=False) as c:
+        r = c.post("/v1/tokens", json={"name": "mallory", "admin": True})
+        assert r.status_code == 403
+        assert "--token-file" in r.json()["error"]["message"]
+        assert c.post("/v1/leases", json=HALF).status_code == 201  # the rest still serves anonymously
+    with c.pool.store.read() as tx:
+        assert tx.token_by_hash(token_hash("x")) is None
+        assert tx.conn.execute("SELECT COUNT(*) FROM tokens").fetchone()[0] == 0
+    c.pool.close()
+
+
+def _schema_1_state(state) -> None:
+    """A state dir as gpupool wrote it before token origins: one token minted without auth."""
+    state.mkdir()
+    conn = sqlite3.connect(state / "pool.db")
+    conn.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        "CREATE TABLE tokens (name TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, admin INTEGER NOT NULL,"
+        " created_at REAL NOT NULL);"
+    )
+    conn.execute("INSERT INTO tokens VALUES ('m', ?, 1, 1.0)", (token_hash("gp_minted-without-auth"),))
+    conn.commit()
+    conn.close()
+
+
+def test_tokens_of_unknown_origin_are_not_honoured_with_auth_on(tmp_path, caplog):
+    state = tmp_path / "state"
+    _schema_1_state(state)
+    store = Store(state)
+    try:
+        with store.read() as tx:
+            assert tx.meta("schema_version") == "2"
+            assert tx.legacy_tokens() == ["m"]
+        auth = Authenticator(ADMIN, store)
+        with pytest.raises(Exception, match="not valid for this pool"):
+            auth.identify("Bearer gp_minted-without-auth")
+        # Tokens made now are honoured: by the admin over HTTP, in the state dir, by the node agent.
+        local = create_token(store, "alice")
+        assert auth.identify(f"Bearer {local}").name == "alice"
+        assert install_token(store, "m", "gp_minted-without-auth")  # a Secret re-installed: origin known now
+        auth.forget()
+        assert auth.identify("Bearer gp_minted-without-auth") == auth.identify("Bearer gp_minted-without-auth")
+        assert not auth.identify("Bearer gp_minted-without-auth").admin
+    finally:
+        store.close()
+
+
+def test_the_server_names_tokens_it_does_not_honour_at_start(tmp_path, caplog):
+    from gpupool.server.serve import ServerConfig, prepare
+
+    state = tmp_path / "state"
+    _schema_1_state(state)
+    with caplog.at_level(logging.WARNING):
+        prepared = prepare(
+            ServerConfig(
+                listen="127.0.0.1:0",
+                state_dir=str(state),
+                devices="emulated:1x8GiB",
+                token_file=str(tmp_path / "token"),
+            )
+        )
+        prepared.close()
+    assert "1 token(s) without a recorded origin are not honoured" in caplog.text and ": m;" in caplog.text
+
+
+# --- 2. no 500 for bad input ---------------------------------------------------------
+@pytest.mark.parametrize("path", ["/v1/leases", "/v1/tokens"])
+def test_deeply_nested_json_is_a_400(client, path):
+    for body in (b"[" * 100_000, b'{"a":' * 50_000, b"[" * 100_000 + b"]" * 100_000):
+        r = client.post(path, content=body, headers=H)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_input"
+        assert "nested" in r.json()["error"]["message"]
+
+
+def test_a_body_over_the_size_limit_is_a_413(client):
+    r = client.post("/v1/leases", content=b" " * (2 << 20), headers=H)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    r = client.post("/v1/tokens", content=b" " * (2 << 20), headers=H)
+    assert r.status_code == 413
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": {"name": "\\ud800"}}',
+        b'{"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": {"host": "a\\udfffb", "label": "x"}}',
+        b'{"claim": {"requests": [{"count": 1, "fraction": 0.5, "filters": ["device.name=\\ud800"]}]}}',
+        b"\xff\xfe{}",
+    ],
+)
+def test_lone_surrogates_and_bad_utf8_are_a_400(tmp_path, body):
+    for fast in (False, True):
+        with _client(tmp_path / str(fast), fast_path=fast, auth=False) as c:
+            r = c.post("/v1/leases", content=body)
+            assert r.status_code == 400, r.text
+            assert c.get("/v1/status").json()["leases"] == []
+        c.pool.close()
+    with _client(tmp_path / "t", fast_path=False) as c:
+        r = c.post("/v1/tokens", content=b'{"name": "\\ud800"}', headers=H)
+        assert r.status_code == 400
+    c.pool.close()
+
+
+def test_a_bug_is_a_logged_500_with_a_request_id_and_no_traceback(client, monkeypatch, caplog):
+    api = client.app.app.state.api if isinstance(client.app, FastPath) else client.app.state.api
+
+    def broken(*_args, **_kwargs):
+        raise ZeroDivisionError("secret internals /etc/passwd")
+
+    monkeypatch.setattr(api.pool, "heartbeat", broken)
+    monkeypatch.setattr(api.pool, "status", broken)
+    for method, path in (("POST", "/v1/leases/abc/heartbeat"), ("GET", "/v1/status")):
+        with caplog.at_level(logging.ERROR):
+            r = client.request(method, path, headers=H)
+        assert r.status_code == 500
+        error = r.json()["error"]
+        assert error["code"] == "internal"
+        assert "secret" not in r.text and "Traceback" not in r.text
+        request_id = error["request_id"]
+        assert request_id in error["message"] and r.headers["x-request-id"] == request_id
+        assert request_id in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+def test_no_500_for_any_of_the_reported_inputs(client):
+    bodies = [b"", b"null", b"[]", b'"x"', b"1e999", b'{"claim": null}', b'{"claim": {"requests": "x"}}']
+    for body in bodies:
+        r = client.post("/v1/leases", content=body, headers=H)
+        assert 400 <= r.status_code < 500, (body, r.text)
+        assert set(r.json()["error"]) >= {"code", "message"}
+    assert json.loads(client.get("/v1/status", headers=H).text)["leases"] == []
