@@ -214,3 +214,8 @@ def test_viewers_share_one_status_read(pool):
     pool.status = lambda: calls.append(1) or real()
     state = DashboardState(status_max_age_s=60)
     assert state.status(pool) is state.status(pool) and len(calls) == 1
+
+
+def test_an_oversized_sign_in_form_is_refused(client):
+    r = client.post("/login", data={"token": "x" * 10000}, follow_redirects=False)
+    assert r.status_code == 401 and "over 4096 bytes" in r.text

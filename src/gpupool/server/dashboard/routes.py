@@ -39,6 +39,7 @@ COOKIE = "gpupool_token"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
 MAX_QUERY = 200
+MAX_FORM = 4096  # a token is ~50 bytes
 # No inline script or style, nothing from elsewhere; the page talks to this origin only.
 SECURITY_HEADERS = {
     "content-security-policy": (
@@ -199,7 +200,12 @@ async def live(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     """The sign-in form: a valid token becomes the dashboard cookie."""
-    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return _login_page(request, f"the sign-in form is over {MAX_FORM} bytes: send the token alone")
+    form = parse_qs(body.decode("utf-8", "replace"))
     token = (form.get("token") or [""])[0].strip()
     try:
         _api(request).identify(f"Bearer {token}" if token else None)
