@@ -1,39 +1,54 @@
-"""`gpupool` entry point: builds the parser from the verb modules and maps errors to exit codes.
+"""`gpupool` entry point: lists every command, imports only the one that runs, maps errors to exit codes.
 
-Each verb module exposes `register(subparsers)`, which adds its subcommands
-and sets `func=handler` (handler(args) -> exit code). Verb modules import
-heavy libraries inside their handlers, so `gpupool --help` and the
-workload-side verbs work with the standard library alone.
+`COMMANDS` names each command's module and its line of `gpupool --help`; the module is imported
+only when its command runs (or for `gpupool CMD --help`), and its `register(subparsers)` adds
+its real subcommands and sets `func=handler` (handler(args) -> exit code). A new verb is one
+line in `COMMANDS`. Verb modules import heavy libraries inside their handlers, so
+`gpupool --help` and the workload-side verbs work with the standard library alone, and
+`gpupool run` starts about as fast as the interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .. import __version__
+from .. import __version__, logs
 from ..core.errors import GpupoolError
 
-# Order here is the order of `gpupool --help`.
-VERB_MODULES: List[str] = [
-    "server",
-    "token",
-    "run",
-    "status",
-    "train",
-    "predict",
-    "data",
-    "submit",
-    "jobs",
-    "kube",
-]
+# Command -> (cli module that registers it, its line in `gpupool --help`); the order here is the
+# order of `gpupool --help`. tests/cli/test_main.py checks that each module registers exactly
+# its commands here, with the same help line.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "server": ("server", "serve this machine's GPUs to clients over HTTP(S)"),
+    "token": ("token", "create client tokens and bundles"),
+    "run": ("run", "run a command on N GPUs, each a fraction or a memory size"),
+    "status": ("status", "devices, their allocation and the live leases"),
+    "list-gpus": ("status", "the pool's GPUs"),
+    "release": ("status", "release a lease now (yours, or any as admin)"),
+    "train": ("train", "train an image classifier on DIR/<class>/*.jpg"),
+    "predict": ("predict", "classify images with a trained model"),
+    "data": ("data", "prepare image data sets as DIR/<class>/*.jpg"),
+    "submit": ("submit", "run a (distributed) training job from a YAML spec"),
+    "jobs": ("jobs", "list submitted jobs with their state"),
+    "logs": ("jobs", "print a job's logs"),
+    "cancel": ("jobs", "stop a job and free its GPUs"),
+    "kube": ("kube", "Kubernetes: webhooks + scheduler extender, node agent, certificates"),
+}
+# The stdlib verbs of the workload side (also gpupool-run.pyz): they start before every job, so
+# `logging` is imported and configured only when a record is shown (see gpupool.logs).
+WORKLOAD_MODULES: Tuple[str, ...] = ("run", "status")
+ALL = "*"
 
 
-def build_parser(modules: Iterable[str] = ()) -> argparse.ArgumentParser:
-    """The `gpupool` parser with the subcommands of `modules` (default: all)."""
+def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
+    """The `gpupool` parser: every command of `modules` (default: all) listed with its help line.
+
+    Only the module of command `load` is imported and registers its real subcommands (ALL: every
+    module; None or an unknown name: none); the other commands are placeholders.
+    """
     parser = argparse.ArgumentParser(
         prog="gpupool",
         description="Pool GPUs and share them fractionally between training jobs.",
@@ -41,20 +56,49 @@ def build_parser(modules: Iterable[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in modules or VERB_MODULES:
-        importlib.import_module(f"{__package__}.{name}").register(subparsers)
+    only = set(modules)
+    chosen = COMMANDS[load][0] if load in COMMANDS else None
+    registered = set()
+    for name, (module, help_line) in COMMANDS.items():
+        if only and module not in only:
+            continue
+        if load == ALL or module == chosen:
+            if module not in registered:  # one module may register several commands
+                registered.add(module)
+                importlib.import_module(f"{__package__}.{module}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_line, add_help=False)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> Optional[str]:
+    """The command `argv` names: its first word that is not an option (`gpupool`'s own options
+    take no value), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
     """Run one `gpupool` command and return its exit code."""
-    parser = build_parser(modules)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = command_of(words)
+    parser = build_parser(modules, load=command)
+    args = parser.parse_args(words)
+    verbosity = min(args.verbose, 2)
+
+    def setup_logging() -> None:
+        import logging
+
+        logging.basicConfig(
+            level=(logging.WARNING, logging.INFO, logging.DEBUG)[verbosity],
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+            stream=sys.stderr,
+        )
+
+    if verbosity or COMMANDS.get(command or "", ("",))[0] not in WORKLOAD_MODULES:
+        logs.defer(None)
+        setup_logging()
+    else:
+        logs.defer(setup_logging)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

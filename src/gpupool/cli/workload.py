@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
+from .main import WORKLOAD_MODULES
 from .main import main as _main
 
-MODULES = ("run", "status")
+MODULES = WORKLOAD_MODULES
 
 
 def main(argv: Optional[List[str]] = None) -> int:

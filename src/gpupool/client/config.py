@@ -11,15 +11,15 @@ files; `gpupool token create` calls it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CONFIG_ENV = "GPUPOOL_CONFIG"
 TOKEN_ENV = "GPUPOOL_TOKEN"

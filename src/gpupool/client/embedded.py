@@ -6,16 +6,16 @@ pool through the SQLite store in the state dir.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.usage import IsolationMode, NodeIsolation
+from ..logs import get_logger
 from .base import PoolClient
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 STATE_ENV = "GPUPOOL_STATE"
 

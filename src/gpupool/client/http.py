@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import select
 import ssl
 import threading
@@ -20,10 +19,11 @@ from ..core.errors import (
     error_from_dict,
 )
 from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..logs import get_logger
 from .base import PoolClient
 from .config import normalize_url
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 # Failures that mean "the socket went away", where one fresh connection is worth a try.

@@ -6,7 +6,6 @@ config (client.yaml + servers.conf) > the embedded pool on the state dir.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -15,10 +14,11 @@ from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreac
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.placement import could_ever_fit, place
 from ..core.usage import IsolationMode, UsageReport
+from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SERVER_ENV = "GPUPOOL_SERVER"
 CA_ENV = "GPUPOOL_CA"

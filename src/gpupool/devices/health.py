@@ -6,12 +6,12 @@ critical XID events. Emulated devices are always healthy.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Iterable, Optional, Set
 
+from ..logs import get_logger
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # XIDs that are the application's fault, not the GPU's (as in NVIDIA's
 # k8s-device-plugin): they must not mark a shared device unhealthy.

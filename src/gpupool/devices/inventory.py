@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from typing import List, Optional, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
+from ..logs import get_logger
 from .emulated import PREFIX, emulated_devices
 from .nvml import NvmlUnavailable, nvml_devices
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ENV = "GPUPOOL_DEVICES"
 

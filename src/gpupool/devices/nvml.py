@@ -6,13 +6,13 @@ with a message that says which, so `--devices auto` can fall back cleanly.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, List
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class NvmlUnavailable(InvalidInput):

@@ -9,16 +9,16 @@ in tests with real processes on machines without GPUs.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.model import Device
 from ..core.usage import DeviceUsage, ProcessUsage
+from ..logs import get_logger
 from .health import is_emulated
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
 # A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.

@@ -23,7 +23,6 @@ its client's env carries.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import shutil
 import signal
@@ -35,9 +34,10 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from ..core.errors import InvalidInput, Unavailable
 from ..core.usage import IsolationMode, NodeIsolation
+from ..logs import get_logger
 from .env import MPS_LOG_ENV, MPS_PIPE_ENV
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 # A control command that changes nothing; the NVIDIA device plugin probes health with it too.

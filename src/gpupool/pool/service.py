@@ -20,7 +20,6 @@ stream of small claims cannot starve a big one waiting for whole GPUs.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import secrets
@@ -37,10 +36,11 @@ from ..core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
 from ..core.placement import could_ever_fit, place
 from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
+from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_TTL_S = 30.0
 # A waiter refreshes its ticket on every poll; one silent for this long is
@@ -300,7 +300,7 @@ class Pool:
             allocated[sl.device_uuid] = allocated.get(sl.device_uuid, 0) + sl.memory_mib
         if lease.expires_at < view.next_expiry:
             view.next_expiry = lease.expires_at
-        if log.isEnabledFor(logging.INFO):
+        if log.isEnabledFor(INFO):
             log.info("lease %s granted to %s", lease.id, holder.describe())
         return lease
 
@@ -335,7 +335,7 @@ class Pool:
             allocated = view.allocated
             for uuid, mib in slices:
                 allocated[uuid] = allocated.get(uuid, 0) - mib
-        if log.isEnabledFor(logging.INFO):
+        if log.isEnabledFor(INFO):
             log.info("lease %s released", lease_id)
 
     def lease(self, lease_id: str) -> Lease:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -11,8 +10,9 @@ from types import FrameType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..core.errors import InvalidInput
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After this many forwarded signals the child is killed: the user means it.

@@ -10,14 +10,14 @@ it costs the runner about a millisecond.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from typing import Optional
 
 from ..isolation.proctree import alive, lease_id_of, process_table, terminate
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # New processes can appear while the first sweep runs (a shell forking): look again, a few times.

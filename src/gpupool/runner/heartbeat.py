@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Callable, Optional
 
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class Heartbeat(threading.Thread):

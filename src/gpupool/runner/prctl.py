@@ -6,13 +6,14 @@ ends the tree it can see at release, only kill -9 of the runner is not covered t
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
 from typing import Callable, Optional
 
-log = logging.getLogger(__name__)
+from ..logs import get_logger
+
+log = get_logger(__name__)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import shutil
@@ -22,13 +21,14 @@ from ..core.model import Claim, Holder, Lease
 from ..core.quantity import format_mib
 from ..core.usage import IsolationMode
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
+from ..logs import get_logger
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
 from .guard import Guard
 from .heartbeat import Heartbeat
 from .prctl import become_subreaper, parent_death_signal
 from .tree import end_tree, reap_all, reap_orphans
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Iterable, List, Optional
 
 from ..isolation.proctree import descendants, group_members, lease_id_of, process_table, terminate
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def tree_pids(child_pgid: Optional[int], exclude: Iterable[int] = (), lease_id: Optional[str] = None) -> List[int]:

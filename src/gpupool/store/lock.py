@@ -7,14 +7,14 @@ server and coordinate through SQLite transactions.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 from pathlib import Path
 from typing import Optional, Union
 
 from ..core.errors import StateLocked
+from ..logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 LOCK_NAME = "server.lock"
 
