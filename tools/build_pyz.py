@@ -21,6 +21,8 @@ SRC = ROOT / "src" / "gpupool"
 SHEBANG = b"#!/usr/bin/env python3\n"
 # Whole packages of the workload side (all standard library only).
 PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
+# Top-level modules of the package that the workload side imports.
+TOP_FILES = ("__init__.py", "logs.py")
 # Only the stdlib verbs of the CLI.
 CLI_FILES = ("__init__.py", "main.py", "run.py", "status.py", "pool_options.py", "workload.py")
 MAIN = """\
@@ -39,7 +41,8 @@ EPOCH = (2024, 1, 1, 0, 0, 0)
 
 def sources() -> Iterator[Tuple[str, Path]]:
     """(name in archive, file) for every file that goes into the zipapp."""
-    yield "gpupool/__init__.py", SRC / "__init__.py"
+    for name in TOP_FILES:
+        yield f"gpupool/{name}", SRC / name
     for name in CLI_FILES:
         yield f"gpupool/cli/{name}", SRC / "cli" / name
     for package in PACKAGES:
