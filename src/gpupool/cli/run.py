@@ -74,6 +74,7 @@ def handle(args: argparse.Namespace) -> int:
     from ..core.model import Claim, Policy
     from ..core.quantity import parse_fraction, parse_memory_mib
     from ..core.usage import IsolationMode
+    from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
     from ..runner import RunOptions, progress, run
 
     command = list(args.cmd)
@@ -81,10 +82,10 @@ def handle(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InvalidInput("no command to run: put it after --, e.g. gpupool run -n 1 -p 0.5 -- python train.py")
-    if args.wait < 0:
-        raise InvalidInput(f"--wait {args.wait:g} must be >= 0 seconds")
-    if not args.ttl > 0:
-        raise InvalidInput(f"--ttl {args.ttl:g} must be > 0 seconds, e.g. --ttl 30")
+    if not 0 <= args.wait <= MAX_WAIT_S:  # also refuses nan; inf is over the limit
+        raise InvalidInput(f"--wait {args.wait:g} must be between 0 and {MAX_WAIT_S:g} seconds (7 days)")
+    if not MIN_TTL_S <= args.ttl <= MAX_TTL_S:
+        raise InvalidInput(f"--ttl {args.ttl:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds, e.g. --ttl 30")
     fraction = parse_fraction(args.partial, what="-p") if args.partial is not None else None
     memory = parse_memory_mib(args.memory, what="-m") if args.memory is not None else None
     if fraction is None and memory is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -56,11 +57,31 @@ class ClientConfig:
 
 
 def normalize_url(url: str) -> str:
-    """Check the scheme and drop a trailing slash; raises InvalidInput for other schemes."""
+    """Check the scheme, host and port, and drop a trailing slash; raises InvalidInput otherwise."""
     text = str(url).strip()
     if not text.lower().startswith(SCHEMES):
         raise InvalidInput(f"server URL {url!r} has an unknown scheme: use http://HOST:PORT or https://HOST:PORT")
-    return text.rstrip("/")
+    text = text.rstrip("/")
+    problem = _url_problem(text)
+    if problem:
+        raise InvalidInput(f"server URL {url!r} is malformed ({problem}): use http://HOST:PORT or https://HOST:PORT")
+    return text
+
+
+def _url_problem(text: str) -> str:
+    """What is wrong with an http(s) URL (host, port, characters), or '' when nothing is."""
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        return "it holds a space or a control character"
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port  # raises ValueError for 'abc' and out-of-range numbers
+    except ValueError as err:
+        return str(err)
+    if not parts.hostname:
+        return "no host"
+    if port == 0:
+        return "port 0"
+    return ""
 
 
 def default_config_path() -> Path:

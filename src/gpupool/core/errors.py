@@ -110,6 +110,14 @@ class LeaseLost(GpupoolError):
     exit_code = 6
 
 
+class StateUnusable(GpupoolError):
+    """The state dir's database cannot be used: damaged, not a database, read-only or full."""
+
+    code = "state_unusable"
+    http_status = 503
+    exit_code = 7
+
+
 # General classes before their subclasses: the first class of an HTTP status is its reading.
 _CLASSES: Tuple[Type[GpupoolError], ...] = (
     GpupoolError,
@@ -124,6 +132,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     StateLocked,
     ServerUnreachable,
     LeaseLost,
+    StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
 )
 _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}

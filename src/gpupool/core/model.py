@@ -15,6 +15,11 @@ from .errors import InvalidClaim
 from .filters import Filter
 from .usage import NodeIsolation, UsageReport
 
+# The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
+# refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
+MIN_SHARE_MIB = 1
+MIN_FRACTION = 1e-6
+
 
 class Policy(enum.Enum):
     """How placement orders candidate GPUs."""
@@ -82,17 +87,22 @@ class GpuRequest:
             )
         if self.fraction is not None and not (0 < self.fraction <= 1):
             raise InvalidClaim(f"fraction {self.fraction!r} is outside (0, 1]: use e.g. 0.5 for half of each GPU")
+        if self.fraction is not None and self.fraction < MIN_FRACTION:
+            raise InvalidClaim(
+                f"fraction {self.fraction!r} is below the smallest share {MIN_FRACTION:g} (a grant is at least "
+                f"{MIN_SHARE_MIB} MiB per GPU): ask for memory instead, e.g. -m 1 for 1 MiB"
+            )
         if self.memory_mib is not None and (
             isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int) or self.memory_mib < 1
         ):
             raise InvalidClaim(f"memory {self.memory_mib!r} MiB must be a whole number >= 1 (e.g. -m 8192)")
 
     def memory_on(self, device: Device) -> int:
-        """MiB this request takes on `device` (fractions round up to whole MiB)."""
+        """MiB this request takes on `device` (fractions round up to whole MiB, at least MIN_SHARE_MIB)."""
         if self.memory_mib is not None:
             return self.memory_mib
         assert self.fraction is not None
-        return min(device.memory_mib, math.ceil(self.fraction * device.memory_mib - 1e-9))
+        return min(device.memory_mib, max(MIN_SHARE_MIB, math.ceil(self.fraction * device.memory_mib - 1e-9)))
 
     def accepts(self, device: Device) -> bool:
         """Whether every device filter of this request admits `device`."""

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional, Union
 
+from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
 from .schema import SCHEMA, SCHEMA_VERSION
 from .tx import Tx
@@ -38,6 +39,24 @@ SYNC_ENV = "GPUPOOL_SYNC"
 CHECKPOINT_PERIOD_S = 0.25
 WAL_RESTART_BYTES = 64 << 20
 PAGE_SIZE = 1024
+
+
+def damaged_message(path: Path, what: str) -> str:
+    """The one line of a damaged database: the file, what is wrong, how to recover."""
+    state = path.parent
+    return (
+        f"the pool database {path} is damaged ({what}): restore the last backup with "
+        f"`gpupool restore --state {state} BACKUP.db`, or move {path.name} aside to start an empty pool "
+        f"(its leases and tokens are lost); `gpupool doctor --state {state}` says more"
+    )
+
+
+def read_only_message(state_dir: Path) -> str:
+    """The one line of a state dir this process may not write."""
+    return (
+        f"the state dir {state_dir} is read-only for this user: the pool writes pool.db there; "
+        "give a writable --state DIR (or $GPUPOOL_STATE), or fix its permissions"
+    )
 
 
 class Store:
@@ -58,6 +77,8 @@ class Store:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.state_dir / DB_NAME
+        if not os.access(self.state_dir, os.W_OK):
+            raise StateUnusable(read_only_message(self.state_dir))
         sync = (synchronous or os.environ.get(SYNC_ENV) or "NORMAL").upper()
         if sync not in ("NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"synchronous={sync!r}: use NORMAL or FULL")
@@ -70,9 +91,16 @@ class Store:
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 100 ms: that made the tail latency under load.
         self._write_lock = threading.Lock()
-        self._init_schema()
         self._checkpointer: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        try:
+            self._init_schema()
+        except (sqlite3.Error, UnicodeEncodeError) as err:
+            self.close()
+            raise self._explained(err) from None
+        except BaseException:
+            self.close()
+            raise
         if background_checkpoint:
             self._start_checkpointer()
 
@@ -178,7 +206,7 @@ class Store:
                     statement = ""
             version = tx.meta("schema_version")
             if version is not None and int(version) > SCHEMA_VERSION:
-                raise RuntimeError(
+                raise StateUnusable(
                     f"state dir {self.state_dir} was written by a newer gpupool (schema {version}); upgrade gpupool"
                 )
             columns = {row[1] for row in tx.conn.execute("PRAGMA table_info(tokens)")}
@@ -189,17 +217,38 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
-        """One state change: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
-        conn = self.connection()
-        with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield Tx(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            self._local.commits = getattr(self._local, "commits", 0) + 1
+        """One state change: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception.
+
+        A damaged, read-only or full database raises StateUnusable, text SQLite cannot
+        store (lone surrogates) InvalidInput: one line for the user, never sqlite3's own.
+        """
+        try:
+            conn = self.connection()
+            with self._write_lock:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield Tx(conn)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                self._local.commits = getattr(self._local, "commits", 0) + 1
+        except (sqlite3.Error, UnicodeEncodeError) as err:
+            raise self._explained(err) from None
+
+    def _explained(self, err: BaseException) -> BaseException:
+        """The GpupoolError a database error means for the user, or `err` itself when it means none."""
+        if isinstance(err, UnicodeEncodeError):
+            return InvalidInput(f"text with a lone surrogate cannot be stored ({err.reason}): send valid Unicode")
+        text = str(err).lower()
+        if any(word in text for word in ("malformed", "not a database", "encrypted", "disk image")):
+            return StateUnusable(damaged_message(self.path, str(err)))
+        if "readonly" in text or "read-only" in text or "unable to open" in text:
+            return StateUnusable(read_only_message(self.state_dir))
+        if "disk is full" in text or "disk i/o" in text:
+            return StateUnusable(f"{self.path}: {err}: free space on its file system, or check the disk")
+        return err
 
     def commits(self) -> int:
         """Write transactions committed on this thread's connection: a cache of what the
@@ -210,12 +259,16 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Tx]:
         """A consistent snapshot for reads (WAL readers never block the writer)."""
-        conn = self.connection()
-        conn.execute("BEGIN")
         try:
-            yield Tx(conn)
-        finally:
-            conn.execute("COMMIT")
+            conn = self.connection()
+            conn.execute("BEGIN")
+            try:
+                yield Tx(conn)
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+        except sqlite3.DatabaseError as err:
+            raise self._explained(err) from None
 
     def close(self) -> None:
         """Close every connection this store opened, in every thread."""
