@@ -170,3 +170,17 @@ def test_no_500_for_any_of_the_reported_inputs(client):
         assert 400 <= r.status_code < 500, (body, r.text)
         assert set(r.json()["error"]) >= {"code", "message"}
     assert json.loads(client.get("/v1/status", headers=H).text)["leases"] == []
+
+
+# --- 5. devices reconciled at start ------------------------------------------------------
+def test_status_and_metrics_report_leases_on_gpus_that_shrank(tmp_path):
+    from gpupool.core.model import Claim, Holder
+
+    pool = Pool(tmp_path, devices=emulated_devices("2x16GiB", "n"))
+    pool.claim(Claim.single(2, fraction=1.0), Holder("alice"), ttl_s=600)
+    pool.close()
+    pool = Pool(tmp_path, devices=emulated_devices("2x8GiB", "n"))
+    with TestClient(create_app(pool, None)) as c:
+        assert len(c.get("/v1/status").json()["problems"]) == 2
+        assert "gpupool_lease_problems 2.0" in c.get("/metrics").text
+    pool.close()

@@ -52,6 +52,8 @@ def handle_status(args: argparse.Namespace) -> int:
     data = status.to_dict()
     usage = data.get("usage") or {}
     print(_device_table(data["devices"], usage))
+    for problem in data.get("problems") or []:
+        print(f"PROBLEM: {problem}")
     print()
     lease_used: Dict[str, int] = {}
     for proc in usage.get("processes", []):

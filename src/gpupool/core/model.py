@@ -309,6 +309,12 @@ class PoolStatus:
     def allocated(self) -> Dict[str, int]:
         return allocated_by_device(self.leases)
 
+    def problems(self) -> List[str]:
+        """Leases on devices that are gone or now too small (core.invariants.lease_problems), as messages."""
+        from .invariants import lease_problems  # it imports this module
+
+        return [p.message for p in lease_problems(self.devices, self.leases)]
+
     def to_dict(self) -> Dict[str, Any]:
         used = self.allocated()
         return {
@@ -318,6 +324,7 @@ class PoolStatus:
             "node": self.node,
             "isolation": self.isolation.to_dict(),
             "usage": self.usage.to_dict() if self.usage is not None else None,
+            "problems": self.problems(),
         }
 
     @classmethod

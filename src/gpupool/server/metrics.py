@@ -51,6 +51,11 @@ class PoolCollector(Collector):
         yield healthy
         yield GaugeMetricFamily("gpupool_leases", "Live leases", value=len(status.leases))
         yield GaugeMetricFamily("gpupool_queue_length", "Claims waiting in the FIFO queue", value=status.queued)
+        yield GaugeMetricFamily(
+            "gpupool_lease_problems",
+            "Leases on GPUs that are gone, and GPUs whose leases hold more than their memory (gpupool status)",
+            value=len(status.problems()),
+        )
         yield from _usage_metrics(status)
 
 
