@@ -184,3 +184,24 @@ def test_status_and_metrics_report_leases_on_gpus_that_shrank(tmp_path):
         assert len(c.get("/v1/status").json()["problems"]) == 2
         assert "gpupool_lease_problems 2.0" in c.get("/metrics").text
     pool.close()
+
+
+# --- 6. doctor over HTTP, and no admin tokens from a server without auth (real process) ----
+def test_doctor_server_and_a_real_no_auth_server(server_factory, monkeypatch, capsys, tmp_path):
+    import httpx
+
+    from gpupool.cli.main import main
+
+    s = server_factory()
+    monkeypatch.setenv("GPUPOOL_CONFIG", str(tmp_path / "none.yaml"))
+    monkeypatch.delenv("GPUPOOL_CONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUPOOL_TOKEN", s.token)
+    assert main(["doctor", "--server", s.url]) == 0
+    assert "healthy" in capsys.readouterr().out
+    s.stop()
+    open_server = server_factory(token=False, state=tmp_path / "open")
+    r = httpx.post(open_server.url + "/v1/tokens", json={"name": "m", "admin": True})
+    assert r.status_code == 403 and "--token-file" in r.json()["error"]["message"]
+    r = httpx.post(open_server.url + "/v1/leases", content=b"[" * 100_000)
+    assert r.status_code == 400

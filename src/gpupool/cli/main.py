@@ -36,6 +36,9 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "logs": ("jobs", "print a job's logs"),
     "cancel": ("jobs", "stop a job and free its GPUs"),
     "kube": ("kube", "Kubernetes: webhooks + scheduler extender, node agent, certificates"),
+    "doctor": ("doctor", "check a pool's invariants and its database"),
+    "backup": ("doctor", "copy a pool's database with SQLite's online backup"),
+    "restore": ("doctor", "replace a pool's database with a backup"),
 }
 # The stdlib verbs of the workload side (also gpupool-run.pyz): they start before every job, so
 # `logging` is imported and configured only when a record is shown (see gpupool.logs).

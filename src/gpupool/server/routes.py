@@ -165,6 +165,13 @@ async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
     return _json({"name": name, "token": token}, 201)
 
 
+@pool_routes.get("/doctor", summary="Check the pool's invariants and its database (admin only)")
+async def doctor(api: Api, _admin: Admin) -> Response:
+    from ..pool.doctor import check_state
+
+    return _json((await run_in_threadpool(check_state, api.pool.state_dir)).to_dict())
+
+
 # --- operations (no auth: probes and scrapers carry no token) ---------------------
 operation_routes = APIRouter(tags=["operations"])
 

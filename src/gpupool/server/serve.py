@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from ..core.errors import InvalidInput
+from ..core.errors import InvalidInput, StateUnusable
 from ..core.model import Device
 from ..core.usage import EnforceMode, IsolationMode, NodeIsolation
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
@@ -175,6 +175,7 @@ def prepare(config: ServerConfig) -> Prepared:
 
             devices = discover(config.devices, config.node or None)
         pool = Pool(state, devices=devices, node=config.node, background_checkpoint=True)
+        _doctor(state)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None
         authenticator = Authenticator(admin_token, pool.store) if admin_token else None
         if authenticator is not None:
@@ -207,6 +208,18 @@ def prepare(config: ServerConfig) -> Prepared:
     shown = f"[{host}]" if ":" in host else host
     url = f"{'https' if certfile else 'http'}://{shown}:{bound_port}"
     return Prepared(app, pool, lock, sock, url, certfile, keyfile, authenticator is not None, config, isolation, watch)
+
+
+def _doctor(state: Path) -> None:
+    """`gpupool doctor` at start: a damaged database stops the server, other problems are logged."""
+    from ..pool.doctor import check_state
+    from ..store.db import damaged_message
+
+    report = check_state(state)
+    if report.damaged:
+        raise StateUnusable(damaged_message(Path(report.db), "; ".join(p.message for p in report.problems[:3])))
+    for line in report.lines():
+        log.warning("doctor: %s", line)
 
 
 @contextlib.contextmanager

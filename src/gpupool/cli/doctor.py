@@ -1,0 +1,114 @@
+"""`gpupool doctor`, `gpupool backup`, `gpupool restore`: check a pool, copy its database, bring one back."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+EXAMPLES = """exit codes: 0 healthy, 1 a broken invariant (each one named), 7 the database is damaged.
+
+examples:
+  gpupool doctor --state /var/lib/gpupool
+  gpupool doctor --server https://gpu1:56001     # the server checks its own state (admin token)
+  gpupool backup --state /var/lib/gpupool /backups/pool-$(date +%F).db
+  gpupool restore --state /var/lib/gpupool /backups/pool-2026-11-22.db   # with the server stopped
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `doctor`, `backup` and `restore`."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="check a pool's invariants and its database",
+        description="Check the pool: allocated <= total per GPU, allocated = the sum of the leases, no lease "
+        "on an unknown GPU, queue tickets well formed, and SQLite's integrity_check. Prints a verdict.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--state", metavar="DIR", help="state dir (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")
+    where.add_argument("--server", metavar="URL", help="ask this server to check its own state (admin token)")
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.set_defaults(func=handle_doctor)
+
+    p = subparsers.add_parser(
+        "backup",
+        help="copy a pool's database with SQLite's online backup",
+        description="Copy STATE/pool.db to FILE, consistently, even while a server or clients use it.",
+    )
+    p.add_argument("--state", metavar="DIR", help="state dir (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")
+    p.add_argument("file", metavar="FILE", help="the backup to write (must not exist)")
+    p.set_defaults(func=handle_backup)
+
+    p = subparsers.add_parser(
+        "restore",
+        help="replace a pool's database with a backup",
+        description="Check FILE, move STATE/pool.db aside (pool.db.before-restore-TIME) and copy FILE in its "
+        "place. Stop the server and running `gpupool run`s of this state dir first.",
+    )
+    p.add_argument("--state", metavar="DIR", help="state dir (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")
+    p.add_argument("file", metavar="FILE", help="a file written by `gpupool backup`")
+    p.set_defaults(func=handle_restore)
+
+
+def _state(args: argparse.Namespace) -> Path:
+    from ..client.embedded import default_state_dir
+
+    return Path(args.state).expanduser() if args.state else default_state_dir()
+
+
+def handle_doctor(args: argparse.Namespace) -> int:
+    if args.server:
+        report = _remote_report(args.server)
+    else:
+        from ..pool.doctor import check_state
+
+        report = check_state(_state(args)).to_dict()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(report["verdict"])
+        for problem in report["problems"]:
+            print(f"  {problem['kind']}: {problem['message']}")
+    if report["healthy"]:
+        return 0
+    return 7 if any(p["kind"] == "integrity" for p in report["problems"]) else 1
+
+
+def _remote_report(url: str) -> Dict[str, Any]:
+    from ..client.http import HttpPoolClient
+    from ..client.resolve import connect_all
+
+    clients = connect_all(servers=[url])
+    try:
+        client = clients[0]
+        if not isinstance(client, HttpPoolClient):  # embedded:DIR
+            from ..pool.doctor import check_state
+
+            return check_state(Path(client.address.split(":", 1)[1])).to_dict()
+        return client.request("GET", "/v1/doctor")
+    finally:
+        for c in clients:
+            c.close()
+
+
+def handle_backup(args: argparse.Namespace) -> int:
+    from ..store.maintenance import backup
+
+    target = backup(_state(args), args.file)
+    print(f"gpupool: backed up {_state(args)} to {target}", file=sys.stderr)
+    return 0
+
+
+def handle_restore(args: argparse.Namespace) -> int:
+    from ..store.maintenance import restore
+
+    aside = restore(_state(args), args.file)
+    print(f"gpupool: restored {_state(args)} from {args.file}; the previous database is {aside}", file=sys.stderr)
+    return 0
+
+
+__all__: List[str] = ["register"]

@@ -1,0 +1,94 @@
+"""Operator's tools on a state dir's database: SQLite's integrity check, online backup and restore.
+
+All three work on the file itself (no `Store`: that would write the schema to a database that
+may be damaged). The backup uses SQLite's online backup API, so it is a consistent copy even
+while a server or embedded clients write; restore copies a backup in the same way, after
+checking it, with the state dir locked so no server serves it meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import List, Union
+
+from ..core.errors import InvalidInput, StateUnusable
+from .db import DB_NAME, damaged_message
+from .lock import StateLock
+
+PathLike = Union[str, Path]
+
+
+def integrity(db: PathLike) -> List[str]:
+    """SQLite's `PRAGMA integrity_check` of `db`: [] when it is sound, else what is wrong (one line each)."""
+    path = Path(db)
+    if not path.is_file():
+        return [f"{path} does not exist"]
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(20)")]
+    except sqlite3.DatabaseError as err:
+        return [str(err)]
+    return [] if rows == ["ok"] else rows
+
+
+def backup(state_dir: PathLike, dest: PathLike) -> Path:
+    """Copy the state dir's pool.db to `dest` with SQLite's online backup (safe while it is in use)."""
+    source = Path(state_dir).expanduser() / DB_NAME
+    target = Path(dest).expanduser()
+    if not source.is_file():
+        raise InvalidInput(f"{source} does not exist: give the --state DIR of a pool")
+    if target.exists():
+        raise InvalidInput(f"{target} exists already: give a new file name, or remove it first")
+    problems = integrity(source)
+    if problems:
+        raise StateUnusable(damaged_message(source, "; ".join(problems[:3])))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with closing(sqlite3.connect(str(source))) as src, closing(sqlite3.connect(str(partial))) as dst:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+        os.replace(partial, target)
+    except sqlite3.DatabaseError as err:
+        partial.unlink(missing_ok=True)
+        raise StateUnusable(damaged_message(source, str(err))) from None
+    return target
+
+
+def restore(state_dir: PathLike, backup_file: PathLike) -> Path:
+    """Replace the state dir's pool.db with `backup_file` (checked first); the old one is moved aside.
+
+    Returns where the old database went (pool.db.before-restore-<time>). Refused while a server
+    holds the state dir (StateLocked): stop it first.
+    """
+    state = Path(state_dir).expanduser()
+    source = Path(backup_file).expanduser()
+    problems = integrity(source)
+    if problems:
+        raise InvalidInput(f"{source} is not a sound gpupool backup ({'; '.join(problems[:3])}): pick another")
+    with closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"meta", "devices", "leases", "slices", "tokens"} <= tables:
+        raise InvalidInput(f"{source} is an SQLite file but not a gpupool pool database: pick a `gpupool backup` file")
+    state.mkdir(parents=True, exist_ok=True)
+    with StateLock(state):
+        db = state / DB_NAME
+        aside = state / f"{DB_NAME}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
+        if db.exists():
+            os.replace(db, aside)
+        for suffix in ("-wal", "-shm"):  # they belong to the old file; SQLite must not replay them
+            extra = state / (DB_NAME + suffix)
+            if extra.exists():
+                os.replace(extra, Path(str(aside) + suffix))
+        partial = state / (DB_NAME + ".restoring")
+        with (
+            closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as src,
+            closing(sqlite3.connect(str(partial))) as dst,
+        ):
+            src.backup(dst)
+        os.replace(partial, db)
+    return aside
