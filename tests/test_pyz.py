@@ -39,6 +39,8 @@ def test_archive_holds_only_the_workload_side(pyz):
     assert "gpupool/isolation/hook/sitecustomize.py" in names
     assert "gpupool/cli/run.py" in names and "gpupool/pool/service.py" in names
     assert not any(n.startswith(("gpupool/server/", "gpupool/kube/", "gpupool/train/")) for n in names)
+    # Bytecode beside every module (for the Python that built it; others fall back to the source).
+    assert {n + "c" for n in names if n.endswith(".py")} <= set(names)
 
 
 @pytest.mark.parametrize("python", (BARE[:1] + OLDEST[:1]) or [None])
