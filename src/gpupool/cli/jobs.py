@@ -69,18 +69,20 @@ def _jobs(args: argparse.Namespace) -> int:
     if not found:
         print("no jobs", file=sys.stderr)
         return 0
+    from ..jobs.phase import Phase
+
     print(f"{'NAME':24} {'STATUS':11} {'REPLICAS':9} {'RESTARTS':8} {'AGE':5}  MESSAGE")
     for d in found:
-        running = sum(1 for r in d.replicas if r.status == "Running")
+        running = sum(1 for r in d.replicas if r.status is Phase.RUNNING)
         print(
-            f"{d.name:24} {d.status:11} {running}/{len(d.replicas):<7} {d.restarts:<8} "
+            f"{d.name:24} {d.status.value:11} {running}/{len(d.replicas):<7} {d.restarts:<8} "
             f"{_ago(d.submitted_at):5}  {d.message}"
         )
         if args.name:
             for r in d.replicas:
                 code = "" if r.exit_code is None else f" exit {r.exit_code}"
                 gpus = f" gpus {r.devices}" if r.devices else ""
-                print(f"  {r.name:22} {r.status}{code} restarts {r.restarts}{gpus}")
+                print(f"  {r.name:22} {r.status.value}{code} restarts {r.restarts}{gpus}")
     return 0
 
 
@@ -96,16 +98,17 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def follow_to_end(executor: Any, name: str) -> int:
+def follow_to_end(executor: Executor, name: str) -> int:
     """Stream all replicas' logs until the job ends; Ctrl-C cancels the job. Exit 0 on success."""
+    from ..jobs.phase import Phase
+
     try:
         for line in executor.log_lines(name, None, True):
             print(line, flush=True)
-        wait = getattr(executor, "wait", None)
-        final = wait(name) if wait else executor.describe(name)
+        final = executor.wait(name)
     except KeyboardInterrupt:
         print(f"\ncancelling job {name} ...", file=sys.stderr)
         print(executor.cancel(name), file=sys.stderr)
         return 130
-    print(f"job {name} {final.status.lower()}: {final.message}", file=sys.stderr)
-    return 0 if final.status == "Succeeded" else 1
+    print(f"job {name} {final.status.value.lower()}: {final.message}", file=sys.stderr)
+    return 0 if final.status is Phase.SUCCEEDED else 1

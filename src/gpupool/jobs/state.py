@@ -13,7 +13,6 @@ writes it only after the supervisor is gone.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import shutil
@@ -24,22 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ..client.embedded import default_state_dir
 from ..core.errors import InvalidInput, NotFound
-
-
-class JobStatus(enum.Enum):
-    """Lifecycle of a job; the last three are terminal."""
-
-    PENDING = "Pending"  # written, supervisor starting or running setup
-    QUEUED = "Queued"  # waiting for the gang claim to fit
-    RUNNING = "Running"
-    RESTARTING = "Restarting"  # backing off before starting replicas again
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+from .phase import Phase
 
 
 @dataclass
@@ -48,7 +32,7 @@ class ReplicaState:
 
     role: str
     index: int
-    status: str = "Pending"  # Pending | Running | Succeeded | Failed | Stopped
+    status: str = Phase.PENDING.value  # a Phase's value: Pending | Running | Succeeded | Failed | Stopped
     pid: int = 0
     exit_code: Optional[int] = None
     restarts: int = 0
@@ -60,7 +44,7 @@ class JobState:
     """Everything `gpupool jobs` shows and `cancel` needs."""
 
     name: str
-    status: str = JobStatus.PENDING.value
+    status: str = Phase.PENDING.value
     message: str = ""
     target: str = "local"
     submitted_at: float = field(default_factory=time.time)
@@ -76,8 +60,8 @@ class JobState:
     replicas: Dict[str, ReplicaState] = field(default_factory=dict)
 
     @property
-    def job_status(self) -> JobStatus:
-        return JobStatus(self.status)
+    def phase(self) -> Phase:
+        return Phase.parse(self.status)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -111,7 +95,7 @@ class JobStore:
         path = self.job_dir(name)
         if self.exists(name):
             old = self.load(name)
-            if not old.job_status.terminal:
+            if not old.phase.is_terminal:
                 raise InvalidInput(
                     f"job {name!r} is {old.status}: cancel it (gpupool cancel {name}) or change 'name' in the spec"
                 )

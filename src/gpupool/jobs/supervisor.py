@@ -28,9 +28,10 @@ from ..runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpu
 from . import ports, processes
 from .environment import expand_command, job_env, replica_env
 from .lifecycle import Action, backoff_delay, decide
+from .phase import Phase
 from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
 from .spec import Framework, JobSpec, parse_spec
-from .state import JobState, JobStatus, JobStore
+from .state import JobState, JobStore
 
 if TYPE_CHECKING:
     from ..client.base import PoolClient
@@ -81,17 +82,17 @@ class Supervisor:
         try:
             self._run()
         except Cancelled:
-            self._finish(JobStatus.CANCELLED, "cancelled")
+            self._finish(Phase.CANCELLED, "cancelled")
         except JobFailed as err:
-            self._finish(JobStatus.FAILED, str(err))
+            self._finish(Phase.FAILED, str(err))
         except GpupoolError as err:
-            self._finish(JobStatus.FAILED, err.message)
+            self._finish(Phase.FAILED, err.message)
         except Exception as err:  # the job must still end in a state and free its GPUs
             log.exception("supervisor error")
-            self._finish(JobStatus.FAILED, f"supervisor error: {err!r}")
+            self._finish(Phase.FAILED, f"supervisor error: {err!r}")
         finally:
             self._cleanup()
-        return 0 if self.state.status == JobStatus.SUCCEEDED.value else 1
+        return 0 if self.state.status == Phase.SUCCEEDED.value else 1
 
     def _on_signal(self, signum: int, frame: object) -> None:
         log.info("signal %d: cancelling", signum)
@@ -135,7 +136,7 @@ class Supervisor:
         )
         self._save()
         self._claim()
-        self.state.status, self.state.message = JobStatus.RUNNING.value, ""
+        self.state.status, self.state.message = Phase.RUNNING.value, ""
         self.state.started_at = time.time()
         for rep in self.reps:
             self._start(rep)
@@ -173,7 +174,7 @@ class Supervisor:
         try:
             self.lease = self.client.claim(claim, holder, wait_s=0.0, ttl_s=self.state.ttl_s)
         except Unavailable as err:
-            self.state.status, self.state.message = JobStatus.QUEUED.value, err.message
+            self.state.status, self.state.message = Phase.QUEUED.value, err.message
             self._save()
             limit = self.spec.active_deadline_seconds
             wait = 7 * 24 * 3600.0 if limit is None else max(0.0, limit - (time.time() - self.state.submitted_at))
@@ -231,7 +232,7 @@ class Supervisor:
         self.procs[rep.name] = proc
         self.exits[rep.name] = None
         rs = self.state.replicas[rep.name]
-        rs.status, rs.pid, rs.exit_code = "Running", proc.pid, None
+        rs.status, rs.pid, rs.exit_code = Phase.RUNNING.value, proc.pid, None
         rs.devices = extra.get("CUDA_VISIBLE_DEVICES", "")
 
     def _watch(self) -> None:
@@ -249,7 +250,7 @@ class Supervisor:
                 code = exit_code(proc.returncode)
                 self.exits[rep.name] = code
                 rs = self.state.replicas[rep.name]
-                rs.exit_code, rs.status = code, "Succeeded" if code == 0 else "Failed"
+                rs.exit_code, rs.status = code, (Phase.SUCCEEDED if code == 0 else Phase.FAILED).value
                 log.info("%s exited with %d", rep.name, code)
                 changed = True
             if changed:
@@ -257,7 +258,7 @@ class Supervisor:
                 decision = decide(self.spec, self.reps, self.exits, self.state.restarts)
                 if decision.action is Action.SUCCEED:
                     self._wind_down()
-                    self._finish(JobStatus.SUCCEEDED, decision.message)
+                    self._finish(Phase.SUCCEEDED, decision.message)
                     return
                 if decision.action is Action.FAIL:
                     raise JobFailed(decision.message)
@@ -268,19 +269,19 @@ class Supervisor:
     def _restart(self, targets: Sequence[Replica], message: str) -> None:
         delay = backoff_delay(self.spec, self.state.restarts)
         self.state.restarts += 1
-        self.state.status = JobStatus.RESTARTING.value
+        self.state.status = Phase.RESTARTING.value
         self.state.message = f"{message} in {delay:g}s (restart {self.state.restarts}/{self.spec.backoff_limit})"
         log.warning(self.state.message)
         self._stop([r.name for r in targets])
         for rep in targets:
             rs = self.state.replicas[rep.name]
             rs.restarts += 1
-            rs.status = "Pending"
+            rs.status = Phase.PENDING.value
         self._save()
         self._sleep(delay)
         for rep in targets:
             self._start(rep)
-        self.state.status, self.state.message = JobStatus.RUNNING.value, ""
+        self.state.status, self.state.message = Phase.RUNNING.value, ""
         self._save()
 
     def _wind_down(self) -> None:
@@ -306,10 +307,10 @@ class Supervisor:
             rs = self.state.replicas[n]
             if self.exits.get(n) is None and proc.returncode is not None:
                 self.exits[n] = exit_code(proc.returncode)
-                rs.exit_code, rs.status = self.exits[n], "Stopped"
+                rs.exit_code, rs.status = self.exits[n], Phase.STOPPED.value
 
     # --- end -------------------------------------------------------------------
-    def _finish(self, status: JobStatus, message: str) -> None:
+    def _finish(self, status: Phase, message: str) -> None:
         self.state.status, self.state.message = status.value, message
         self.state.finished_at = time.time()
         log.info("job %s %s: %s", self.name, status.value, message)
@@ -334,8 +335,8 @@ class Supervisor:
             ports.release(self.store.root, self.name)
             for f in self.logs.values():
                 f.close()
-            if not JobStatus(self.state.status).terminal:
-                self._finish(JobStatus.FAILED, self.state.message or "supervisor stopped")
+            if not self.state.phase.is_terminal:
+                self._finish(Phase.FAILED, self.state.message or "supervisor stopped")
             self._save()
 
     def _save(self) -> None:
@@ -347,7 +348,7 @@ class Supervisor:
             other = self.store.load(name)
         except GpupoolError:
             return False
-        return not other.job_status.terminal and alive(other.supervisor_pid)
+        return not other.phase.is_terminal and alive(other.supervisor_pid)
 
 
 def _base_env() -> Dict[str, str]:

@@ -2,15 +2,19 @@
 
 `dryrun(spec)` builds exactly what would be submitted and `str()` of it is
 what `--dry-run` prints; `schedule(info)` submits that very object, so a dry
-run never differs from the real thing.
+run never differs from the real thing. `wait(name)` polls `describe(name)` until the
+job's phase is terminal, the same for every executor.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional
 
+from ...core.errors import NotFound, Unavailable
+from ..phase import Phase
 from ..spec import JobSpec
 
 
@@ -29,8 +33,10 @@ class DryRunInfo:
 
 @dataclass(frozen=True)
 class ReplicaDescription:
+    """One replica (a process, or a pod) as `gpupool jobs NAME` shows it."""
+
     name: str
-    status: str
+    status: Phase
     exit_code: Optional[int] = None
     restarts: int = 0
     devices: str = ""
@@ -42,7 +48,7 @@ class JobDescription:
 
     name: str
     target: str
-    status: str
+    status: Phase
     message: str = ""
     restarts: int = 0
     lease_id: str = ""
@@ -53,18 +59,22 @@ class JobDescription:
 
     @property
     def terminal(self) -> bool:
-        return self.status in ("Succeeded", "Failed", "Cancelled")
+        return self.status.is_terminal
 
     def to_dict(self) -> Dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
+        """The `gpupool jobs --json` shape: phases as their names."""
+        out = asdict(self)
+        out["status"] = self.status.value
+        for rep, data in zip(self.replicas, out["replicas"]):
+            data["status"] = rep.status.value
+        return out
 
 
 class Executor(abc.ABC):
     """Runs job specs somewhere: local processes, a Kubernetes cluster ..."""
 
     target: str = ""
+    poll_s: float = 2.0  # how often wait() asks describe()
 
     @abc.abstractmethod
     def dryrun(self, spec: JobSpec) -> DryRunInfo:
@@ -90,3 +100,28 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def cancel(self, name: str) -> str:
         """Stop the job and free its GPUs; returns a one-line outcome for the user."""
+
+    def wait(self, name: str, timeout_s: Optional[float] = None) -> JobDescription:
+        """Block until the job's phase is terminal; its last description.
+
+        Raises:
+            Unavailable: `timeout_s` passed first.
+        """
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        found: Optional[JobDescription] = None
+        while True:
+            try:
+                found = self.describe(name)
+            except NotFound:
+                if found is None:
+                    raise
+                # It was there and is gone: deleted (cancelled) from elsewhere.
+                return replace(found, status=Phase.CANCELLED, message="deleted")
+            if found.terminal:
+                return found
+            if end is not None and time.monotonic() >= end:
+                raise Unavailable(
+                    f"job {name!r} is still {found.status.value} after {timeout_s:g} s; "
+                    f"wait longer, or cancel it with gpupool cancel {name}"
+                )
+            time.sleep(self.poll_s if end is None else max(0.0, min(self.poll_s, end - time.monotonic())))

@@ -1,38 +1,185 @@
 """Run jobs on Kubernetes: Indexed Jobs + headless Service, or Kubeflow TFJob/PyTorchJob.
 
-Rendering is pure (jobs/manifests/); this module is the thin layer over the
-kubernetes client: create, read pod state and logs, delete. Kubernetes does
-the supervising (restarts, deadline), the gpupool webhook and node agent do
-the GPU shares.
+Rendering is pure (jobs/manifests/), so is reading a job's phase from its objects
+(kube_status.py); this module is the I/O: create, read objects and logs, delete, through
+`KubeApi`, a thin layer over the kubernetes client that speaks the API's JSON (dicts), so
+tests stand in for the API server with objects shaped as it serves them. Kubernetes does
+the supervising (restarts, deadline), the gpupool webhook and node agent do the GPU shares.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+import json
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import yaml
 
-from ...core.errors import GpupoolError, InvalidInput, NotFound
+from ...core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, ServerUnreachable
 from ..manifests import render_indexed, render_kubeflow
-from ..manifests.indexed import JOB_LABEL, ROLE_LABEL
+from ..manifests.indexed import JOB_LABEL
 from ..spec import JobSpec
-from .base import DryRunInfo, Executor, JobDescription, ReplicaDescription
+from .base import DryRunInfo, Executor, JobDescription
+from .kube_status import Obj, describe_indexed, describe_kubeflow, replica_name
 
-_PLURALS = {"TFJob": "tfjobs", "PyTorchJob": "pytorchjobs"}
+GROUP, VERSION = "kubeflow.org", "v1"
+PLURALS = {"TFJob": "tfjobs", "PyTorchJob": "pytorchjobs"}
+_LOG_POLL_S = 2.0
+_LOG_GRACE_S = 5.0  # after the job ended, how long to keep reading logs still streaming
+
+
+class KubeApi:
+    """The calls the executor makes, as API JSON: the kubernetes client's models are
+    serialized back to the dicts the API sent, and its errors become gpupool's."""
+
+    def __init__(self) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
+        try:
+            config.load_kube_config()
+        except Exception:
+            try:
+                config.load_incluster_config()
+            except Exception:
+                raise GpupoolError(
+                    "no Kubernetes cluster configured (no ~/.kube/config, not in a pod); "
+                    "use --dry-run to print the manifests"
+                ) from None
+        self._client = client.ApiClient()
+        self.core = client.CoreV1Api(self._client)
+        self.batch = client.BatchV1Api(self._client)
+        self.custom = client.CustomObjectsApi(self._client)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as err:
+            raise api_error(what, err.status or 0, err.reason or "", err.body) from None
+        except OSError as err:  # connection refused, DNS, TLS
+            raise ServerUnreachable(f"{what}: the Kubernetes API server is unreachable ({err})") from None
+
+    def _json(self, model: Any) -> Any:
+        return self._client.sanitize_for_serialization(model)
+
+    def create(self, obj: Dict[str, Any]) -> None:
+        ns, kind = obj["metadata"]["namespace"], obj["kind"]
+        what = f"create {kind} {ns}/{obj['metadata']['name']}"
+        if kind == "Service":
+            self._call(what, self.core.create_namespaced_service, ns, obj)
+        elif kind == "Job":
+            self._call(what, self.batch.create_namespaced_job, ns, obj)
+        else:
+            self._call(what, self.custom.create_namespaced_custom_object, GROUP, VERSION, ns, PLURALS[kind], obj)
+
+    def jobs(self, ns: str, selector: str) -> List[Obj]:
+        found = self._call(f"list Jobs in {ns}", self.batch.list_namespaced_job, ns, label_selector=selector)
+        return list(self._json(found).get("items") or [])
+
+    def pods(self, ns: str, selector: str) -> List[Obj]:
+        found = self._call(f"list Pods in {ns}", self.core.list_namespaced_pod, ns, label_selector=selector)
+        return list(self._json(found).get("items") or [])
+
+    def services(self, ns: str, selector: str) -> List[Obj]:
+        found = self._call(f"list Services in {ns}", self.core.list_namespaced_service, ns, label_selector=selector)
+        return list(self._json(found).get("items") or [])
+
+    def custom_objects(self, ns: str, plural: str, selector: str) -> List[Obj]:
+        found = self._call(
+            f"list {plural} in {ns}",
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ns,
+            plural,
+            label_selector=selector,
+        )
+        return list(found.get("items") or [])
+
+    def custom_object(self, ns: str, plural: str, name: str) -> Obj:
+        return dict(
+            self._call(
+                f"get {plural} {ns}/{name}", self.custom.get_namespaced_custom_object, GROUP, VERSION, ns, plural, name
+            )
+        )
+
+    def delete(self, kind: str, ns: str, name: str) -> None:
+        what = f"delete {kind} {ns}/{name}"
+        if kind == "Job":
+            # Foreground: the Job stays (with a deletionTimestamp) until its pods are gone.
+            self._call(what, self.batch.delete_namespaced_job, name, ns, propagation_policy="Foreground")
+        elif kind == "Service":
+            self._call(what, self.core.delete_namespaced_service, name, ns)
+        else:
+            self._call(
+                what,
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ns,
+                PLURALS[kind],
+                name,
+                propagation_policy="Foreground",
+            )
+
+    def log(self, ns: str, pod: str, container: str, follow: bool) -> Iterator[str]:
+        """The container's log lines; with `follow`, until the container ends."""
+        what = f"logs of {ns}/{pod}"
+        if not follow:
+            text = self._call(what, self.core.read_namespaced_pod_log, pod, ns, container=container)
+            yield from str(text).splitlines()
+            return
+        resp = self._call(
+            what, self.core.read_namespaced_pod_log, pod, ns, container=container, follow=True, _preload_content=False
+        )
+        pending = b""
+        try:
+            for chunk in resp.stream(4096):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if pending:
+                yield pending.decode("utf-8", "replace")
+        finally:
+            resp.release_conn()
+
+
+def api_error(what: str, status: int, reason: str, body: Any) -> GpupoolError:
+    """An API server's error answer as gpupool's error, with its message (a Status object)."""
+    message = reason
+    try:
+        message = json.loads(body).get("message") or reason
+    except (TypeError, ValueError, AttributeError):
+        pass
+    text = f"{what}: {message} (HTTP {status})"
+    if status == 404:
+        return NotFound(text)
+    if status in (401, 403):
+        return Forbidden(f"{text}; check your kubeconfig's user and its RBAC in that namespace")
+    if status in (400, 409, 422):
+        return InvalidInput(text)
+    return GpupoolError(text)
 
 
 class KubernetesExecutor(Executor):
     """`flavour` "kubernetes" (native Indexed Jobs) or "kubeflow" (training-operator kinds)."""
 
-    def __init__(self, flavour: str = "kubernetes", namespace: Optional[str] = None) -> None:
+    poll_s = 2.0
+
+    def __init__(self, flavour: str = "kubernetes", namespace: Optional[str] = None, api: Any = None) -> None:
         self.target = flavour
         self.namespace = namespace
-        self._apis: Optional[Dict[str, Any]] = None
+        self._api = api
 
     def render(self, spec: JobSpec) -> List[Dict[str, Any]]:
         if self.namespace:
-            from dataclasses import replace
-
             spec = replace(spec, namespace=self.namespace)
         return render_kubeflow(spec) if self.target == "kubeflow" else render_indexed(spec)
 
@@ -41,128 +188,182 @@ class KubernetesExecutor(Executor):
         text = yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False, width=120)
         return DryRunInfo(self.target, spec, manifests, text)
 
-    # --- the thin API layer ------------------------------------------------------
-    def api(self) -> Dict[str, Any]:
-        """Clients from ~/.kube/config, or the in-cluster service account."""
-        if self._apis is None:
-            try:
-                from kubernetes import client, config
-            except ImportError:
-                raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
-            try:
-                config.load_kube_config()
-            except Exception:
-                try:
-                    config.load_incluster_config()
-                except Exception:
-                    raise GpupoolError(
-                        "no Kubernetes cluster configured (no ~/.kube/config, not in a pod); "
-                        "use --dry-run to print the manifests"
-                    ) from None
-            self._apis = {"core": client.CoreV1Api(), "batch": client.BatchV1Api(), "custom": client.CustomObjectsApi()}
-        return self._apis
+    def api(self) -> Any:
+        """The API layer: KubeApi over ~/.kube/config or the in-cluster service account."""
+        if self._api is None:
+            self._api = KubeApi()
+        return self._api
 
     def schedule(self, info: DryRunInfo) -> str:
-        apis = self.api()
+        api = self.api()
         for obj in info.request:
-            ns = obj["metadata"]["namespace"]
-            kind = obj["kind"]
-            if kind == "Service":
-                apis["core"].create_namespaced_service(ns, obj)
-            elif kind == "Job":
-                apis["batch"].create_namespaced_job(ns, obj)
-            else:
-                apis["custom"].create_namespaced_custom_object("kubeflow.org", "v1", ns, _PLURALS[kind], obj)
+            api.create(obj)
         return info.spec.name
 
     def _ns(self) -> str:
         return self.namespace or "default"
 
-    def _pods(self, name: str) -> List[Any]:
-        pods = self.api()["core"].list_namespaced_pod(self._ns(), label_selector=f"{JOB_LABEL}={name}").items
-        return sorted(pods, key=lambda p: p.metadata.name)
+    def _pods(self, name: str) -> List[Obj]:
+        return list(self.api().pods(self._ns(), f"{JOB_LABEL}={name}"))
 
+    def _kubeflow_object(self, name: str) -> Optional[Tuple[str, Obj]]:
+        """(kind, object) of the TFJob or PyTorchJob named `name`, or None."""
+        for kind, plural in PLURALS.items():
+            try:
+                return kind, self.api().custom_object(self._ns(), plural, name)
+            except NotFound:
+                continue
+        return None
+
+    # --- inspect ---------------------------------------------------------------
     def describe(self, name: str) -> JobDescription:
-        jobs = self.api()["batch"].list_namespaced_job(self._ns(), label_selector=f"{JOB_LABEL}={name}").items
+        if self.target == "kubeflow":
+            found = self._kubeflow_object(name)
+            if found is None:
+                raise NotFound(f"no TFJob or PyTorchJob named {name!r} in namespace {self._ns()}")
+            return describe_kubeflow(name, found[1], self._pods(name), self.target)
+        jobs = self.api().jobs(self._ns(), f"{JOB_LABEL}={name}")
         pods = self._pods(name)
         if not jobs and not pods:
             raise NotFound(f"no job named {name!r} in namespace {self._ns()}")
-        return describe_from(name, self.target, jobs, pods)
+        return describe_indexed(name, jobs, pods, self.target)
 
     def list(self) -> List[JobDescription]:
-        jobs = self.api()["batch"].list_namespaced_job(self._ns(), label_selector=JOB_LABEL).items
-        names = sorted({j.metadata.labels[JOB_LABEL] for j in jobs})
-        return [self.describe(n) for n in names]
+        api, ns = self.api(), self._ns()
+        if self.target == "kubeflow":
+            out = []
+            for plural in PLURALS.values():
+                try:
+                    objs = api.custom_objects(ns, plural, JOB_LABEL)
+                except NotFound:  # the operator (its CRD) is not installed
+                    continue
+                for obj in objs:
+                    name = obj["metadata"]["name"]
+                    out.append(describe_kubeflow(name, obj, self._pods(name), self.target))
+        else:
+            by_name: Dict[str, List[Obj]] = {}
+            for job in api.jobs(ns, JOB_LABEL):
+                by_name.setdefault(job["metadata"]["labels"][JOB_LABEL], []).append(job)
+            out = [describe_indexed(n, jobs, self._pods(n), self.target) for n, jobs in by_name.items()]
+        return sorted(out, key=lambda d: (d.submitted_at or 0.0, d.name))
 
     def log_lines(self, name: str, replica: Optional[str] = None, follow: bool = False) -> Iterator[str]:
-        pods = [p for p in self._pods(name) if replica is None or replica_name(p) == replica]
+        """Every replica's log (prefixed "[worker-1] " when there are several), or one's.
+        With `follow`, each pod's log is streamed as it starts (retries and restarts too),
+        until the job ends."""
+        pods = self._replica_pods(name, replica)
+        if not follow:
+            many = replica is None and len({replica_name(p) for p in pods}) > 1
+            for pod in pods:
+                for line in self.api().log(self._ns(), pod["metadata"]["name"], _container(pod), False):
+                    yield f"[{replica_name(pod)}] {line}" if many else line
+            return
+        yield from self._follow(name, replica)
+
+    def _replica_pods(self, name: str, replica: Optional[str]) -> List[Obj]:
+        """The job's pods (of `replica` only, when given) whose container has a log, oldest first."""
+        pods = self._pods(name)
         if not pods:
-            raise NotFound(f"job {name!r} has no pod{' for ' + replica if replica else ''} in {self._ns()}")
-        core = self.api()["core"]
-        for pod in pods:
-            text = core.read_namespaced_pod_log(pod.metadata.name, self._ns(), follow=follow and len(pods) == 1)
-            for line in text.splitlines():
-                yield f"[{replica_name(pod)}] {line}" if replica is None and len(pods) > 1 else line
+            self.describe(name)  # NotFound for a job that does not exist
+        _check_replica(name, replica, pods)
+        chosen = [p for p in pods if (replica is None or replica_name(p) == replica) and _started(p)]
+        if not chosen:
+            raise NotFound(f"job {name!r}: no replica has started yet; `gpupool jobs {name}` says why")
+        return sorted(chosen, key=lambda p: p["metadata"].get("creationTimestamp") or "")
 
-    def cancel(self, name: str) -> str:
-        apis = self.api()
-        ns = self._ns()
-        if self.target == "kubeflow":
-            for plural in _PLURALS.values():
+    def _follow(self, name: str, replica: Optional[str]) -> Iterator[str]:
+        """Stream every started container's log through one queue, one thread per container
+        run (a restarted container is streamed again), until the job is terminal or gone."""
+        lines: queue.Queue[Tuple[str, Optional[str]]] = queue.Queue()
+        streams: Set[str] = set()
+        api, ns = self.api(), self._ns()
+
+        def pump(pod: Obj) -> None:
+            tag = replica_name(pod)
+            try:
+                for line in api.log(ns, pod["metadata"]["name"], _container(pod), True):
+                    lines.put((tag, line))
+            except GpupoolError as err:
+                lines.put((tag, f"(log stream ended: {err.message})"))
+            finally:
+                lines.put((tag, None))
+
+        self.describe(name)  # NotFound at once for an unknown job
+        _check_replica(name, replica, self._pods(name))
+        names: Set[str] = set()
+        running = 0
+        ended_at: Optional[float] = None
+        while True:
+            if ended_at is None:
+                pods = [p for p in self._pods(name) if replica is None or replica_name(p) == replica]
+                names |= {replica_name(p) for p in pods}
+                for pod in pods:
+                    key = f"{pod['metadata'].get('uid') or pod['metadata']['name']}/{_restarts(pod)}"
+                    if key not in streams and _started(pod):
+                        streams.add(key)
+                        threading.Thread(target=pump, args=(pod,), daemon=True).start()
+                        running += 1
                 try:
-                    apis["custom"].delete_namespaced_custom_object("kubeflow.org", "v1", ns, plural, name)
-                except Exception:
+                    ended = self.describe(name).terminal
+                except NotFound:  # deleted (cancelled) while we followed it
+                    ended = True
+                if ended:
+                    ended_at = time.monotonic()
+            deadline = time.monotonic() + _LOG_POLL_S
+            while True:
+                try:
+                    tag, line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    running -= 1
                     continue
-            return f"job {name} deleted"
+                yield f"[{tag}] {line}" if replica is None and len(names) > 1 else line
+            # Service replicas (ps) may outlive a finished job: stop following them after a grace.
+            if ended_at is not None and (running <= 0 or time.monotonic() - ended_at > _LOG_GRACE_S):
+                return
+
+    # --- cancel ----------------------------------------------------------------
+    def cancel(self, name: str) -> str:
+        api, ns = self.api(), self._ns()
+        if self.target == "kubeflow":
+            found = self._kubeflow_object(name)
+            if found is None:
+                raise NotFound(f"no TFJob or PyTorchJob named {name!r} in namespace {ns}")
+            api.delete(found[0], ns, name)
+            return f"{found[0]} {name} deleted (pods terminate, their GPU shares return to the pool)"
         selector = f"{JOB_LABEL}={name}"
-        for job in apis["batch"].list_namespaced_job(ns, label_selector=selector).items:
-            apis["batch"].delete_namespaced_job(job.metadata.name, ns, propagation_policy="Foreground")
-        for svc in apis["core"].list_namespaced_service(ns, label_selector=selector).items:
-            apis["core"].delete_namespaced_service(svc.metadata.name, ns)
-        return f"job {name} deleted (pods terminate, their GPU shares return to the pool)"
-
-
-def replica_name(pod: Any) -> str:
-    """worker-1 from the pod's role label and completion index (or the operator's labels)."""
-    labels = pod.metadata.labels or {}
-    role = labels.get(ROLE_LABEL) or labels.get("training.kubeflow.org/replica-type", "replica").lower()
-    index = labels.get("batch.kubernetes.io/job-completion-index") or labels.get(
-        "training.kubeflow.org/replica-index", "0"
-    )
-    return f"{role}-{index}"
-
-
-def describe_from(name: str, target: str, jobs: List[Any], pods: List[Any]) -> JobDescription:
-    """A JobDescription from Job objects and pods (pure: tested with client model objects)."""
-    failed = [j for j in jobs if _condition(j, "Failed")]
-    done = [j for j in jobs if _condition(j, "Complete") or _condition(j, "SuccessCriteriaMet")]
-    if failed:
-        status, message = "Failed", _condition(failed[0], "Failed") or ""
-    elif jobs and len(done) == len(jobs):
-        status, message = "Succeeded", ""
-    elif any(p.status and p.status.phase == "Running" for p in pods):
-        status, message = "Running", ""
-    else:
-        status, message = "Pending", ""
-    reps = []
-    for pod in pods:
-        code = None
-        restarts = 0
-        for cs in (pod.status.container_statuses or []) if pod.status else []:
-            restarts += cs.restart_count or 0
-            term = cs.state.terminated if cs.state else None
-            if term is not None:
-                code = term.exit_code
-        reps.append(
-            ReplicaDescription(replica_name(pod), pod.status.phase if pod.status else "Unknown", code, restarts)
+        jobs, services = api.jobs(ns, selector), api.services(ns, selector)
+        if not jobs and not services:
+            raise NotFound(f"no job named {name!r} in namespace {ns}")
+        for obj in jobs:
+            api.delete("Job", ns, obj["metadata"]["name"])
+        for obj in services:
+            api.delete("Service", ns, obj["metadata"]["name"])
+        return (
+            f"job {name} deleted: {len(jobs)} Job(s), {len(services)} Service(s) "
+            "(pods terminate, their GPU shares return to the pool)"
         )
-    return JobDescription(
-        name=name, target=target, status=status, message=message, restarts=sum(r.restarts for r in reps), replicas=reps
-    )
 
 
-def _condition(job: Any, kind: str) -> Optional[str]:
-    for c in (job.status.conditions or []) if job.status else []:
-        if c.type == kind and c.status == "True":
-            return c.message or c.reason or kind
-    return None
+def _check_replica(name: str, replica: Optional[str], pods: List[Obj]) -> None:
+    known = sorted({replica_name(p) for p in pods})
+    if replica is not None and known and replica not in known:
+        raise InvalidInput(f"job {name!r} has no replica {replica!r}: use one of {', '.join(known)}")
+
+
+def _restarts(pod: Obj) -> int:
+    return sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def _container(pod: Obj) -> str:
+    return str(((pod.get("spec") or {}).get("containers") or [{}])[0].get("name", ""))
+
+
+def _started(pod: Obj) -> bool:
+    """Whether the replica's container has a log to read (it runs or ran)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        if "running" in state or "terminated" in state or status.get("lastState", {}).get("terminated"):
+            return True
+    return False

@@ -21,9 +21,10 @@ from ...core.placement import could_ever_fit
 from ...isolation.proctree import alive
 from .. import ports, processes
 from ..environment import expand_command, replica_env
+from ..phase import Phase
 from ..plan import Endpoints, gang_claim, replicas, role_of
 from ..spec import JobSpec, spec_to_dict
-from ..state import JobState, JobStatus, JobStore, ReplicaState
+from ..state import JobState, JobStore, ReplicaState
 from .base import DryRunInfo, Executor, JobDescription, ReplicaDescription
 
 CANCEL_WAIT_S = 20.0
@@ -33,6 +34,7 @@ class LocalExecutor(Executor):
     """Jobs as process groups under a supervisor, state under `state_dir/jobs`."""
 
     target = "local"
+    poll_s = 0.2
 
     def __init__(
         self,
@@ -127,10 +129,18 @@ class LocalExecutor(Executor):
 
     # --- inspect ---------------------------------------------------------------
     def describe(self, name: str) -> JobDescription:
+        self._reap()
         return _description(self.store.load(name))
 
     def list(self) -> List[JobDescription]:
+        self._reap()
         return [_description(s) for s in self.store.all()]
+
+    def _reap(self) -> None:
+        """Reap the supervisor this process started (submit --follow), so it is not left a zombie."""
+        sup = getattr(self, "_supervisor", None)
+        if sup is not None:
+            sup.poll()
 
     def log_lines(self, name: str, replica: Optional[str] = None, follow: bool = False) -> Iterator[str]:
         state = self.store.load(name)
@@ -147,24 +157,15 @@ class LocalExecutor(Executor):
 
     def _finished(self, name: str) -> bool:
         state = self.store.load(name)
-        if state.job_status.terminal:
+        if state.phase.is_terminal:
             return True
         # A supervisor killed with -9 never writes a terminal state: stop following it.
         return bool(state.supervisor_pid) and not alive(state.supervisor_pid)
 
-    def wait(self, name: str, poll_s: float = 0.2) -> JobDescription:
-        """Block until the job is terminal (or its supervisor is gone)."""
-        while not self._finished(name):
-            time.sleep(poll_s)
-            sup = getattr(self, "_supervisor", None)
-            if sup is not None:
-                sup.poll()  # reap our own supervisor child so alive() sees it gone
-        return self.describe(name)
-
     # --- cancel ----------------------------------------------------------------
     def cancel(self, name: str) -> str:
         state = self.store.load(name)
-        if state.job_status.terminal:
+        if state.phase.is_terminal:
             return f"job {name} already {state.status.lower()}"
         self.store.request_cancel(name)
         pid = state.supervisor_pid
@@ -172,10 +173,8 @@ class LocalExecutor(Executor):
             os.kill(pid, 15)
             end = time.monotonic() + CANCEL_WAIT_S
             while time.monotonic() < end:
-                sup = getattr(self, "_supervisor", None)
-                if sup is not None:
-                    sup.poll()
-                if self.store.load(name).job_status.terminal and not alive(pid):
+                self._reap()
+                if self.store.load(name).phase.is_terminal and not alive(pid):
                     return f"job {name} cancelled"
                 time.sleep(0.1)
         return self._cleanup_orphaned(name)
@@ -207,23 +206,25 @@ class LocalExecutor(Executor):
             except GpupoolError as err:
                 note = f" (lease: {err.message})"
         ports.release(self.store.root, name)
-        state.status, state.message = JobStatus.CANCELLED.value, "cancelled; supervisor was gone" + note
+        state.status, state.message = Phase.CANCELLED.value, "cancelled; supervisor was gone" + note
         state.finished_at = time.time()
         for rs in state.replicas.values():
-            if rs.status in ("Running", "Pending"):
-                rs.status = "Stopped"
+            if not Phase.parse(rs.status).is_terminal:
+                rs.status = Phase.STOPPED.value
         self.store.save(state)
         return f"job {name} cancelled (cleaned up {len(killed)} leftover process(es) itself)"
 
 
 def _description(state: JobState) -> JobDescription:
-    message = state.message
-    if not state.job_status.terminal and state.supervisor_pid and not alive(state.supervisor_pid):
+    phase, message = state.phase, state.message
+    if not phase.is_terminal and state.supervisor_pid and not alive(state.supervisor_pid):
+        # Nobody is left to record an outcome: the job has failed, and its leftovers need a cancel.
+        phase = Phase.FAILED
         message = f"supervisor (pid {state.supervisor_pid}) is gone; run gpupool cancel {state.name} to clean up"
     return JobDescription(
         name=state.name,
         target=state.target,
-        status=state.status,
+        status=phase,
         message=message,
         restarts=state.restarts,
         lease_id=state.lease_id,
@@ -231,7 +232,8 @@ def _description(state: JobState) -> JobDescription:
         started_at=state.started_at,
         finished_at=state.finished_at,
         replicas=[
-            ReplicaDescription(n, r.status, r.exit_code, r.restarts, r.devices) for n, r in state.replicas.items()
+            ReplicaDescription(n, Phase.parse(r.status), r.exit_code, r.restarts, r.devices)
+            for n, r in state.replicas.items()
         ],
     )
 

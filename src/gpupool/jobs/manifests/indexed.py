@@ -23,6 +23,7 @@ from ..spec import Framework, JobSpec, RestartPolicy, RoleSpec, SuccessPolicy
 JOB_LABEL = f"{DOMAIN}/job-name"
 ROLE_LABEL = f"{DOMAIN}/replica-role"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+SUCCESS_ANNOTATION = f"{DOMAIN}/success-policy"  # how the executor judges the job from its role Jobs
 JOB_DIR = "/gpupool/job"  # an emptyDir per pod; mount a PVC there to share checkpoints
 PORTS = {Framework.TENSORFLOW: 2222, Framework.PYTORCH: 23456, Framework.HOROVOD: 2222, Framework.NONE: 2222}
 KVSTORE_PORT = 29400
@@ -196,7 +197,7 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
             "name": f"{spec.name}-{role.name}",
             "namespace": spec.namespace,
             "labels": job_labels(spec, role.name),
-            "annotations": {f"{DOMAIN}/framework": spec.framework.value},
+            "annotations": {f"{DOMAIN}/framework": spec.framework.value, SUCCESS_ANNOTATION: spec.success_policy.value},
         },
         "spec": job_spec,
     }
