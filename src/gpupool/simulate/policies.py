@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..core.errors import InvalidInput
 from ..core.fragmentation import (
     MILLI,
     Evaluation,
@@ -35,6 +36,7 @@ class ReplayPolicy:
     name = ""
     random_node = False  # pick any node that fits, at random
     first_of_ties = False  # among equal scores the first node by name (the paper's simulator), else at random
+    tolerance = 0.0  # scores within this much of the best count as equal
     version = 0
 
     def evaluate(self, node: NodeFree, task: TaskShape) -> Optional[Evaluation]:
@@ -169,6 +171,4 @@ def make_policy(name: str, workload: Sequence[TaskShape]) -> ReplayPolicy:
         return FGD(workload)
     if name == DEFAULT_POLICY:
         return FragAware()
-    from ..core.errors import InvalidInput
-
     raise InvalidInput(f"policy {name!r} is unknown: use one of {', '.join(POLICIES)}")

@@ -156,7 +156,8 @@ class Cluster:
         if policy.random_node:
             ties = [i for i, v in enumerate(values) if v != float("-inf")]
         else:
-            ties = [i for i, v in enumerate(values) if v == best]
+            floor = best - policy.tolerance
+            ties = [i for i, v in enumerate(values) if v >= floor]
         i = ties[0] if len(ties) == 1 or policy.first_of_ties else rng.choice(ties)
         evaluation = self._evaluations[(task, keys[i])]
         assert evaluation is not None
@@ -203,7 +204,8 @@ def replay_arrival(
     rng = random.Random(seed)
     result = Result(policy.name, "arrival", seed, arrive, len(nodes), cluster.capacity_milli // MILLI, len(order))
     arrived = allocated = 0
-    next_point = 0
+    result.curve.append((0.0, 0.0))
+    next_point = 1
     for n, task in enumerate(order):
         shape = task.shape
         policy.observe(shape)
@@ -224,6 +226,8 @@ def replay_arrival(
             next_point += 1
         if progress is not None and n % 256 == 0:
             progress(n, len(order))
+    if result.curve[-1][0] < 100.0 * arrived / cluster.capacity_milli:
+        result.curve.append((100.0 * arrived / cluster.capacity_milli, 100.0 * allocated / cluster.capacity_milli))
     result.allocated_milli = cluster.allocated_milli
     result.fragmentation_percent = _fragmentation_percent(cluster, tasks)
     result.seconds = time.perf_counter() - started
