@@ -50,7 +50,8 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     """The `gpupool` parser: every command of `modules` (default: all) listed with its help line.
 
     Only the module of command `load` is imported and registers its real subcommands (ALL: every
-    module; None or an unknown name: none); the other commands are placeholders.
+    module); the other commands are placeholders, there only for help and for the error that
+    lists them, so a known `load` gets none (None or an unknown name: all placeholders).
     """
     parser = argparse.ArgumentParser(
         prog="gpupool",
@@ -69,15 +70,21 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
             if module not in registered:  # one module may register several commands
                 registered.add(module)
                 importlib.import_module(f"{__package__}.{module}").register(subparsers)
-        else:
+        elif chosen is None:
             subparsers.add_parser(name, help=help_line, add_help=False)
     return parser
 
 
 def command_of(argv: Sequence[str]) -> Optional[str]:
     """The command `argv` names: its first word that is not an option (`gpupool`'s own options
-    take no value), or None."""
-    return next((word for word in argv if not word.startswith("-")), None)
+    take no value); None when there is none, or when an option other than -v comes first
+    (`-h` lists every command)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+        if word != "--verbose" and word.strip("v") != "-":
+            return None
+    return None
 
 
 def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
@@ -85,6 +92,10 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = command_of(words)
     parser = build_parser(modules, load=command)
+    if command is None:  # maybe behind an option form command_of does not know: find it, load its module
+        command = parser.parse_known_args(words)[0].command
+        if command is not None:
+            parser = build_parser(modules, load=command)
     args = parser.parse_args(words)
     verbosity = min(args.verbose, 2)
 

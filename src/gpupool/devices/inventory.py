@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import List, Optional, Tuple
 
 from ..core.errors import InvalidInput
@@ -46,7 +45,7 @@ def discover(spec: Optional[str] = None, node: Optional[str] = None) -> List[Dev
     Raises NvmlUnavailable (an InvalidInput) when NVML is asked for and there
     is no GPU, naming the emulated option.
     """
-    node = node or socket.gethostname()
+    node = node or os.uname().nodename  # gethostname(2)
     spec = spec if spec is not None else os.environ.get(ENV)
     kind, fallback = parse_spec(spec)
     if kind != "nvml":

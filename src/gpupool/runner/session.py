@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -72,7 +71,7 @@ def current_holder(label: str = "") -> Holder:
         name = getpass.getuser()
     except Exception:  # no passwd entry in some containers
         name = os.environ.get("USER", "") or f"uid{os.getuid()}"
-    return Holder(name=name, pid=os.getpid(), host=socket.gethostname(), label=label)
+    return Holder(name=name, pid=os.getpid(), host=os.uname().nodename, label=label)
 
 
 def run(command: Sequence[str], options: RunOptions) -> int:
