@@ -1,0 +1,152 @@
+"""`gpupool bench scaling|share`: images/s against GPU count, and against sharing one GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .pool_options import add_pool_arguments
+
+
+def register(subparsers: Any) -> None:
+    """Add `bench scaling` and `bench share`."""
+    bench = subparsers.add_parser(
+        "bench",
+        help="throughput reports: scaling over GPUs, sharing one GPU",
+        description="Train the reference model as pool jobs and report images/s: `scaling` runs one "
+        "data-parallel job per GPU count, `share` runs 1/f concurrent jobs on one GPU per fraction f. "
+        "Writes OUT/report.json, OUT/report.md and OUT/report.png.",
+    )
+    verbs = bench.add_subparsers(dest="bench_command", metavar="KIND")
+    scaling = verbs.add_parser(
+        "scaling",
+        help="one data-parallel job per GPU count: throughput, efficiency, step times",
+        description="For each GPU count N, a data-parallel job of N workers, each on a whole GPU (or "
+        "--fraction of one), claimed from the pool as one gang and run by the local executor.",
+    )
+    scaling.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma separated (default 1,2,4,8)")
+    scaling.add_argument("--fraction", default="1", help="share of each GPU per worker (default 1: whole GPUs)")
+    share = verbs.add_parser(
+        "share",
+        help="1/f concurrent jobs on one GPU for each fraction f: aggregate, slowdown, fairness",
+        description="For each fraction f, 1/f concurrent single-worker jobs on one GPU, each holding f; "
+        "compared with one job on the whole GPU (fraction 1 always runs first).",
+    )
+    share.add_argument("--fractions", default="1,0.5,0.25", help="shares of the GPU (default 1,0.5,0.25)")
+    share.add_argument("--gpu-index", type=int, default=0, help="the GPU every job lands on (default 0)")
+    for p in (scaling, share):
+        _common(p)
+        p.set_defaults(func=_bench)
+    bench.set_defaults(func=lambda args: _no_kind(bench))
+
+
+def _no_kind(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="folder for report.json, report.md, report.png and the runs")
+    p.add_argument("--model", default="resnet50", help="convnet, resnet18, resnet50, vgg16 or vgg19 (default resnet50)")
+    p.add_argument("--image-size", type=int, default=224, help="square input size in pixels (default 224)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per step per worker (default 64)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per worker (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before them (default 10)")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument(
+        "--synthetic", action="store_true", help="random batches made on the device: model speed alone (default)"
+    )
+    data.add_argument("--data", metavar="DIR", help="class-folder data set decoded by the trainer's loaders")
+    p.add_argument("--workers", type=int, help="DataLoader workers per process with --data (default: the trainer's)")
+    p.add_argument("--classes", type=int, default=1000, help="classes of the synthetic data (default 1000)")
+    p.add_argument("--device", default="auto", help="auto (a GPU when the job has one), cpu or cuda")
+    p.add_argument("--no-amp", action="store_true", help="no bf16/fp16 autocast on GPU")
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="channels_last memory format (default: on GPU only)",
+    )
+    p.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds (default 30)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar per run (default: when stderr is a terminal)",
+    )
+    p.add_argument("--json", action="store_true", help="print report.json on stdout")
+    add_pool_arguments(p)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..core.errors import InvalidInput
+    from ..core.quantity import parse_fraction
+
+    try:
+        import torch  # noqa: F401  # the workers need it; say so before any job starts
+
+        from ..train.config import MODEL_NAMES
+    except ImportError as err:
+        raise InvalidInput(f"`gpupool bench` needs the train extra ({err}); pip install 'gpupool[train]'") from None
+    from ..bench.driver import Bench, Interrupted, PoolChoice
+    from ..bench.plan import Kind, Settings, parse_counts, parse_fractions, scaling_runs, share_runs
+
+    if args.model not in MODEL_NAMES:
+        raise InvalidInput(f"--model {args.model!r} is unknown: use one of {', '.join(MODEL_NAMES)}")
+    for flag, value, minimum in (
+        ("--image-size", args.image_size, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, 0),
+        ("--classes", args.classes, 2),
+    ):
+        if value < minimum:
+            raise InvalidInput(f"{flag} {value} must be >= {minimum}")
+    if args.data is not None and not Path(args.data).is_dir():
+        raise InvalidInput(f"--data {args.data!r} is not a folder: give a class-folder data set DIR/<class>/*.jpg")
+    settings = Settings(
+        model=args.model,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        data=str(Path(args.data).resolve()) if args.data else None,
+        loader_workers=args.workers,
+        classes=args.classes,
+        device=args.device,
+        amp=not args.no_amp,
+        channels_last=args.channels_last,
+    )
+    if args.bench_command == "scaling":
+        kind = Kind.SCALING
+        runs = scaling_runs(parse_counts(args.gpus), parse_fraction(args.fraction, "--fraction"))
+    else:
+        kind = Kind.SHARE
+        runs = share_runs(parse_fractions(args.fractions), args.gpu_index)
+    if args.devices:
+        os.environ["GPUPOOL_DEVICES"] = args.devices  # the supervisors inherit it, as with submit
+    pool = PoolChoice(
+        servers=tuple(args.server or ()),
+        state_dir=Path(args.state).expanduser() if args.state else None,
+        ttl_s=args.ttl,
+    )
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    bench = Bench(kind, settings, runs, Path(args.out), pool, progress=progress)
+    try:
+        report = bench.run()
+    except Interrupted as stop:
+        where = f"; partial report: {stop.report['markdown']}" if stop.report else ""
+        print(f"gpupool: interrupted: every benchmark job was cancelled{where}", file=sys.stderr)
+        return stop.exit_code
+    files = report["files"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        sys.stderr.write("\n" + Path(files["markdown"]).read_text())
+    print(f"report: {files['json']} {files['markdown']} {files['plot']}", file=sys.stderr)
+    failed = [r["label"] for r in report["runs"] if "error" in r]
+    return 1 if failed else 0
