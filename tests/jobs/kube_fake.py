@@ -40,6 +40,10 @@ class FakeCluster:
         self.logs: Dict[str, List[str]] = {}  # pod name -> lines
         self.deleted: List[Tuple[str, str]] = []
         self.crds = {"tfjobs", "pytorchjobs"}
+        self.version = "v1.33.1"
+
+    def server_version(self) -> str:
+        return self.version
 
     # --- KubeApi --------------------------------------------------------------
     def create(self, obj: Dict[str, Any]) -> None:

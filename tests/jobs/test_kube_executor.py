@@ -404,3 +404,14 @@ def test_api_errors_become_gpupool_errors():
     assert err.code == "forbidden" and 'jobs.batch "x" is forbidden' in err.message and "RBAC" in err.message
     assert isinstance(api_error("get", 404, "Not Found", None), NotFound)
     assert isinstance(api_error("create", 409, "Conflict", "{}"), InvalidInput)
+
+
+def test_schedule_renders_for_the_api_servers_version(cluster):
+    cluster.version = "v1.29.4"
+    submit(cluster, DDP)
+    assert "successPolicy" not in cluster.job("ddp-worker")["spec"]
+    newer = FakeCluster()
+    newer.version = "v1.29.4"
+    ex = KubernetesExecutor("kubernetes", api=newer, kube_version="1.31")  # what the user asked for wins
+    ex.schedule(ex.dryrun(parse_spec(DDP)))
+    assert newer.job("ddp-worker")["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}

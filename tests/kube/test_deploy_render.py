@@ -136,3 +136,30 @@ def test_mps_component_renders_with_the_same_image(deploy_copy, tmp_path):
 def test_expand_follows_the_kubelet():
     env = {"A": "x"}
     assert expand("$(A)-$(B)-$$(A)", env) == "x-$(B)-$(A)"
+
+
+@pytest.mark.parametrize("version", [f"1.{minor}" for minor in range(28, 38)])
+def test_rendered_deploy_passes_each_releases_schema(deploy_copy, version):
+    """Every object `kubectl apply -k deploy/` sends, against the API schema of 1.28 to 1.37."""
+    kv = pytest.importorskip("kubernetes_validate")
+    for obj in rendered_default(deploy_copy):
+        try:
+            kv.validate(obj, version, strict=True)
+        except kv.ValidationError as err:
+            raise AssertionError(f"{obj['kind']} {obj['metadata']['name']}: {str(err).splitlines()[0]}") from None
+        except Exception as err:  # no schema for this release in the installed wheel
+            pytest.skip(f"kubernetes-validate has no schema for {version}: {err}")
+
+
+_RENDERED: Dict[str, List[Dict[str, Any]]] = {}
+
+
+def rendered_default(deploy_copy: Path) -> List[Dict[str, Any]]:
+    """deploy/ as released (with its TLS component), rendered once for the module."""
+    if "default" not in _RENDERED:
+        fresh = deploy_copy.parent / "default"
+        if not fresh.exists():
+            shutil.copytree(DEPLOY, fresh, ignore=shutil.ignore_patterns("tls"))
+            shutil.copytree(deploy_copy / "tls", fresh / "tls")
+        _RENDERED["default"] = render(fresh)
+    return _RENDERED["default"]

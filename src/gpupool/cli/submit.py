@@ -31,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--namespace", help="Kubernetes namespace (default: the spec's, else 'default')")
     parser.add_argument(
+        "--kube-version",
+        metavar="1.N",
+        help="render for this Kubernetes release (1.28+), leaving out what it lacks (Job successPolicy "
+        "before 1.31); default: the API server's version when submitting, the newest with --dry-run",
+    )
+    parser.add_argument(
         "--ttl",
         type=float,
         default=30.0,
@@ -53,6 +59,7 @@ def _submit(args: argparse.Namespace) -> int:
         servers=args.server or [],
         ttl_s=args.ttl,
         namespace=args.namespace,
+        kube_version=args.kube_version,
     )
     info = executor.dryrun(spec)
     if args.dry_run:

@@ -22,7 +22,9 @@ def get_executor(target: str, **options: Any) -> Executor:
     if target in ("kubernetes", "kubeflow"):
         from .kubernetes import KubernetesExecutor
 
-        return KubernetesExecutor(flavour=target, namespace=options.get("namespace"))
+        return KubernetesExecutor(
+            flavour=target, namespace=options.get("namespace"), kube_version=options.get("kube_version")
+        )
     raise InvalidInput(f"target {target!r} is unknown: use one of {', '.join(TARGETS)}")
 
 

@@ -10,6 +10,7 @@ the supervising (restarts, deadline), the gpupool webhook and node agent do the 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -21,12 +22,14 @@ import yaml
 from ...core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, ServerUnreachable
 from ..manifests import render_indexed, render_kubeflow
 from ..manifests.indexed import JOB_LABEL
+from ..manifests.versions import KubeVersion, parse_kube_version
 from ..spec import JobSpec
 from .base import DryRunInfo, Executor, JobDescription
 from .kube_status import Obj, describe_indexed, describe_kubeflow, replica_name
 
 GROUP, VERSION = "kubeflow.org", "v1"
 PLURALS = {"TFJob": "tfjobs", "PyTorchJob": "pytorchjobs"}
+log = logging.getLogger(__name__)
 _LOG_POLL_S = 2.0
 _LOG_GRACE_S = 5.0  # after the job ended, how long to keep reading logs still streaming
 
@@ -67,6 +70,13 @@ class KubeApi:
 
     def _json(self, model: Any) -> Any:
         return self._client.sanitize_for_serialization(model)
+
+    def server_version(self) -> str:
+        """The API server's gitVersion, e.g. v1.30.2."""
+        from kubernetes import client
+
+        info = self._call("read the server version", client.VersionApi(self._client).get_code)
+        return str(info.git_version)
 
     def create(self, obj: Dict[str, Any]) -> None:
         ns, kind = obj["metadata"]["namespace"], obj["kind"]
@@ -169,19 +179,32 @@ def api_error(what: str, status: int, reason: str, body: Any) -> GpupoolError:
 
 
 class KubernetesExecutor(Executor):
-    """`flavour` "kubernetes" (native Indexed Jobs) or "kubeflow" (training-operator kinds)."""
+    """`flavour` "kubernetes" (native Indexed Jobs) or "kubeflow" (training-operator kinds).
+
+    `kube_version` ("1.29") renders for that Kubernetes release; without it a dry run renders
+    for the newest, and `schedule` renders again for the API server's version when it differs.
+    """
 
     poll_s = 2.0
 
-    def __init__(self, flavour: str = "kubernetes", namespace: Optional[str] = None, api: Any = None) -> None:
+    def __init__(
+        self,
+        flavour: str = "kubernetes",
+        namespace: Optional[str] = None,
+        api: Any = None,
+        kube_version: Optional[str] = None,
+    ) -> None:
         self.target = flavour
         self.namespace = namespace
         self._api = api
+        self.kube_version: Optional[KubeVersion] = parse_kube_version(kube_version) if kube_version else None
 
-    def render(self, spec: JobSpec) -> List[Dict[str, Any]]:
+    def render(self, spec: JobSpec, kube_version: Optional[KubeVersion] = None) -> List[Dict[str, Any]]:
         if self.namespace:
             spec = replace(spec, namespace=self.namespace)
-        return render_kubeflow(spec) if self.target == "kubeflow" else render_indexed(spec)
+        if self.target == "kubeflow":
+            return render_kubeflow(spec)
+        return render_indexed(spec, kube_version or self.kube_version)
 
     def dryrun(self, spec: JobSpec) -> DryRunInfo:
         manifests = self.render(spec)
@@ -196,7 +219,14 @@ class KubernetesExecutor(Executor):
 
     def schedule(self, info: DryRunInfo) -> str:
         api = self.api()
-        for obj in info.request:
+        request = info.request
+        if self.kube_version is None and self.target != "kubeflow":
+            server = parse_kube_version(api.server_version())
+            again = self.render(info.spec, server)
+            if again != request:
+                log.info("rendered again for the API server's Kubernetes %d.%d", *server)
+                request = again
+        for obj in request:
             api.create(obj)
         return info.spec.name
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ...kube.resources import DOMAIN, GpuAsk
 from ..environment import REPLICA_ENV, REPLICA_INDEX_ENV, job_env, replica_env
 from ..plan import Endpoints, Replica, replicas
 from ..spec import Framework, JobSpec, RestartPolicy, RoleSpec, SuccessPolicy
+from .versions import OPTIONAL_POD_CONDITIONS, SUCCESS_POLICY, KubeVersion, has
 
 JOB_LABEL = f"{DOMAIN}/job-name"
 ROLE_LABEL = f"{DOMAIN}/replica-role"
@@ -148,8 +149,11 @@ def headless_service(spec: JobSpec) -> Dict[str, Any]:
     }
 
 
-def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
-    """One role as an Indexed Job with the spec's restart, success and deadline policies."""
+def indexed_job(
+    spec: JobSpec, role: RoleSpec, offset: int, kube_version: Optional[KubeVersion] = None
+) -> Dict[str, Any]:
+    """One role as an Indexed Job with the spec's restart, success and deadline policies, as far
+    as Kubernetes `kube_version` (None: the newest) has them."""
     env, wrapped = role_env(spec, role, offset)
     command = wrap_command(role.command, offset, wrapped)
     if spec.framework is Framework.HOROVOD and offset == 0:
@@ -176,9 +180,10 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
     }
     if spec.restart_policy is RestartPolicy.EXIT_CODE:
         # 1-127 are the program's own verdict: fail at once; signals (>=128) count against backoffLimit.
-        job_spec["podFailurePolicy"] = {
-            "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": list(range(1, 128))}}]
-        }
+        rule: Dict[str, Any] = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": list(range(1, 128))}}
+        if not has(kube_version, OPTIONAL_POD_CONDITIONS):
+            rule["onPodConditions"] = []
+        job_spec["podFailurePolicy"] = {"rules": [rule]}
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = int(math.ceil(spec.active_deadline_seconds))
     if (
@@ -187,8 +192,10 @@ def indexed_job(spec: JobSpec, role: RoleSpec, offset: int) -> Dict[str, Any]:
         and spec.role("chief") is None
         and spec.role("master") is None
         and role.replicas > 1
+        and has(kube_version, SUCCESS_POLICY)
     ):
-        # Worker 0 is the chief: the Job succeeds when index 0 does (Job successPolicy, Kubernetes >= 1.31).
+        # Worker 0 is the chief: the Job succeeds when index 0 does. Before 1.31 the Job has no
+        # successPolicy and succeeds when every worker has.
         job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     return {
         "apiVersion": "batch/v1",
@@ -229,11 +236,12 @@ def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
     ]
 
 
-def render(spec: JobSpec) -> List[Dict[str, Any]]:
-    """The headless Service first (DNS before pods), then one Indexed Job per role in rank order."""
+def render(spec: JobSpec, kube_version: Optional[KubeVersion] = None) -> List[Dict[str, Any]]:
+    """The headless Service first (DNS before pods), then one Indexed Job per role in rank order,
+    for Kubernetes `kube_version` (None: the newest)."""
     out = [headless_service(spec)]
     offset = 0
     for role in spec.roles:
-        out.append(indexed_job(spec, role, offset))
+        out.append(indexed_job(spec, role, offset, kube_version))
         offset += role.replicas
     return out
