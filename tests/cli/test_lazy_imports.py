@@ -1,0 +1,107 @@
+"""The launcher stays light: each verb imports only its own module, and `gpupool run` / `status` /
+`release` import nothing they do not use (issue 16), checked in `sys.modules` of a real process."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+from typing import Dict, List, Set
+
+import pytest
+
+from gpupool.cli.main import COMMANDS, build_parser
+
+# Costly imports the embedded pool never needs.
+EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
+# A pool server needs http.client (which imports email and ssl itself), and still not these.
+REMOTE_NEVER = ("urllib.request", "logging")
+
+PROBE = """\
+import sys
+before = set(sys.modules)
+from gpupool.cli.main import main
+code = main(sys.argv[2:])
+watched = sys.argv[1].split(",")
+print("LOADED", ",".join(m for m in watched if m in sys.modules and m not in before))
+sys.exit(code)
+"""
+
+
+def loaded(env: Dict[str, str], watched: tuple, *args: str) -> List[str]:
+    """Which of `watched` a `gpupool ARGS` process imported (beyond the interpreter's own start)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, ",".join(watched), *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert last.startswith("LOADED"), done.stdout + done.stderr
+    return [m for m in last[len("LOADED") :].strip().split(",") if m]
+
+
+@pytest.fixture
+def embedded_env(tmp_path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES="emulated:2x16GiB")
+    return env
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "-q", "-n", "1", "-p", "0.5", "--", "true"),
+        ("status",),
+        ("status", "--json"),
+        ("list-gpus",),
+        ("release", "0123456789abcdef"),
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_embedded_pool_verbs_import_no_network_stack_and_no_logging(embedded_env, args):
+    assert loaded(embedded_env, EMBEDDED_NEVER, *args) == []
+
+
+def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded_env):
+    # A WARNING record makes gpupool.logs import logging and run the CLI's deferred basicConfig.
+    env = dict(embedded_env, GPUPOOL_SERVER="embedded:" + embedded_env["GPUPOOL_STATE"], GPUPOOL_CONFIG="/nonexistent")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert " gpupool.client.resolve WARNING ignoring client config: client config /nonexistent" in done.stderr
+
+
+def test_remote_pool_verbs_import_no_urllib_request_and_no_logging(running_server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path), GPUPOOL_SERVER=running_server.url, GPUPOOL_TOKEN=running_server.token or "")
+    assert loaded(env, REMOTE_NEVER, "run", "-q", "-p", "0.5", "--", "true") == []
+    assert loaded(env, REMOTE_NEVER, "status", "--json") == []
+    assert loaded(env, REMOTE_NEVER + ("sqlite3",), "release", "0123456789abcdef") == []
+
+
+def test_a_verb_imports_only_its_own_cli_module(embedded_env):
+    others = tuple(f"gpupool.cli.{m}" for m in {m for m, _ in COMMANDS.values()} - {"run"})
+    assert loaded(embedded_env, others, "run", "-q", "-n", "1", "-p", "0.5", "--", "true") == []
+
+
+def test_the_command_table_matches_what_each_module_registers():
+    """COMMANDS is what `--help` lists without importing the modules: each module must register
+    exactly its commands there, with the same help line."""
+    modules: Set[str] = {module for module, _ in COMMANDS.values()}
+    for module in sorted(modules):
+        parser = argparse.ArgumentParser()
+        subparsers = parser.add_subparsers()
+        importlib.import_module(f"gpupool.cli.{module}").register(subparsers)
+        registered = {action.dest: action.help for action in subparsers._choices_actions}
+        expected = {name: help_line for name, (owner, help_line) in COMMANDS.items() if owner == module}
+        assert registered == expected, f"cli/{module}.py registers {registered}, COMMANDS says {expected}"
+
+
+def test_full_parser_and_help_list_every_command():
+    full = build_parser()
+    lazy = build_parser(load=None)
+    for parser in (full, lazy):
+        text = parser.format_help()
+        for name, (_, help_line) in COMMANDS.items():
+            assert f"    {name}" in text and help_line.split()[0] in text
