@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[all,dev,tf]"
 	touch $@
 
+# The editable install runs from src/: compile it (pip does that for a wheel) so that `gpupool run`
+# does not compile its modules at every start, also where PYTHONDONTWRITEBYTECODE is set.
+# Bytecode is only a speed-up: a file that does not compile here fails in its tests instead.
 install: $(STAMP)
+	-$(BIN)/python -m compileall -q src/gpupool
 
 # The workload side (client, runner, isolation) as one stdlib-only zipapp.
 pyz: $(STAMP)
