@@ -75,6 +75,29 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     return parser
 
 
+def defer_import(name: str) -> None:
+    """Put a stand-in for stdlib module `name` in this process that imports the real one at its
+    first attribute access (and forwards every access to it).
+
+    For the workload verbs: `dataclasses` imports `inspect` (a third of its import time) only to
+    describe classes that have no docstring, and gpupool's have one. (importlib's LazyLoader
+    does not do here: an `import` statement reads the module's `__spec__`, which loads it.)
+    """
+    if name in sys.modules:
+        return
+    import types
+
+    stand_in = types.ModuleType(name, f"stand-in for {name}, imported at its first use")
+
+    def load(attr: str) -> object:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return getattr(importlib.import_module(name), attr)
+
+    stand_in.__getattr__ = load  # type: ignore[method-assign]
+    sys.modules[name] = stand_in
+
+
 def command_of(argv: Sequence[str]) -> Optional[str]:
     """The command `argv` names: its first word that is not an option (`gpupool`'s own options
     take no value); None when there is none, or when an option other than -v comes first
@@ -91,6 +114,8 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
     """Run one `gpupool` command and return its exit code."""
     words = sys.argv[1:] if argv is None else list(argv)
     command = command_of(words)
+    if COMMANDS.get(command or "", ("",))[0] in WORKLOAD_MODULES:
+        defer_import("inspect")
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command
