@@ -6,8 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..jobs.executors import TARGETS
+
+if TYPE_CHECKING:
+    from ..jobs.spec import JobSpec
 from .pool_options import add_pool_arguments
 
 
@@ -51,6 +55,8 @@ def _submit(args: argparse.Namespace) -> int:
     from ..jobs.spec import load_spec
 
     spec = load_spec(args.spec)
+    if args.target != "local":
+        _warn_without_image(spec)
     if args.devices:
         os.environ["GPUPOOL_DEVICES"] = args.devices  # the supervisor inherits it
     executor = get_executor(
@@ -72,3 +78,20 @@ def _submit(args: argparse.Namespace) -> int:
     from .jobs import follow_to_end
 
     return follow_to_end(executor, name)
+
+
+def _warn_without_image(spec: JobSpec) -> None:
+    """A cluster runs a role without an image on a bare Python image: say so before it fails there."""
+    from ..jobs.manifests.indexed import DEFAULT_IMAGE
+    from ..jobs.spec import roles_without_image
+
+    missing = roles_without_image(spec)
+    if missing:
+        needs = {"tensorflow": "TensorFlow", "pytorch": "PyTorch", "horovod": "Horovod"}.get(spec.framework.value)
+        lacks = f"no {needs} and none of your code" if needs else "none of your code or libraries"
+        print(
+            f"gpupool: warning: job {spec.name!r} names no image for {', '.join(missing)}: on a cluster "
+            f"{'they run' if len(missing) > 1 else 'it runs'} {DEFAULT_IMAGE}, which has {lacks}; "
+            "set image: in the spec (or per role)",
+            file=sys.stderr,
+        )

@@ -91,7 +91,9 @@ _JOB_KEYS = {
     "namespace",
     "annotations",
 }
-_ROLE_KEYS = {"replicas", "command", "env", "gpu", "image", "restartPolicy"}
+_ROLE_KEYS = {"replicas", "command", "env", "gpu", "image", "restartPolicy", "resources"}
+_RESOURCE_KEYS = {"cpu", "memory"}
+_CPU_RE = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
 _GPU_KEYS = {"count", "amount", "fraction", "memory", "filters"}
 
 
@@ -105,6 +107,8 @@ class RoleSpec:
     env: Tuple[Tuple[str, str], ...] = ()
     gpu: Optional[GpuRequest] = None
     image: str = ""
+    cpu: str = ""  # a Kubernetes cpu quantity per replica ("2", "500m"); "" = the executor's default
+    memory_mib: Optional[int] = None  # memory per replica (not GPU memory); None = the executor's default
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class JobSpec:
     setup: Tuple[str, ...] = ()
     working_dir: str = ""
     placement: Policy = Policy.SPREAD
-    image: str = "python:3.11-slim"
+    image: str = ""  # "" = none named: cluster targets run DEFAULT_IMAGE and `submit` warns
     namespace: str = "default"
     annotations: Tuple[Tuple[str, str], ...] = field(default=())
 
@@ -191,7 +195,7 @@ def parse_spec(data: Any) -> JobSpec:
         setup=_command(data["setup"], "setup") if data.get("setup") else (),
         working_dir=_str(data.get("workingDir", ""), "workingDir"),
         placement=_placement(data.get("placement", "spread")),
-        image=_str(data.get("image", "python:3.11-slim"), "image"),
+        image=_str(data.get("image", ""), "image"),
         namespace=_str(data.get("namespace", "default"), "namespace"),
         annotations=_env(data.get("annotations"), "annotations", check_names=False),
     )
@@ -208,6 +212,7 @@ def _parse_role(name: str, data: Any) -> RoleSpec:
         raise SpecError(f"{path}.command", "is missing: give the command to run, e.g. [python, train.py]")
     if "restartPolicy" in data:
         raise SpecError(f"{path}.restartPolicy", "is set for the whole job: move it to the top level")
+    cpu, memory = _resources(data.get("resources"), f"{path}.resources")
     return RoleSpec(
         name=name,
         replicas=_int(data.get("replicas", 1), f"{path}.replicas", minimum=1),
@@ -215,7 +220,37 @@ def _parse_role(name: str, data: Any) -> RoleSpec:
         env=_env(data.get("env"), f"{path}.env"),
         gpu=_gpu(data.get("gpu"), f"{path}.gpu"),
         image=_str(data.get("image", ""), f"{path}.image"),
+        cpu=cpu,
+        memory_mib=memory,
     )
+
+
+def _resources(data: Any, path: str) -> Tuple[str, Optional[int]]:
+    """`resources: {cpu: 2, memory: 8Gi}` per replica (host memory; a bare number is MiB)."""
+    if data is None:
+        return "", None
+    if not isinstance(data, Mapping):
+        raise SpecError(path, "must be a mapping such as {cpu: 2, memory: 8Gi}")
+    _no_unknown(data, _RESOURCE_KEYS, path)
+    cpu = ""
+    if data.get("cpu") is not None:
+        cpu = str(data["cpu"]).strip()
+        if isinstance(data["cpu"], bool) or not _CPU_RE.match(cpu) or float(cpu.rstrip("m") or 0) <= 0:
+            raise SpecError(
+                f"{path}.cpu", f"{data['cpu']!r} is not a cpu amount: use cores (2, 0.5) or millicores (500m)"
+            )
+    memory = None
+    if data.get("memory") is not None:
+        try:
+            memory = parse_memory_mib(data["memory"], f"{path}.memory")
+        except GpupoolError as err:
+            raise SpecError(path, err.message) from None
+    return cpu, memory
+
+
+def roles_without_image(spec: JobSpec) -> List[str]:
+    """Roles that name no image, neither their own nor the job's."""
+    return [] if spec.image else [r.name for r in spec.roles if not r.image]
 
 
 def _gpu(data: Any, path: str) -> Optional[GpuRequest]:
@@ -362,6 +397,13 @@ def spec_to_dict(spec: JobSpec) -> Dict[str, Any]:
             role["gpu"] = gpu(r.gpu)
         if r.image:
             role["image"] = r.image
+        resources: Dict[str, Any] = {}
+        if r.cpu:
+            resources["cpu"] = r.cpu
+        if r.memory_mib is not None:
+            resources["memory"] = f"{r.memory_mib}Mi"
+        if resources:
+            role["resources"] = resources
         roles[r.name] = role
     data: Dict[str, Any] = {
         "name": spec.name,
@@ -372,9 +414,10 @@ def spec_to_dict(spec: JobSpec) -> Dict[str, Any]:
         "backoffSeconds": spec.backoff_seconds,
         "successPolicy": spec.success_policy.value,
         "placement": spec.placement.value,
-        "image": spec.image,
         "namespace": spec.namespace,
     }
+    if spec.image:
+        data["image"] = spec.image
     if spec.active_deadline_seconds is not None:
         data["activeDeadlineSeconds"] = spec.active_deadline_seconds
     if spec.env:

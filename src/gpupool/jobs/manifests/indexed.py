@@ -28,6 +28,14 @@ SUCCESS_ANNOTATION = f"{DOMAIN}/success-policy"  # how the executor judges the j
 JOB_DIR = "/gpupool/job"  # an emptyDir per pod; mount a PVC there to share checkpoints
 PORTS = {Framework.TENSORFLOW: 2222, Framework.PYTORCH: 23456, Framework.HOROVOD: 2222, Framework.NONE: 2222}
 KVSTORE_PORT = 29400
+# What a replica gets when its spec does not say: an image (and `submit` warns) and requests.
+DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_CPU = "1"
+DEFAULT_MEMORY = "2Gi"
+# RuntimeDefault seccomp and no privilege escalation: what Pod Security "baseline" and most of
+# "restricted" ask; not runAsNonRoot, since training images often run as root.
+POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False}
 _INDEX = f"$({REPLICA_INDEX_ENV})"
 _RANK = "$(GPUPOOL_RANK)"
 
@@ -46,13 +54,34 @@ def gpu_resources(role: RoleSpec) -> Dict[str, Any]:
     return {"limits": GpuAsk.of_request(role.gpu).limits()}
 
 
+def container_resources(role: RoleSpec) -> Dict[str, Any]:
+    """cpu and memory requests from the role's `resources` (else the defaults), a memory limit
+    equal to the request when the role names one, and the GPU share's limits."""
+    out: Dict[str, Any] = {
+        "requests": {
+            "cpu": role.cpu or DEFAULT_CPU,
+            "memory": f"{role.memory_mib}Mi" if role.memory_mib is not None else DEFAULT_MEMORY,
+        }
+    }
+    limits = dict(gpu_resources(role).get("limits", {}))
+    if role.memory_mib is not None:
+        limits["memory"] = f"{role.memory_mib}Mi"
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def image_of(spec: JobSpec, role: RoleSpec) -> str:
+    return role.image or spec.image or DEFAULT_IMAGE
+
+
 def job_container(
     spec: JobSpec, role: RoleSpec, name: str, command: List[str], env: List[Dict[str, Any]], port_name: str
 ) -> Dict[str, Any]:
     """A replica's container: image, command, env, rendezvous port, job volume and GPU resources."""
     container: Dict[str, Any] = {
         "name": name,
-        "image": role.image or spec.image,
+        "image": image_of(spec, role),
         "command": command,
         "env": env,
         "ports": [{"containerPort": PORTS[spec.framework], "name": port_name}],
@@ -60,9 +89,8 @@ def job_container(
     }
     if spec.working_dir:
         container["workingDir"] = spec.working_dir
-    resources = gpu_resources(role)
-    if resources:
-        container["resources"] = resources
+    container["resources"] = container_resources(role)
+    container["securityContext"] = dict(CONTAINER_SECURITY)
     return container
 
 
@@ -162,6 +190,7 @@ def indexed_job(
     pod_spec: Dict[str, Any] = {  # initContainers dropped below when empty
         "subdomain": spec.name,
         "restartPolicy": "OnFailure" if spec.restart_policy is RestartPolicy.ON_FAILURE else "Never",
+        "securityContext": dict(POD_SECURITY),
         "initContainers": setup_containers(spec, container["image"]),
         "containers": [container],
         "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
@@ -232,6 +261,8 @@ def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
             "command": list(spec.setup),
             "env": env,
             "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+            "resources": {"requests": {"cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}},
+            "securityContext": dict(CONTAINER_SECURITY),
         }
     ]
 

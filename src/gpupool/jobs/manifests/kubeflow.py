@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 from ...core.errors import InvalidInput
 from ..environment import ROLE_ENV, job_env
 from ..spec import Framework, JobSpec, RoleSpec, SuccessPolicy
-from .indexed import JOB_DIR, job_container, job_labels, pod_annotations, setup_containers
+from .indexed import JOB_DIR, POD_SECURITY, image_of, job_container, job_labels, pod_annotations, setup_containers
 
 # Our role names -> the operator's replica types.
 TF_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -30,10 +30,11 @@ def _container(spec: JobSpec, role: RoleSpec, name: str, port_name: str) -> Dict
 
 def _replica_spec(spec: JobSpec, role: RoleSpec, replicas: int, container: str, port: str) -> Dict[str, Any]:
     pod: Dict[str, Any] = {
+        "securityContext": dict(POD_SECURITY),
         "containers": [_container(spec, role, container, port)],
         "volumes": [{"name": "gpupool-job", "emptyDir": {}}],
     }
-    init = setup_containers(spec, role.image or spec.image)
+    init = setup_containers(spec, image_of(spec, role))
     if init:
         pod["initContainers"] = init
     return {
