@@ -14,9 +14,11 @@ from gpupool.core.fragmentation import (
     ShapeHistogram,
     ShapeMix,
     TaskShape,
+    choose_node,
     fgd_evaluate,
     fragaware_evaluate,
     fullness_score,
+    rank_scores,
 )
 
 HALF = TaskShape(1, 500, 1000, 1024)
@@ -154,3 +156,31 @@ def test_fullness_is_the_extenders_score():
     assert spread is not None and spread.picks == (0,)
     # used after: 400 + 500 of 4000 -> 22.5 % full: binpack 2, spread 7
     assert packed.score == 2 and spread.score == 7
+
+
+def test_stranded_gpu_is_what_free_cpu_cannot_feed():
+    frag = Fragmentation(ShapeMix([(TaskShape(1, MILLI, 10_000, 10_000), 1.0)]))
+    assert frag.cpu_per_milli == 10 and frag.memory_per_milli == 10
+    assert frag.stranded(NodeFree((MILLI, MILLI), 20_000, 20_000)) == 0
+    assert frag.stranded(NodeFree((MILLI, MILLI), 5_000, 20_000)) == 1500  # CPU for half a GPU
+    assert frag.stranded(NodeFree((MILLI, MILLI), 20_000, 10_000)) == 1000  # memory for one
+    assert frag.stranded(NodeFree((MILLI, MILLI))) == 0  # not reported: not counted
+
+
+def test_fragaware_puts_a_cpu_heavy_task_where_cpu_is_plenty():
+    frag = Fragmentation(ShapeMix([(TaskShape(1, MILLI, 8_000, 0), 1.0)]))
+    heavy = TaskShape(1, MILLI, 24_000, 0)
+    lean = NodeFree((MILLI,) * 4, 32_000, None)  # 8 CPUs per GPU: the heavy task strands 2 GPUs here
+    rich = NodeFree((MILLI,) * 4, 96_000, None)
+    on_lean = fragaware_evaluate(lean, heavy, frag)
+    on_rich = fragaware_evaluate(rich, heavy, frag)
+    assert on_lean is not None and on_rich is not None and on_rich.score > on_lean.score
+
+
+def test_choose_node_and_rank_scores():
+    assert choose_node([None, None]) is None
+    assert choose_node([1.0, 3.0, 3.0]) == 1  # the first of equals
+    assert choose_node([1.0, 2.5, 3.0], tolerance=1.0) == 1  # near-ties: first in node order
+    ranked = rank_scores([1.0, None, 3.0, 3.0, -5.0])
+    assert ranked[2] == 10 and max(r for i, r in enumerate(ranked) if i != 2) < 10
+    assert ranked[1] == 0 and ranked[3] > ranked[0] > ranked[4] >= 1

@@ -234,6 +234,21 @@ class Fragmentation:
             for s, p in shapes
         ]
         self._memo: Dict[Tuple[Any, ...], float] = {}
+        # what the mix's GPU tasks ask per thousandth of a GPU: CPU milli, memory MiB
+        gpu_shapes = [(s, p) for s, p in shapes if s.gpus]
+        demand = sum(p * s.total_milli for s, p in gpu_shapes)
+        self.cpu_per_milli = sum(p * s.cpu_milli for s, p in gpu_shapes) / demand if demand else 0.0
+        self.memory_per_milli = sum(p * s.memory_mib for s, p in gpu_shapes) / demand if demand and memory else 0.0
+
+    def stranded(self, node: NodeFree) -> float:
+        """Free GPU share (milli) the node's free CPU or memory cannot feed at the mix's usual ratio."""
+        free = node.free_milli
+        fed = float(free)
+        if node.cpu_milli is not None and self.cpu_per_milli > 0:
+            fed = min(fed, node.cpu_milli / self.cpu_per_milli)
+        if node.memory_mib is not None and self.memory_per_milli > 0:
+            fed = min(fed, node.memory_mib / self.memory_per_milli)
+        return max(0.0, free - fed)
 
     def of(self, node: NodeFree) -> float:
         """Expected free GPU share (milli) that the next task of the mix could not use."""
@@ -313,19 +328,44 @@ def _sigmoid_score(decrease: float) -> float:
     return float(int(100.0 / (1.0 + math.exp(-decrease / MILLI))))
 
 
-def fragaware_evaluate(node: NodeFree, task: TaskShape, frag: Fragmentation) -> Optional[Evaluation]:
-    """gpupool's policy: least growth of expected fragmentation, exact; ties go to the fuller node.
+@dataclass(frozen=True)
+class FragAwareTuning:
+    """The knobs of `fragaware_evaluate` and `choose_node` (defaults measured on the openb trace).
 
-    Score = -(growth in milli) - (free GPU share left on the node) / 1e6: the second term only
-    orders placements that strand equally, packing tasks onto fuller nodes so empty ones stay
-    whole for multi-GPU tasks.
+    Attributes:
+        stranding: weight of the GPU share a node's CPU or memory can no longer feed (see
+            `Fragmentation.stranded`), added to the fragmentation growth.
+        cpu_only: for a task without GPUs, the cost per thousandth of a GPU left free on the node
+            (such tasks belong where the GPUs are taken, not where they take a GPU task's CPU).
+        tolerance: placements within this much (thousandths of a GPU) of the best count as equally
+            good; among them the first node in a fixed order wins (first fit). 0: exact ties only
+            (measured on openb: 35 and 0 strand the same, so the default keeps the score exact).
+    """
+
+    stranding: float = 1.0
+    cpu_only: float = 1.0
+    tolerance: float = 0.0
+
+
+DEFAULT_TUNING = FragAwareTuning()
+
+
+def fragaware_evaluate(
+    node: NodeFree, task: TaskShape, frag: Fragmentation, tuning: FragAwareTuning = DEFAULT_TUNING
+) -> Optional[Evaluation]:
+    """gpupool's policy: the score is minus the growth of expected fragmentation plus stranding.
+
+    Growth = (fragmentation after - before) + stranding x (stranded GPU after - before), in
+    thousandths of a GPU, exact. A shared task takes the GPU where that is least (the fullest
+    among equals); a CPU-only task also pays for the GPU it leaves free on the node.
     """
     if not node.holds(task):
         return None
-    before = frag.of(node)
+    before = frag.of(node) + tuning.stranding * frag.stranded(node)
     if task.gpus == 0:
         after_node = node.minus(task, ())
-        return Evaluation(before - frag.of(after_node) - after_node.free_milli / 1e6, ())
+        growth = frag.of(after_node) + tuning.stranding * frag.stranded(after_node) - before
+        return Evaluation(-growth - tuning.cpu_only * after_node.free_milli, ())
     if task.gpus == 1:
         best: Optional[Evaluation] = None
         seen = set()
@@ -334,14 +374,50 @@ def fragaware_evaluate(node: NodeFree, task: TaskShape, frag: Fragmentation) -> 
                 continue
             seen.add(node.gpus[i])
             after_node = node.minus(task, (i,))
+            growth = frag.of(after_node) + tuning.stranding * frag.stranded(after_node) - before
             # among equal growth, the GPU that ends up fullest (best fit)
-            score = before - frag.of(after_node) - after_node.free_milli / 1e6 - (node.gpus[i] - task.milli) / 1e9
+            score = -growth - (node.gpus[i] - task.milli) / 1e6
             if best is None or score > best.score:
                 best = Evaluation(score, (i,))
         return best
     picks = _greedy_picks(node, task, frag)
     after_node = node.minus(task, picks)
-    return Evaluation(before - frag.of(after_node) - after_node.free_milli / 1e6, picks)
+    growth = frag.of(after_node) + tuning.stranding * frag.stranded(after_node) - before
+    return Evaluation(-growth, picks)
+
+
+def choose_node(scores: Sequence[Optional[float]], tolerance: float = DEFAULT_TUNING.tolerance) -> Optional[int]:
+    """The index of the winning node: the first whose score is within `tolerance` of the best (None: none fits).
+
+    `scores` are in a fixed node order (by name), so near-ties always go the same way: first fit.
+    """
+    best = max((x for x in scores if x is not None), default=None)
+    if best is None:
+        return None
+    floor = best - tolerance
+    return next(i for i, x in enumerate(scores) if x is not None and x >= floor)
+
+
+def rank_scores(
+    scores: Sequence[Optional[float]], tolerance: float = DEFAULT_TUNING.tolerance, top: int = 10
+) -> List[int]:
+    """Scores as 0..`top` integers (a scheduler extender's range) that keep `choose_node`'s winner alone on top.
+
+    The winner gets `top`; the rest get `top - 1` down to 1 by their score's rank, and nodes
+    that cannot hold the task 0; the scheduler then picks what `choose_node` would.
+    """
+    winner = choose_node(scores, tolerance)
+    distinct = sorted({x for x in scores if x is not None}, reverse=True)
+    out: List[int] = []
+    for i, x in enumerate(scores):
+        if x is None:
+            out.append(0)
+        elif i == winner:
+            out.append(top)
+        else:
+            rank = distinct.index(x)
+            out.append(max(1, top - 1 - (rank * (top - 1)) // max(1, len(distinct))))
+    return out
 
 
 def _greedy_picks(node: NodeFree, task: TaskShape, frag: Fragmentation) -> Tuple[int, ...]:
@@ -390,5 +466,9 @@ __all__ = [
     "TaskShape",
     "fgd_evaluate",
     "fragaware_evaluate",
+    "choose_node",
+    "rank_scores",
+    "FragAwareTuning",
+    "DEFAULT_TUNING",
     "fullness_score",
 ]

@@ -13,8 +13,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.fragmentation import (
+    DEFAULT_TUNING,
     MILLI,
     Evaluation,
+    FragAwareTuning,
     Fragmentation,
     NodeFree,
     ShapeHistogram,
@@ -130,9 +132,18 @@ class FragAware(ReplayPolicy):
 
     name = DEFAULT_POLICY
 
-    def __init__(self, half_life: float = 5000.0, gpu_weight: float = 0.0, prior: Sequence[TaskShape] = ()) -> None:
+    def __init__(
+        self,
+        half_life: float = 5000.0,
+        gpu_weight: float = 0.0,
+        prior: Sequence[TaskShape] = (),
+        tuning: FragAwareTuning = DEFAULT_TUNING,
+    ) -> None:
         self.histogram = ShapeHistogram(half_life)
         self.gpu_weight = gpu_weight
+        self.tuning = tuning
+        self.tolerance = tuning.tolerance
+        self.first_of_ties = tuning.tolerance > 0  # near-ties go by node order, as `choose_node` does
         for shape in prior:
             self.histogram.observe(shape)
         self._next_refresh = 16
@@ -153,7 +164,7 @@ class FragAware(ReplayPolicy):
             self._refresh()
 
     def evaluate(self, node: NodeFree, task: TaskShape) -> Optional[Evaluation]:
-        return fragaware_evaluate(node, task, self.frag)
+        return fragaware_evaluate(node, task, self.frag, self.tuning)
 
 
 POLICIES = (DEFAULT_POLICY, "fgd", "binpack", "spread", "random")
