@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Set
@@ -65,12 +63,15 @@ def progress(quiet: bool) -> Callable[[str], None]:
 
 def current_holder(label: str = "") -> Holder:
     """This process as a lease holder (a server replaces the name with its token's name)."""
-    try:
-        import getpass
+    # getpass.getuser()'s order, without importing getpass (and termios).
+    name = next((os.environ[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(k)), "")
+    if not name:
+        try:
+            import pwd
 
-        name = getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        name = os.environ.get("USER", "") or f"uid{os.getuid()}"
+            name = pwd.getpwuid(os.getuid()).pw_name
+        except (ImportError, KeyError):  # no passwd entry in some containers
+            name = f"uid{os.getuid()}"
     return Holder(name=name, pid=os.getpid(), host=os.uname().nodename, label=label)
 
 
@@ -221,16 +222,50 @@ def _release(
     except Exception as err:  # the lease expires anyway; the user must hear why it lingers
         say(f"warning: could not release lease {lease.id} ({err!r}); it expires after {lease.ttl_s:g}s")
     if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_tree(workdir)
     say(f"Released GPUs on {released} servers and removed generated config file")
 
 
 def _workdir(lease_id: str) -> Path:
-    """A private folder for the lease file and the hook (removed at release)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    parent = base if base and os.access(base, os.W_OK) else None
+    """A private folder for the lease file and the hook (removed at release).
+
+    As tempfile.mkdtemp (mode 0700, a random name, in $XDG_RUNTIME_DIR when writable, else
+    $TMPDIR, $TEMP, $TMP, /tmp ...), without importing tempfile, random and shutil at every `gpupool run`.
+    """
     safe = "".join(ch for ch in lease_id if ch.isalnum() or ch in "-_")[:16]
-    return Path(tempfile.mkdtemp(prefix=f"gpupool-run-{safe}-", dir=parent))
+    env = [os.environ.get(k, "") for k in ("XDG_RUNTIME_DIR", "TMPDIR", "TEMP", "TMP")]
+    error: Optional[OSError] = None
+    for parent in [p for p in env if p] + ["/tmp", "/var/tmp", "/usr/tmp"]:
+        for _ in range(10):
+            path = os.path.join(parent, f"gpupool-run-{safe}-{os.urandom(4).hex()}")
+            try:
+                os.mkdir(path, 0o700)
+                return Path(path)
+            except FileExistsError:
+                continue
+            except OSError as err:  # not there, or not writable: the next candidate
+                error = err
+                break
+    raise error or FileExistsError(f"no free name for the run's folder ({safe})")
+
+
+def _remove_tree(top: Path) -> None:
+    """shutil.rmtree(top, ignore_errors=True) without importing shutil: links are removed, not followed."""
+    for folder, dirs, files in os.walk(top, topdown=False):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(folder, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
 
 
 def _join(command: Sequence[str]) -> str:
