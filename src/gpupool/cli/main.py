@@ -44,6 +44,11 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
 # `logging` is imported and configured only when a record is shown (see gpupool.logs).
 WORKLOAD_MODULES: Tuple[str, ...] = ("run", "status")
 ALL = "*"
+# Stdlib modules the workload verbs import but do not use, made stand-ins (`defer_import`):
+# `dataclasses` imports `inspect` (a third of its import time) only to describe classes without
+# a docstring, and gpupool's have one; `shutil` (which argparse imports for the terminal width)
+# imports `bz2` and `lzma` only to know which archive formats it could write.
+DEFERRED_IMPORTS = ("inspect", "bz2", "lzma")
 
 
 def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
@@ -79,9 +84,8 @@ def defer_import(name: str) -> None:
     """Put a stand-in for stdlib module `name` in this process that imports the real one at its
     first attribute access (and forwards every access to it).
 
-    For the workload verbs: `dataclasses` imports `inspect` (a third of its import time) only to
-    describe classes that have no docstring, and gpupool's have one. (importlib's LazyLoader
-    does not do here: an `import` statement reads the module's `__spec__`, which loads it.)
+    (importlib's LazyLoader does not do here: an `import` statement reads the module's
+    `__spec__`, which loads it.)
     """
     if name in sys.modules:
         return
@@ -115,7 +119,8 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = command_of(words)
     if COMMANDS.get(command or "", ("",))[0] in WORKLOAD_MODULES:
-        defer_import("inspect")
+        for name in DEFERRED_IMPORTS:
+            defer_import(name)
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command
