@@ -243,7 +243,11 @@ def replay_timeline(
     seed: int = 1,
     progress: Optional[Progress] = None,
 ) -> Result:
-    """Replay `tasks` in creation order; each leaves at its deletion time (never, without one)."""
+    """Replay `tasks` in creation order; each leaves at its deletion time (never, without one).
+
+    `allocated_milli` (so the unallocated share) is taken at the peak of allocation; the curve is
+    allocation against the GPUs asked for so far, every half percent.
+    """
     started = time.perf_counter()
     cluster = Cluster(nodes, policy)
     rng = random.Random(seed)
@@ -251,7 +255,7 @@ def replay_timeline(
     result = Result(policy.name, "timeline", seed, 0.0, len(nodes), cluster.capacity_milli // MILLI, len(order))
     running: List[Tuple[float, int, int, TaskShape, Tuple[int, ...]]] = []
     arrived = 0
-    peak = 0
+    next_point = 0.0
     for n, task in enumerate(order):
         while running and running[0][0] <= task.created:
             _, _, i, shape, picks = heapq.heappop(running)
@@ -271,13 +275,17 @@ def replay_timeline(
         if task.deleted is not None and task.deleted > task.created:
             heapq.heappush(running, (task.deleted, n, chosen[0], task.shape, chosen[1]))
         allocated = cluster.allocated_milli
-        peak = max(peak, allocated)
-        result.curve.append((100.0 * arrived / cluster.capacity_milli, 100.0 * allocated / cluster.capacity_milli))
+        # the busiest moment is what sizes a cluster: report the allocation there
+        result.allocated_milli = max(result.allocated_milli, allocated)
+        if 100.0 * arrived / cluster.capacity_milli >= next_point:
+            result.curve.append((100.0 * arrived / cluster.capacity_milli, 100.0 * allocated / cluster.capacity_milli))
+            next_point += 0.5
         if progress is not None and n % 256 == 0:
             progress(n, len(order))
-    result.allocated_milli = cluster.allocated_milli
     result.fragmentation_percent = _fragmentation_percent(cluster, tasks)
     result.seconds = time.perf_counter() - started
+    if progress is not None:
+        progress(len(order), len(order))
     return result
 
 

@@ -17,7 +17,11 @@ def text(result: Result) -> str:
         if result.first_failure_arrival_percent is not None
         else "none"
     )
-    level = f"{result.arrive * 100:.0f} % arrival, seed {result.seed}" if result.mode == "arrival" else "timeline"
+    level = (
+        f"{result.arrive * 100:.0f} % arrival, seed {result.seed}"
+        if result.mode == "arrival"
+        else "timeline (unallocated at the peak of allocation)"
+    )
     lines = [
         f"policy {result.policy}, {level}: {result.nodes} nodes, {result.gpus} GPUs, {result.tasks} tasks",
         f"  GPUs left unallocated: {result.unallocated_gpu_percent:.2f} %"
