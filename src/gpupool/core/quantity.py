@@ -13,9 +13,12 @@ Kubernetes `8000m` is 8 bytes, not 8000 MiB.
 from __future__ import annotations
 
 import re
-from fractions import Fraction
+from typing import TYPE_CHECKING, Union
 
 from .errors import InvalidInput
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 MIB = 1024**2
 BYTE = 1
@@ -26,8 +29,8 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 _LONG = (
     {f"{k}B": v for k, v in _BINARY.items()} | {"kB": 10**3, "KB": 10**3} | {f"{k}B": v for k, v in _DECIMAL.items()}
 )
-# Fractions of a byte: valid Kubernetes suffixes, never a memory size anyone means.
-_SUB_BYTE = {"m": (Fraction(1, 10**3), "10^-3"), "u": (Fraction(1, 10**6), "10^-6"), "n": (Fraction(1, 10**9), "10^-9")}
+# Fractions of a byte (their denominators): valid Kubernetes suffixes, never a memory size anyone means.
+_SUB_BYTE = {"m": (10**3, "10^-3"), "u": (10**6, "10^-6"), "n": (10**9, "10^-9")}
 # sign, number (`8`, `8.5`, `.5`, `8.`), then a suffix or a decimal exponent.
 _QUANTITY_RE = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([A-Za-z]*))\s*$")
 
@@ -41,15 +44,15 @@ def parse_memory_mib(text: object, what: str = "memory", bare: int = MIB) -> int
     fix = f"write e.g. 8Gi (8 GiB = 8192 MiB), 8G (8e9 bytes = 7629 MiB) or 8192Mi; a bare number is {bare_name}"
     if not match:
         raise InvalidInput(f"{what} {text!r} is not a size: {fix}")
-    number, exponent, suffix = Fraction(match.group(1)), match.group(2), match.group(3) or ""
+    number, exponent, suffix = _number(match.group(1)), match.group(2), match.group(3) or ""
     if exponent:
-        number *= Fraction(10) ** int(exponent[1:])
+        number = _exact(number) * _exact(10) ** int(exponent[1:])
         suffix = ""
     if suffix in _SUB_BYTE:
-        tiny, power = _SUB_BYTE[suffix]
+        denominator, power = _SUB_BYTE[suffix]
         raise InvalidInput(
             f"{what} {text!r}: {suffix!r} means {power} in Kubernetes, so {raw} is "
-            f"{_bytes_text(number * tiny)}, not a memory size; for MiB write {match.group(1)}Mi"
+            f"{_bytes_text(_exact(number) / denominator)}, not a memory size; for MiB write {match.group(1)}Mi"
         )
     scale = _unit(suffix, bare)
     if scale is None:
@@ -76,7 +79,22 @@ def _unit(suffix: str, bare: int) -> int | None:
     return None  # `8g`, `8gb`, `8K`: ambiguous; the message shows both meanings
 
 
-def _bytes_text(size: Fraction) -> str:
+def _number(text: str) -> Union[int, Fraction]:
+    """The number of a quantity, exactly: an int for whole numbers (the usual `16Gi`), else a
+    Fraction (imported only then: `fractions` costs every `gpupool run` more than this parser)."""
+    digits = text.lstrip("+-")
+    if digits.isdecimal():
+        return -int(digits) if text.startswith("-") else int(digits)
+    return _exact(text)
+
+
+def _exact(value: Union[int, str, Fraction]) -> Fraction:
+    from fractions import Fraction
+
+    return Fraction(value)
+
+
+def _bytes_text(size: Union[int, Fraction]) -> str:
     return f"{float(size):g} bytes"
 
 
