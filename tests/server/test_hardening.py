@@ -205,3 +205,48 @@ def test_doctor_server_and_a_real_no_auth_server(server_factory, monkeypatch, ca
     assert r.status_code == 403 and "--token-file" in r.json()["error"]["message"]
     r = httpx.post(open_server.url + "/v1/leases", content=b"[" * 100_000)
     assert r.status_code == 400
+
+
+# --- 7. an exact OpenAPI document ---------------------------------------------------------
+def test_the_openapi_document_is_exact(tmp_path):
+    with _client(tmp_path / "a", fast_path=False) as on, _client(tmp_path / "b", fast_path=False, auth=False) as off:
+        with_auth, without = on.get("/openapi.json").json(), off.get("/openapi.json").json()
+    on.pool.close()
+    off.pool.close()
+    assert with_auth["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert "securitySchemes" not in without["components"] and "security" not in without
+    assert with_auth["paths"]["/v1/status"]["get"]["security"] == [{"bearer": []}]
+    assert "security" not in with_auth["paths"]["/healthz"]["get"]
+    assert "401" in with_auth["paths"]["/v1/status"]["get"]["responses"]
+    assert "401" not in without["paths"]["/v1/status"]["get"]["responses"]
+    schemas = with_auth["components"]["schemas"]
+    assert len(schemas["GpuRequestBody"]["oneOf"]) == 2
+    assert schemas["TokenRequest"]["properties"]["name"]["pattern"].startswith("^[A-Za-z0-9]")
+    assert schemas["ClaimRequest"]["additionalProperties"] is False
+    for path, operations in with_auth["paths"].items():
+        if not path.startswith(("/v1/", "/healthz")):
+            continue
+        for method, operation in operations.items():
+            success = [v for k, v in operation["responses"].items() if k.startswith("2")]
+            assert success and success[0]["content"]["application/json"]["schema"], (method, path)
+
+
+def test_405_names_every_method_of_the_path(client):
+    r = client.put("/v1/leases/abc", headers=H)
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "DELETE"}
+    assert client.put("/v1/leases", headers=H).headers["allow"] == "GET, POST"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"holder": {"pid": "12"}},
+        {"holder": {"name": 5}},
+        {"holder": False},
+        {"claim": {"requests": [{"count": 1, "fraction": 0.5}], "policy": "BINPACK"}},
+    ],
+)
+def test_fields_of_the_wrong_kind_are_refused_not_coerced(client, extra):
+    body = dict(HALF, **extra)
+    r = client.post("/v1/leases", json=body, headers=H)
+    assert r.status_code in (400, 422), r.text

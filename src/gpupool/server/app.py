@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Dict, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from .. import __version__
 from ..core.errors import GpupoolError, InvalidInput
@@ -27,7 +28,7 @@ from .auth import Authenticator
 from .handlers import LeaseApi
 from .metrics import Metrics
 from .routes import ROUTERS
-from .schemas import component_schemas
+from .schemas import OPERATIONS, REQUEST_BODIES, component_schemas, request_body, responses
 from .wire import internal_error
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,15 @@ def create_app(
     app = FastAPI(
         title=title,
         version=__version__,
-        description="Pool GPUs and share them fractionally. Send `Authorization: Bearer <token>` on /v1.",
+        description="Pool GPUs and share them fractionally."
+        + (" Send `Authorization: Bearer <token>` on /v1." if auth is not None else " This server runs without auth."),
         lifespan=_expiry(pool, metrics, expire_interval_s),
     )
     app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s)  # what the routes' dependencies hand out
     for router in ROUTERS:
         app.include_router(router)
     _add_error_handlers(app)
-    app.openapi = _openapi(app)  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
+    app.openapi = _openapi(app, auth is not None)  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
     return app
 
 
@@ -94,10 +96,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(InvalidInput(f"bad request: {detail}").to_dict(), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        headers = dict(err.headers or {})
+        if err.status_code == 405:  # Starlette names the methods of one route; the path may have several
+            headers["Allow"] = ", ".join(_allowed_methods(app, request))
         return JSONResponse(
-            {"error": {"code": code, "message": str(err.detail)}}, status_code=err.status_code, headers=err.headers
+            {"error": {"code": code, "message": str(err.detail)}}, status_code=err.status_code, headers=headers
         )
 
     @app.exception_handler(Exception)
@@ -106,16 +111,42 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=500, headers={"x-request-id": request_id})
 
 
-def _openapi(app: FastAPI) -> Callable[[], Dict[str, Any]]:
-    """The OpenAPI document plus the body models (bodies are parsed by hand) and the bearer scheme."""
+def _allowed_methods(app: FastAPI, request: Request) -> List[str]:
+    """Every method some route of `app` serves on the request's path."""
+    methods: Set[str] = set()
+    scope = dict(request.scope, method="GET")
+    todo: List[Any] = list(app.router.routes)
+    while todo:
+        route = todo.pop()
+        if route.matches(scope)[0] is Match.NONE:
+            continue
+        # an included router (FastAPI keeps it whole, as _IncludedRouter) or a mount
+        nested = getattr(getattr(route, "original_router", route), "routes", None)
+        if nested is not None and not getattr(route, "methods", None):
+            todo.extend(nested)
+        else:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
+def _openapi(app: FastAPI, auth: bool) -> Callable[[], Dict[str, Any]]:
+    """The OpenAPI document: exact bodies and answers (`schemas`), the bearer scheme only with auth."""
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {}).update(component_schemas())
-            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            schema["security"] = [{"bearer": []}]
+            for path, operations in schema.get("paths", {}).items():
+                for method, operation in operations.items():
+                    if (path, method) in OPERATIONS:
+                        operation["responses"] = responses(path, method, auth)
+                    if (path, method) in REQUEST_BODIES:
+                        operation["requestBody"] = request_body(REQUEST_BODIES[(path, method)])
+                    if auth and path.startswith("/v1/"):
+                        operation["security"] = [{"bearer": []}]
+            if auth:
+                components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             app.openapi_schema = schema
         return app.openapi_schema
 

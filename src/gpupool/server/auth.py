@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 ADMIN_NAME = "admin"
 LEGACY = "legacy"  # tokens.origin of a token made before origins were recorded
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"  # also the OpenAPI document's pattern
+_NAME_RE = re.compile(NAME_PATTERN)
 # How long a named-token lookup is trusted before the database is asked again:
 # tokens created or revoked by another process take effect within this time.
 CACHE_S = 5.0
@@ -58,7 +59,7 @@ def token_hash(token: str) -> str:
 
 def check_name(name: object) -> str:
     """`name` if it may name a token (any JSON value may arrive here); InvalidInput otherwise."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name == ADMIN_NAME:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name == ADMIN_NAME:
         raise InvalidInput(
             f"token name {name!r} is not allowed: use 1-64 letters, digits, '_.@-', and not {ADMIN_NAME!r}"
         )

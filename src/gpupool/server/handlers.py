@@ -22,7 +22,7 @@ from ..core.errors import (
     Unavailable,
     Unsatisfiable,
 )
-from ..core.model import Claim, Holder, Lease
+from ..core.model import Claim, Holder, Lease, Policy
 from ..pool import Pool, Waiter, poll_delays
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
@@ -31,6 +31,7 @@ from .wire import json_object
 log = logging.getLogger(__name__)
 
 CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s"}
+POLICIES = tuple(p.value for p in Policy)
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -120,9 +121,11 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
         raise InvalidClaim(
             'the request needs a "claim" with "requests", e.g. {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}'
         )
-    raw_holder = body.get("holder") or {}
+    raw_holder = body.get("holder")
+    raw_holder = {} if raw_holder is None else raw_holder
     if not isinstance(raw_holder, dict):
         raise InvalidInput(f"holder must be an object with name, pid, host, label; got {raw_holder!r}")
+    _check_kinds(body["claim"], raw_holder)
     try:
         claim = Claim.from_dict(body["claim"])
         holder = Holder.from_dict(raw_holder)
@@ -138,6 +141,27 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
     wait_s = body.get("wait_s")
     ttl_s = body.get("ttl_s")
     return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s
+
+
+def _check_kinds(claim: Any, holder: Dict[str, Any]) -> None:
+    """Refuse fields of the wrong JSON kind that `from_dict` would coerce (a pid "12", a policy
+    "BINPACK"), so the API accepts exactly what its OpenAPI document says (schemas.py)."""
+    for key in ("name", "host", "label"):
+        if holder.get(key) is not None and not isinstance(holder[key], str):
+            raise InvalidClaim(f"holder.{key} {holder[key]!r} must be a string")
+    pid = holder.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
+        raise InvalidClaim(f"holder.pid {pid!r} must be an integer")
+    if not isinstance(claim, dict):
+        return  # Claim.from_dict says what a claim is
+    policy = claim.get("policy")
+    if policy is not None and policy not in POLICIES:
+        raise InvalidClaim(f"policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
+    requests = claim.get("requests")
+    for request in requests if isinstance(requests, list) else ():
+        filters = request.get("filters") if isinstance(request, dict) else None
+        if filters is not None and not (isinstance(filters, list) and all(isinstance(f, str) for f in filters)):
+            raise InvalidClaim(f"filters {filters!r} must be a list of 'key=value' strings")
 
 
 def dumps(data: Any) -> bytes:
