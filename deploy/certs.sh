@@ -11,7 +11,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 out="$here/tls"
 py=${PYTHON:-python3}
 [ -x "$here/../.venv/bin/python" ] && py="$here/../.venv/bin/python"
-if [ "${1:-}" = "--rotate" ]; then
+# The agents' CA (agent-ca.crt/.key) is written once, kept across rotations; each node agent
+# issues itself a serving certificate from it at start (restart the agents to renew theirs).
+if [ "${1:-}" = "--rotate" ] || { [ -f "$out/tls.crt" ] && [ ! -f "$out/agent-ca.crt" ]; }; then
   "$py" -m gpupool kube certs --out "$out" --ca-cert "$out/ca.crt" --ca-key "$out/ca.key"
 elif [ ! -f "$out/tls.crt" ]; then
   "$py" -m gpupool kube certs --out "$out"

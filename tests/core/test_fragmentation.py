@@ -10,16 +10,21 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.fragmentation import (
     MILLI,
     Fragmentation,
+    LearnedMix,
     NodeFree,
     ShapeHistogram,
     ShapeMix,
     TaskShape,
     choose_node,
     fgd_evaluate,
+    fragaware_devices,
     fragaware_evaluate,
     fullness_score,
+    node_free,
     rank_scores,
+    request_shape,
 )
+from gpupool.core.model import Device, GpuRequest
 
 HALF = TaskShape(1, 500, 1000, 1024)
 WHOLE = TaskShape(1, MILLI, 1000, 1024)
@@ -184,3 +189,30 @@ def test_choose_node_and_rank_scores():
     ranked = rank_scores([1.0, None, 3.0, 3.0, -5.0])
     assert ranked[2] == 10 and max(r for i, r in enumerate(ranked) if i != 2) < 10
     assert ranked[1] == 0 and ranked[3] > ranked[0] > ranked[4] >= 1
+
+
+def test_learned_mix_rebuilds_as_it_learns():
+    learned = LearnedMix(refresh_every=64)
+    assert len(learned.frag.mix) == 0
+    for _ in range(20):
+        learned.observe(WHOLE)
+    assert learned.version == 2 and [s for s, _ in learned.frag.mix.shapes] == [WHOLE]
+    for _ in range(200):
+        learned.observe(HALF)
+    assert learned.frag.mix.shapes[0][0] == HALF
+
+
+def test_device_helpers_and_the_in_node_choice():
+    devices = [Device(f"g{i}", i, "A100", 40960, "n") for i in range(3)]
+    assert request_shape(GpuRequest(1, fraction=0.5), devices[0]) == TaskShape(1, 500)
+    assert request_shape(GpuRequest(2, memory_mib=4096), devices[0]) == TaskShape(2, 100)
+    free = {"g0": 40960, "g1": 20480, "g2": 8192}
+    assert node_free(devices, free) == NodeFree((1000, 500, 200), model="A100")
+    half = [(d, 20480) for d in devices[:2]]
+    # no history: best fit, the GPU left fullest (binpack's choice)
+    assert fragaware_devices(devices, free, half, 1, Fragmentation(ShapeMix([])))[0][0].uuid == "g1"
+    # whole GPUs expected: the same, a whole one stays whole
+    whole_mix = Fragmentation(ShapeMix([(TaskShape(1, MILLI), 1.0)]))
+    assert fragaware_devices(devices, free, half, 1, whole_mix)[0][0].uuid == "g1"
+    picked = fragaware_devices(devices, free, half, 2, whole_mix)
+    assert sorted(d.uuid for d, _ in picked) == ["g0", "g1"]

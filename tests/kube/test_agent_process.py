@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 USER_TOKEN = "team-a-token-0123456789abcdef"
 POD_UID = "3f6c1c1e-5b2a-4d7e-9a51-2f1d0c9e8b7a"
 GONE_UID = "0b9d8c7e-1111-4222-8333-944455566677"
-_URL_RE = re.compile(r"listening on (http://\S+)")
+_URL_RE = re.compile(r"listening on (https?://\S+)")
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0, log: Optional[Path] = None):
@@ -58,6 +59,7 @@ class Agent:
     kubelet_dir: Path
     live_pods: Path
     log: Path
+    context: Optional[ssl.SSLContext] = None  # an agent serving HTTPS: verified against the agents' CA
 
     @property
     def plugin_socket(self) -> Path:
@@ -67,7 +69,7 @@ class Agent:
         req = urllib.request.Request(self.url + path)
         if token:
             req.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=5, context=self.context) as resp:
             return json.loads(resp.read())
 
     def status(self) -> dict:
@@ -77,7 +79,7 @@ class Agent:
         return stop_process(self.proc)
 
 
-def start_agent(base: Path, *extra: str) -> Agent:
+def start_agent(base: Path, *extra: str, ca: Optional[str] = None) -> Agent:
     """`gpupool kube agent` on 127.0.0.1:0 with 2 emulated GPUs, a user token in its tokens dir."""
     kubelet_dir, tokens = base / "device-plugins", base / "tokens"
     kubelet_dir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +125,9 @@ def start_agent(base: Path, *extra: str) -> Agent:
         return match.group(1) if match else None
 
     url = wait_for("the agent to listen", listening, timeout=20, log=log)
-    agent = Agent(proc, url, (base / "admin-token").read_text().strip(), kubelet_dir, base / "live-pods", log)
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    admin = (base / "admin-token").read_text().strip()
+    agent = Agent(proc, url, admin, kubelet_dir, base / "live-pods", log, context)
     wait_for("/healthz", lambda: _healthy(agent), log=log)
     return agent
 
@@ -317,7 +321,6 @@ def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
 
 def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
     """`gpupool kube webhook` as a process: /healthz over TLS, the agent's GPUs in the extender, SIGTERM."""
-    import ssl
 
     _, agent = node
     token_file = agent.log.parent / "admin-token"

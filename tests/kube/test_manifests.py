@@ -104,7 +104,12 @@ def test_certs_command_writes_a_component(tmp_path):
     assert main(["kube", "certs", "--out", str(out)]) == 0
     comp = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert comp["kind"] == "Component"
-    assert [g["name"] for g in comp["secretGenerator"]] == ["gpupool-webhook-tls", "gpupool-agent-token"]
+    assert [g["name"] for g in comp["secretGenerator"]] == [
+        "gpupool-webhook-tls",
+        "gpupool-agent-ca",
+        "gpupool-agent-token",
+    ]
+    assert (out / "agent-ca.crt").is_file() and (out / "agent-ca.key").stat().st_mode & 0o077 == 0
     patch = yaml.safe_load(comp["patches"][0]["patch"])
     assert patch[0]["path"] == "/webhooks/0/clientConfig/caBundle"
     first_ca = (out / "ca.crt").read_bytes()

@@ -39,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--agent-port", type=int, default=56001)
     p.add_argument("--agent-token-file", help="admin token to read the agents' /v1/status")
+    p.add_argument(
+        "--agent-ca",
+        metavar="FILE",
+        help="the agents' CA (deploy/tls/agent-ca.crt): reach agents over HTTPS, verified, and have pods do so",
+    )
     p.add_argument("--runner-image", default="ghcr.io/gpupool/gpupool:0.1.0", help="image of the runner init container")
     p.add_argument("--token-secret", default="gpupool-client", help="Secret (in each pod's namespace) with key 'token'")
     p.add_argument("--gpu-memory", help="GPU size for gpu-memory asks while no agent has reported (e.g. 80GiB)")
@@ -72,7 +77,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--token-file", default="/etc/gpupool-agent/token", help="admin token file")
     p.add_argument("--tokens-dir", default="/etc/gpupool-tokens", help="user tokens, one file per name")
     p.add_argument("--node", default="", help="node name (default: env NODE_NAME)")
-    p.add_argument("--advertise", default="", help="agent URL for containers (default http://$NODE_IP:PORT)")
+    p.add_argument("--advertise", default="", help="agent URL for containers (default http(s)://$NODE_IP:PORT)")
+    p.add_argument("--tls-ca-cert", help="the agents' CA: the agent issues itself a certificate for its node from it")
+    p.add_argument("--tls-ca-key", help="its private key")
+    p.add_argument("--tls-cert", help="or a serving certificate as it is (and --tls-key)")
+    p.add_argument("--tls-key", help="its private key")
     p.add_argument("--no-reap", action="store_true", help="do not release leases of gone pods (outside a cluster)")
     p.add_argument(
         "--live-pods-file",
@@ -103,6 +112,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--namespace", required=True, help="namespace of the pods that use it")
     p.add_argument("--token", help="the token (default: a new one; or a bundle's token, see --from-bundle)")
     p.add_argument("--from-bundle", metavar="CLIENT_YAML", help="take the token from a client bundle's client.yaml")
+    p.add_argument(
+        "--agent-ca",
+        metavar="FILE",
+        default="deploy/tls/agent-ca.crt",
+        help="the agents' CA, put in the Secret as ca.crt so pods verify their node's agent "
+        "(default deploy/tls/agent-ca.crt; left out when the file does not exist)",
+    )
     p.add_argument("--system-namespace", default="gpupool-system")
     p.set_defaults(func=handle_secret)
 
@@ -114,7 +130,14 @@ def handle_webhook(args: argparse.Namespace) -> int:
     from ..core.usage import IsolationMode
     from ..kube.admission import WebhookApp, serve
     from ..kube.mutate import MutateConfig
-    from ..kube.nodestate import ClusterState, kube_pending, kube_targets, static_targets
+    from ..kube.nodestate import (
+        ClusterState,
+        agent_tls_context,
+        fetch_status,
+        kube_pending,
+        kube_targets,
+        static_targets,
+    )
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
@@ -123,23 +146,32 @@ def handle_webhook(args: argparse.Namespace) -> int:
         ("--tls-cert", args.tls_cert, "`gpupool kube certs --out DIR` writes DIR/tls.crt"),
         ("--tls-key", args.tls_key, "`gpupool kube certs --out DIR` writes DIR/tls.key"),
         ("--agent-token-file", args.agent_token_file, "give the file that holds the node agents' admin token"),
+        ("--agent-ca", args.agent_ca, "give the agents' CA certificate, deploy/tls/agent-ca.crt"),
     ):
         if path and not os.path.isfile(path):
             raise InvalidInput(f"{flag} {path!r} does not exist: {fix}")
     token = Path(args.agent_token_file).read_text().strip() if args.agent_token_file else ""
     in_cluster = args.agents == "kube"
-    targets = kube_targets(args.agent_port) if in_cluster else static_targets(args.agents)
+    scheme = "https" if args.agent_ca else "http"
+    targets = kube_targets(args.agent_port, scheme) if in_cluster else static_targets(args.agents)
     # Before the cluster poller starts, so that a bad flag leaves no thread behind.
     config = MutateConfig(
         runner_image=args.runner_image,
         agent_port=args.agent_port,
+        agent_scheme=scheme,
         token_secret=args.token_secret,
         gpu_memory_mib=parse_memory_mib(args.gpu_memory, "--gpu-memory") if args.gpu_memory else None,
         wait_s=args.wait,
         mps_pipe_dir=args.mps_pipe_dir if mps else "",
         mps_shm_dir=args.mps_shm_dir,
     )
-    cluster = ClusterState(targets, token=token, pending=kube_pending() if in_cluster else None)
+    context = agent_tls_context(args.agent_ca) if args.agent_ca else None
+    cluster = ClusterState(
+        targets,
+        token=token,
+        pending=kube_pending() if in_cluster else None,
+        fetch=(lambda url: fetch_status(url, token, context=context)) if context else None,
+    )
     cluster.start(args.refresh)
     server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]
@@ -168,27 +200,31 @@ def handle_agent(args: argparse.Namespace) -> int:
 
     if args.reap_interval <= 0:
         raise InvalidInput(f"--reap-interval {args.reap_interval:g}: give a positive number of seconds, e.g. 30")
-    run_agent(
-        AgentConfig(
-            kubelet_dir=args.kubelet_dir,
-            devices=args.devices,
-            listen=args.listen,
-            state_dir=args.state,
-            token_file=args.token_file,
-            tokens_dir=args.tokens_dir,
-            node=args.node,
-            advertise=args.advertise,
-            in_cluster=not args.no_reap,
-            live_pods_file=args.live_pods_file,
-            reap_interval_s=args.reap_interval,
-            enforcement=node_enforcement(args),
-        )
+    config = AgentConfig(
+        kubelet_dir=args.kubelet_dir,
+        devices=args.devices,
+        listen=args.listen,
+        state_dir=args.state,
+        token_file=args.token_file,
+        tokens_dir=args.tokens_dir,
+        node=args.node,
+        advertise=args.advertise,
+        in_cluster=not args.no_reap,
+        live_pods_file=args.live_pods_file,
+        reap_interval_s=args.reap_interval,
+        enforcement=node_enforcement(args),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca_cert=args.tls_ca_cert,
+        tls_ca_key=args.tls_ca_key,
     )
+    config.check()  # before anything starts
+    run_agent(config)
     return 0
 
 
 def handle_certs(args: argparse.Namespace) -> int:
-    from ..kube.certs import service_names, write_certs
+    from ..kube.certs import service_names, write_ca, write_certs
     from ..kube.manifests import write_ca_patch
 
     if bool(args.ca_cert) != bool(args.ca_key):
@@ -196,8 +232,11 @@ def handle_certs(args: argparse.Namespace) -> int:
     ca, crt, key = write_certs(
         args.out, service_names(args.service, args.namespace), args.days, args.ca_cert, args.ca_key
     )
+    wrote = [str(ca), str(crt), str(key)]
+    if not (Path(args.out) / "agent-ca.crt").exists():  # kept across rotations: every agent issues from it
+        wrote += [str(p) for p in write_ca(args.out, "agent-ca", "gpupool agent CA")]
     patch = write_ca_patch(args.out, ca.read_bytes())
-    print(f"wrote {ca}, {crt}, {key} and {patch}", file=sys.stderr)
+    print(f"wrote {', '.join(wrote)} and {patch}", file=sys.stderr)
     return 0
 
 
@@ -219,8 +258,9 @@ def handle_secret(args: argparse.Namespace) -> int:
     token = token or secrets.token_urlsafe(32)
     patch = json.dumps({"stringData": {name: token}})
     print(f"kubectl -n {args.system_namespace} patch secret gpupool-tokens --type merge -p {shlex.quote(patch)}")
+    ca = f" --from-file=ca.crt={shlex.quote(args.agent_ca)}" if args.agent_ca and os.path.isfile(args.agent_ca) else ""
     print(
         f"kubectl -n {shlex.quote(args.namespace)} create secret generic gpupool-client "
-        f"--from-literal=token={shlex.quote(token)}"
+        f"--from-literal=token={shlex.quote(token)}{ca}"
     )
     return 0

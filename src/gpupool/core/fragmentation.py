@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import InvalidInput
+from .model import Device, GpuRequest
 
 MILLI = 1000
+MEMO_LIMIT = 500_000  # node states remembered per mix (about 100 MB at most)
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ class Fragmentation:
         key = (node.model, gpus, cpu, mem)
         value = self._memo.get(key)
         if value is None:
+            if len(self._memo) >= MEMO_LIMIT:  # a long-lived extender sees endless states: start over
+                self._memo.clear()
             value = self._memo[key] = self._compute(node.model, gpus, cpu, mem)
         return value
 
@@ -284,6 +289,92 @@ class Fragmentation:
             else:
                 frag += p * total
         return frag
+
+
+class LearnedMix:
+    """A decaying histogram of the claims seen, with the fragmentation measure of its current mix.
+
+    The measure is rebuilt (its memo starts empty) when the histogram has doubled, up to every
+    `refresh_every` observations, so scores stay comparable between rebuilds. Thread-safe.
+    """
+
+    def __init__(
+        self, half_life: float = 5000.0, refresh_every: int = 1024, histogram: Optional[ShapeHistogram] = None
+    ) -> None:
+        self.histogram = histogram if histogram is not None else ShapeHistogram(half_life)
+        self.refresh_every = refresh_every
+        self.version = 0
+        self._lock = threading.Lock()
+        self._next = max(16, self.histogram.observed + 1)
+        self.frag = self._build()
+
+    def _build(self) -> Fragmentation:
+        self.version += 1
+        return Fragmentation(self.histogram.mix(), memory=True, gpu_only=True)
+
+    def observe(self, shape: TaskShape) -> None:
+        """Count one claim; rebuild the measure when it is due."""
+        with self._lock:
+            self.histogram.observe(shape)
+            if self.histogram.observed >= self._next:
+                self._next += min(self._next, self.refresh_every)
+                self.frag = self._build()
+
+
+def request_shape(request: GpuRequest, device: Device) -> TaskShape:
+    """A GPU request as a task shape on GPUs like `device` (its share rounded up to a thousandth)."""
+    need = request.memory_on(device)
+    return TaskShape(request.count, min(MILLI, max(1, math.ceil(need * MILLI / device.memory_mib - 1e-9))))
+
+
+def node_free(devices: Sequence[Device], free_mib: Mapping[str, int]) -> NodeFree:
+    """One node's healthy devices as a NodeFree (share free per GPU, in thousandths); CPU and memory unknown."""
+    healthy = [d for d in devices if d.healthy]
+    models = {d.name for d in healthy}
+    return NodeFree(
+        tuple(max(0, free_mib.get(d.uuid, d.memory_mib)) * MILLI // max(1, d.memory_mib) for d in healthy),
+        model=models.pop() if len(models) == 1 else "",
+    )
+
+
+def fragaware_devices(
+    devices: Sequence[Device],
+    free_mib: Mapping[str, int],
+    fitting: Sequence[Tuple[Device, int]],
+    count: int,
+    frag: Fragmentation,
+) -> List[Tuple[Device, int]]:
+    """`count` of the `fitting` (device, MiB) pairs, one at a time where the node's fragmentation grows least.
+
+    Ties go to the device left fullest (best fit), then node and index: with no history the
+    choice is binpack's.
+    """
+    by_node: Dict[str, List[Device]] = {}
+    for d in devices:
+        if d.healthy:
+            by_node.setdefault(d.node, []).append(d)
+    free = dict(free_mib)
+    chosen: List[Tuple[Device, int]] = []
+    left = list(fitting)
+    for _ in range(count):
+        befores: Dict[str, float] = {}
+        best: Optional[Tuple[float, int, str, int]] = None
+        best_pair: Optional[Tuple[Device, int]] = None
+        for d, mib in left:
+            node = by_node.get(d.node, [d])
+            if d.node not in befores:
+                befores[d.node] = frag.of(node_free(node, free))
+            free[d.uuid] -= mib
+            growth = frag.of(node_free(node, free)) - befores[d.node]
+            free[d.uuid] += mib
+            key = (round(growth, 6), free[d.uuid] - mib, d.node, d.index)
+            if best is None or key < best:
+                best, best_pair = key, (d, mib)
+        assert best_pair is not None
+        chosen.append(best_pair)
+        free[best_pair[0].uuid] -= best_pair[1]
+        left = [pair for pair in left if pair[0].uuid != best_pair[0].uuid]
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -458,6 +549,10 @@ def fullness_score(node: NodeFree, task: TaskShape, spread: bool = False) -> Opt
 
 __all__ = [
     "MILLI",
+    "LearnedMix",
+    "request_shape",
+    "node_free",
+    "fragaware_devices",
     "Evaluation",
     "Fragmentation",
     "NodeFree",

@@ -44,6 +44,61 @@ class AgentConfig:
     in_cluster: bool = True  # reap with the node's pod list from the API server
     live_pods_file: Optional[str] = None  # reap with the pod UIDs of this file instead (tests, development)
     enforcement: NodeEnforcement = field(default_factory=NodeEnforcement)  # isolation mode and watchdog
+    # TLS: a serving certificate as files, or the agents' CA, from which the agent issues itself one
+    # for its node's IP at start (deploy/: Secret gpupool-agent-ca). Plain HTTP only on loopback.
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_ca_cert: Optional[str] = None
+    tls_ca_key: Optional[str] = None
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert or self.tls_ca_cert)
+
+    def check(self) -> None:
+        """Refuse flag combinations that cannot work, and bearer tokens in clear text off loopback."""
+        from ..core.errors import InvalidInput
+        from ..server.serve import parse_listen
+
+        for a, b, what in (
+            (self.tls_cert, self.tls_key, "--tls-cert and --tls-key"),
+            (self.tls_ca_cert, self.tls_ca_key, "--tls-ca-cert and --tls-ca-key"),
+        ):
+            if bool(a) != bool(b):
+                raise InvalidInput(f"give both {what}, or neither")
+        if self.tls_cert and self.tls_ca_cert:
+            raise InvalidInput("give --tls-cert/--tls-key or --tls-ca-cert/--tls-ca-key, not both")
+        host, _ = parse_listen(self.listen)
+        if not self.tls and not _loopback(host):
+            raise InvalidInput(
+                f"--listen {self.listen}: the agent takes bearer tokens, so off loopback it serves HTTPS only; "
+                "give --tls-ca-cert/--tls-ca-key (the agents' CA: deploy/tls/agent-ca.crt/.key, "
+                "written by deploy/certs.sh) or --tls-cert/--tls-key, or listen on 127.0.0.1"
+            )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serving_files(config: AgentConfig, node: str) -> Tuple[Optional[str], Optional[str]]:
+    """(cert, key) the agent serves with: given, issued from the agents' CA for this node, or none."""
+    if config.tls_ca_cert and config.tls_ca_key:
+        from .certs import issue_node_cert
+
+        ips = [os.environ.get("NODE_IP", "")]
+        crt, key = issue_node_cert(
+            str(Path(config.state_dir) / "tls"), config.tls_ca_cert, config.tls_ca_key, node, ips
+        )
+        return str(crt), str(key)
+    return config.tls_cert, config.tls_key
 
 
 def release_orphans(pool: Pool, live_uids: Set[str], listed_at: float) -> List[Lease]:
@@ -163,6 +218,8 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     elif config.in_cluster:
         live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
     devices = discover(config.devices, node)
+    config.check()
+    cert, key = serving_files(config, node)
     prepared = prepare(
         ServerConfig(
             listen=config.listen,
@@ -171,10 +228,13 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             device_list=devices,
             node=node,
             enforcement=config.enforcement,
+            tls_cert=cert,
+            tls_key=key,
         )
     )
     port = prepared.sock.getsockname()[1]  # the bound one: --listen may say :0
-    advertise = config.advertise or f"http://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
+    scheme = "https" if cert else "http"
+    advertise = config.advertise or f"{scheme}://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()
     # In mps mode the webhook mounts the agent's MPS pipe folder (STATE/mps/pipe) into GPU pods.
     plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise))

@@ -53,7 +53,15 @@ def write_ca_patch(out_dir: str, ca_pem: bytes) -> pathlib.Path:
             {
                 "name": "gpupool-webhook-tls",
                 "type": "kubernetes.io/tls",
-                "files": ["tls.crt", "tls.key", "ca.crt"],
+                # agent-ca.crt: the webhook and extender verify the node agents with it
+                "files": ["tls.crt", "tls.key", "ca.crt", "agent-ca.crt"],
+                "options": {"disableNameSuffixHash": True},
+            },
+            {
+                # only the agents mount it: each issues itself a certificate for its node's IP
+                "name": "gpupool-agent-ca",
+                "type": "kubernetes.io/tls",
+                "files": ["tls.crt=agent-ca.crt", "tls.key=agent-ca.key"],
                 "options": {"disableNameSuffixHash": True},
             },
             {

@@ -38,6 +38,11 @@ def fetch_status(
     return status
 
 
+def agent_tls_context(ca_file: str) -> ssl.SSLContext:
+    """Verify agents against the agents' CA; each agent's certificate names its node's IP."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
 class ClusterState:
     """Snapshots of every node agent's state, refreshed by `refresh()` (or a background thread)."""
 

@@ -18,8 +18,8 @@ from ..core.fragmentation import (
     Evaluation,
     FragAwareTuning,
     Fragmentation,
+    LearnedMix,
     NodeFree,
-    ShapeHistogram,
     ShapeMix,
     TaskShape,
     fgd_evaluate,
@@ -128,43 +128,23 @@ class FGD(ReplayPolicy):
 
 
 class FragAware(ReplayPolicy):
-    """gpupool's policy: learns the mix from the tasks it sees (a decaying histogram), refreshed as it grows."""
+    """gpupool's policy: learns the mix from the tasks it sees (`core.fragmentation.LearnedMix`, as the pool does)."""
 
     name = DEFAULT_POLICY
 
-    def __init__(
-        self,
-        half_life: float = 5000.0,
-        gpu_weight: float = 0.0,
-        prior: Sequence[TaskShape] = (),
-        tuning: FragAwareTuning = DEFAULT_TUNING,
-    ) -> None:
-        self.histogram = ShapeHistogram(half_life)
-        self.gpu_weight = gpu_weight
+    def __init__(self, half_life: float = 5000.0, tuning: FragAwareTuning = DEFAULT_TUNING) -> None:
+        self.learned = LearnedMix(half_life)
         self.tuning = tuning
         self.tolerance = tuning.tolerance
         self.first_of_ties = tuning.tolerance > 0  # near-ties go by node order, as `choose_node` does
-        for shape in prior:
-            self.histogram.observe(shape)
-        self._next_refresh = 16
-        self._refresh()
-
-    def _refresh(self) -> None:
-        mix = self.histogram.mix()
-        if self.gpu_weight:
-            mix = mix.reweighted(self.gpu_weight)
-        self.frag = Fragmentation(mix, memory=True, gpu_only=True)
-        self.version += 1
+        self.version = self.learned.version
 
     def observe(self, task: TaskShape) -> None:
-        self.histogram.observe(task)
-        # the mix settles quickly: refresh at 16, 32, 64 ... observations, then every 1024
-        if self.histogram.observed >= self._next_refresh:
-            self._next_refresh += min(self._next_refresh, 1024)
-            self._refresh()
+        self.learned.observe(task)
+        self.version = self.learned.version
 
     def evaluate(self, node: NodeFree, task: TaskShape) -> Optional[Evaluation]:
-        return fragaware_evaluate(node, task, self.frag, self.tuning)
+        return fragaware_evaluate(node, task, self.learned.frag, self.tuning)
 
 
 POLICIES = (DEFAULT_POLICY, "fgd", "binpack", "spread", "random")
