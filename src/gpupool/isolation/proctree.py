@@ -27,7 +27,8 @@ _KILL_SETTLE_S = 1.0
 
 # The pod UID in a cgroup path: cgroupfs driver `.../pod<uid>/...` (dashes), systemd driver
 # `kubepods-<qos>-pod<uid>.slice` (underscores). Static pods have a 32-hex UID without dashes.
-_POD_RE = re.compile(
+# Compiled at first use (re caches it): most processes that import this module never read a cgroup.
+_POD_PATTERN = (
     r"(?:^|[/-])pod("
     r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
     r"|[0-9a-fA-F]{32}"
@@ -150,7 +151,7 @@ def pod_uid_of(pid: int, proc_root: str = PROC) -> Optional[str]:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        match = _POD_RE.search(parts[2])
+        match = re.search(_POD_PATTERN, parts[2])
         if match:
             return match.group(1).replace("_", "-").lower()
     return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Set
 
 from ..isolation.proctree import descendants, group_members, lease_id_of, process_table, terminate
 from ..logs import get_logger
@@ -14,6 +14,8 @@ log = get_logger(__name__)
 def tree_pids(child_pgid: Optional[int], exclude: Iterable[int] = (), lease_id: Optional[str] = None) -> List[int]:
     """Every process that belongs to this run: the runner's descendants (orphans re-parent to it,
     a subreaper), the child's process group, and, given `lease_id`, every process started with it."""
+    if lease_id is None and _nothing_left(child_pgid, set(exclude)):
+        return []
     me = os.getpid()
     table = process_table()
     pids = set(descendants(me, table))
@@ -24,6 +26,36 @@ def tree_pids(child_pgid: Optional[int], exclude: Iterable[int] = (), lease_id: 
     pids.difference_update(exclude)
     pids.discard(me)
     return sorted(pids)
+
+
+def _children(pid: str) -> Set[int]:
+    """The children of every thread of `pid` ("self" or a number), from /proc/PID/task/TID/children."""
+    found: Set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+            found.update(int(x) for x in handle.read().split())
+    return found
+
+
+def _nothing_left(child_pgid: Optional[int], exclude: Set[int]) -> bool:
+    """Whether `tree_pids` (without a lease id) would find nothing, told from a few small files
+    rather than a read of every process in /proc: this process has no children but `exclude`,
+    those have none, and no process is in group `child_pgid`. False when unsure."""
+    try:
+        children = _children("self")
+        if children - exclude or any(_children(str(pid)) for pid in children):
+            return False
+    except (OSError, ValueError):  # a kernel without these files, or a child that just ended
+        return False
+    if child_pgid is None:
+        return True
+    try:
+        os.killpg(child_pgid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # someone else's process is in that group
+        return False
+    return False
 
 
 def end_tree(
