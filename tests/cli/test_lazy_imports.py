@@ -16,8 +16,8 @@ from gpupool.cli.main import COMMANDS, build_parser
 
 # Costly imports the embedded pool never needs.
 EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
-# A pool server needs http.client (which imports email and ssl itself), and still not these.
-REMOTE_NEVER = ("urllib.request", "logging")
+# The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl.
+REMOTE_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
 
 PROBE = """\
 import sys
@@ -72,7 +72,7 @@ def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded_env):
     assert " gpupool.client.resolve WARNING ignoring client config: client config /nonexistent" in done.stderr
 
 
-def test_remote_pool_verbs_import_no_urllib_request_and_no_logging(running_server, tmp_path):
+def test_plain_http_pool_verbs_import_no_http_client_ssl_or_logging(running_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(HOME=str(tmp_path), GPUPOOL_SERVER=running_server.url, GPUPOOL_TOKEN=running_server.token or "")
     assert loaded(env, REMOTE_NEVER, "run", "-q", "-p", "0.5", "--", "true") == []

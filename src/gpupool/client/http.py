@@ -1,14 +1,21 @@
-"""HTTP client of a pool server (stdlib http.client): keep-alive, bearer token, TLS with a CA file."""
+"""HTTP client of a pool server: keep-alive, bearer token, TLS with a CA file.
+
+The transport is a small HTTP/1.1 client on a socket (`_Connection`) rather than http.client,
+which imports email and ssl: `gpupool run` against a plain-HTTP pool imports neither, and
+against HTTPS only ssl. It speaks what the pool API needs: one request at a time on a kept-alive
+connection, JSON bodies with Content-Length, answers with Content-Length, chunked, or until
+the server closes.
+"""
 
 from __future__ import annotations
 
-import http.client
 import json
 import select
-import ssl
+import socket
+import sys
 import threading
 import urllib.parse
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type, Union
 
 from ..core.errors import (
     GpupoolError,
@@ -23,11 +30,27 @@ from ..logs import get_logger
 from .base import PoolClient
 from .config import normalize_url
 
+if TYPE_CHECKING:
+    import ssl
+
 log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+# Header lines and the status line are short; a longer one is not a pool server answering.
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+
+
+class HttpProtocolError(OSError):
+    """The server's answer is not HTTP/1.x as this client reads it."""
+
+
+class Disconnected(ConnectionError):
+    """The server closed the connection before it answered (a kept-alive connection gone idle)."""
+
+
 # Failures that mean "the socket went away", where one fresh connection is worth a try.
-_DROPPED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.BadStatusLine)
+_DROPPED = (Disconnected, ConnectionResetError, BrokenPipeError)
 
 
 class HttpPoolClient(PoolClient):
@@ -45,7 +68,7 @@ class HttpPoolClient(PoolClient):
         self._token = token
         self._ca = ca
         self._timeout_s = timeout_s
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._conn: Optional[_Connection] = None
         self._lock = threading.Lock()  # http.client connections are not thread-safe
 
     # -- PoolClient -------------------------------------------------------
@@ -98,19 +121,16 @@ class HttpPoolClient(PoolClient):
             headers["Authorization"] = f"Bearer {self._token}"
         with self._lock:
             for attempt in (1, 2):
-                conn = self._connection(timeout_s or self._timeout_s)
                 try:
-                    conn.request(method, self._prefix + path, body=payload, headers=headers)
-                    response = conn.getresponse()
-                    raw = response.read()
-                    status = response.status
-                    if response.will_close:
+                    conn = self._connection(timeout_s or self._timeout_s)
+                    status, raw, will_close = conn.exchange(method, self._prefix + path, payload, headers)
+                    if will_close:
                         self._drop()
                     break
-                except ssl.SSLCertVerificationError as err:
+                except _cert_error(self._https) as err:
                     self._drop()
                     raise ServerUnreachable(
-                        f"TLS verification of {self.address} failed ({err.verify_message}): "
+                        f"TLS verification of {self.address} failed ({getattr(err, 'verify_message', err)}): "
                         "set 'ca' in the client config to the pool's ca.crt, or check the host name"
                     ) from None
                 except _DROPPED as err:
@@ -118,7 +138,7 @@ class HttpPoolClient(PoolClient):
                     if attempt == 2 or not retry:
                         raise self._unreachable(err) from None
                     log.debug("connection to %s dropped (%s), reconnecting", self.address, err)
-                except (OSError, http.client.HTTPException) as err:
+                except OSError as err:
                     self._drop()
                     raise self._unreachable(err) from None
         return self._decode(method, path, status, raw)
@@ -146,18 +166,13 @@ class HttpPoolClient(PoolClient):
             )
         raise err
 
-    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+    def _connection(self, timeout_s: float) -> _Connection:
         if self._conn is not None and _dropped(self._conn):
             self._drop()
         if self._conn is None:
-            if self._https:
-                context = _tls_context(self._ca)
-                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s, context=context)
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
-        self._conn.timeout = timeout_s
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout_s)
+            context = _tls_context(self._ca) if self._https else None
+            self._conn = _Connection(self._host, self._port, timeout_s, context)
+        self._conn.sock.settimeout(timeout_s)
         return self._conn
 
     def _drop(self) -> None:
@@ -175,11 +190,109 @@ class HttpPoolClient(PoolClient):
         )
 
 
-def _dropped(conn: http.client.HTTPConnection) -> bool:
+class _Connection:
+    """One HTTP/1.1 connection to host:port (TLS with `context`), one request at a time."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, context: Optional[ssl.SSLContext] = None) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small requests, answered at once
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock: socket.socket = sock
+        self._reader = sock.makefile("rb")
+        name = f"[{host}]" if ":" in host else host
+        self._host_header = name if port == (443 if context is not None else 80) else f"{name}:{port}"
+
+    def exchange(
+        self, method: str, target: str, body: Optional[bytes], headers: Dict[str, str]
+    ) -> Tuple[int, bytes, bool]:
+        """Send one request, read its whole answer: (status, body, whether the server closes)."""
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        self.sock.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + (body or b""))
+        status, fields, version = self._head()
+        while 100 <= status < 200:  # interim answers (100 Continue) carry no body
+            status, fields, version = self._head()
+        connection = fields.get("connection", "").lower()
+        will_close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
+        if method == "HEAD" or status in (204, 304):
+            return status, b"", will_close
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            return status, self._chunked(), will_close
+        if "content-length" in fields:
+            try:
+                length = int(fields["content-length"])
+            except ValueError:
+                raise HttpProtocolError(f"bad Content-Length {fields['content-length']!r}") from None
+            return status, self._exactly(length), will_close
+        return status, self._reader.read(), True  # delimited by the end of the connection
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            self.sock.close()
+
+    def _line(self) -> bytes:
+        line = self._reader.readline(_MAX_LINE + 1)
+        if len(line) > _MAX_LINE:
+            raise HttpProtocolError("header line too long")
+        return line
+
+    def _head(self) -> Tuple[int, Dict[str, str], str]:
+        first = self._line()
+        if not first:
+            raise Disconnected("the server closed the connection without answering")
+        parts = first.decode("latin-1").split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise HttpProtocolError(f"not an HTTP answer: {first[:80]!r}")
+        fields: Dict[str, str] = {}
+        for _ in range(_MAX_HEADERS):
+            line = self._line()
+            if line in (b"\r\n", b"\n", b""):
+                return int(parts[1]), fields, parts[0]
+            name, _, value = line.decode("latin-1").partition(":")
+            key = name.strip().lower()
+            fields[key] = f"{fields[key]}, {value.strip()}" if key in fields else value.strip()
+        raise HttpProtocolError(f"more than {_MAX_HEADERS} header lines")
+
+    def _exactly(self, length: int) -> bytes:
+        data = self._reader.read(length)
+        if len(data) < length:
+            raise Disconnected(f"the server closed the connection {len(data)} of {length} bytes into its answer")
+        return data
+
+    def _chunked(self) -> bytes:
+        chunks: List[bytes] = []
+        while True:
+            size_line = self._line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise HttpProtocolError(f"bad chunk size {size_line[:20]!r}") from None
+            if size == 0:
+                while self._line() not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
+                    pass
+                return b"".join(chunks)
+            chunks.append(self._exactly(size))
+            self._exactly(2)  # the CRLF after each chunk
+
+
+def _cert_error(https: bool) -> Union[Type[Exception], Tuple[()]]:
+    """ssl.SSLCertVerificationError on an HTTPS connection (ssl is loaded there), else nothing:
+    `except ()` catches no exception, and plain HTTP never imports ssl."""
+    return sys.modules["ssl"].SSLCertVerificationError if https and "ssl" in sys.modules else ()
+
+
+def _dropped(conn: _Connection) -> bool:
     """Whether the server closed an idle kept-alive connection (readable with EOF)."""
     sock = conn.sock
-    if sock is None:
-        return False
     try:
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
@@ -193,6 +306,8 @@ def _quote(text: str) -> str:
 
 def _tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
     """A verifying TLS context trusting `ca_file` (or the system CAs); a bad file is bad input."""
+    import ssl
+
     try:
         return ssl.create_default_context(cafile=ca_file or None)
     except OSError as err:  # missing file, or not PEM (ssl.SSLError is an OSError)
