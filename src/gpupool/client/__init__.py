@@ -1,6 +1,6 @@
 """Talks to a pool: the HTTP client and the embedded (in-process, SQLite) client, behind one interface.
 
-Owns: `PoolClient` (base), `HttpPoolClient` (stdlib http.client), `EmbeddedClient`, the client
+Owns: `PoolClient` (base), `HttpPoolClient` (HTTP/1.1 on a stdlib socket), `EmbeddedClient`, the client
 config file, and `connect` / `choose_and_claim` (which pool to use).
 May import: core and floor 1 (pool, store, devices, isolation) and floor 2; the standard
 library only, because it runs inside the user's container and ships in gpupool-run.pyz.
