@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, Unsatisfiable
 from ..core.model import Claim, Device
@@ -93,17 +93,23 @@ class Bench:
             for i, run in enumerate(self.runs):
                 self._rows.append(self._one(i, run))
         except Interrupted as stop:
-            for s in previous:
-                signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-            self._cancel_live()
+            self._stop_all(previous)
             partial = self._rows and write_all(self._report(devices, interrupted=True), self.out)
             raise Interrupted(stop.signum, partial or None) from None
+        except BaseException:  # a job that cannot start, a bug: the others must not run on
+            self._stop_all(previous)
+            raise
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         report = self._report(devices)
         report["files"] = write_all(report, self.out)
         return report
+
+    def _stop_all(self, handlers: Mapping[signal.Signals, Any]) -> None:
+        for s in handlers:
+            signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        self._cancel_live()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         raise Interrupted(signum)
@@ -274,7 +280,9 @@ class Bench:
 def _bar(total: int, title: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=title, file=sys.stderr, dynamic_ncols=True, leave=True, unit="step")
+    # A terminal that reports no width (0 columns under some ptys) would get an empty bar.
+    width = shutil.get_terminal_size((100, 24)).columns or 100
+    return tqdm(total=total, desc=title, file=sys.stderr, ncols=max(60, width), leave=True, unit="step")
 
 
 def _summary(row: Dict[str, Any]) -> str:

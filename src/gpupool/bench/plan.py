@@ -47,6 +47,7 @@ class Settings:
     device: str = "auto"
     amp: bool = True
     channels_last: Optional[bool] = None
+    compile: bool = False
     seed: int = 0
 
     def to_dict(self) -> Dict[str, Any]:
@@ -63,6 +64,7 @@ class Settings:
             "device": self.device,
             "amp": self.amp,
             "channels_last": self.channels_last,
+            "compile": self.compile,
             "seed": self.seed,
         }
 
@@ -180,6 +182,8 @@ def worker_command(settings: Settings, run_dir: str, tag: str, peers: int, concu
         cmd.append("--no-amp")
     if s.channels_last is not None:
         cmd.append("--channels-last" if s.channels_last else "--no-channels-last")
+    if s.compile:
+        cmd.append("--compile")
     return cmd
 
 

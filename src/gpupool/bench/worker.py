@@ -46,6 +46,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-amp", action="store_true")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compiled during warm-up)")
     p.add_argument("--peers", type=int, default=1, help="concurrent jobs that start and hold together")
     p.add_argument("--concurrent", type=int, default=1, help="worker processes this run starts in all")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to wait for the peers")
@@ -155,6 +156,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             train_model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
+        if args.compile:
+            train_model = torch.compile(train_model)  # type: ignore[assignment]
         params = [p for p in model.parameters() if p.requires_grad]
         opt_kwargs: Dict[str, Any] = {"fused": True} if cuda else {"foreach": True}
         optimizer = torch.optim.Adam(params, lr=1e-3, **opt_kwargs)
@@ -217,6 +220,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
             "channels_last": channels_last,
+            "compile": args.compile,
             "threads": threads,
             "torch": torch.__version__,
             "model": args.model,

@@ -71,6 +71,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="channels_last memory format (default: on GPU only)",
     )
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compiled during the warm-up)")
     p.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds (default 30)")
     p.add_argument(
         "--progress",
@@ -120,6 +121,7 @@ def _bench(args: argparse.Namespace) -> int:
         device=args.device,
         amp=not args.no_amp,
         channels_last=args.channels_last,
+        compile=args.compile,
     )
     if args.bench_command == "scaling":
         kind = Kind.SCALING
