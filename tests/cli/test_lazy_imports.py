@@ -16,8 +16,9 @@ from gpupool.cli.main import COMMANDS, build_parser
 
 # Costly imports the embedded pool never needs.
 EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
-# The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl.
-REMOTE_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
+# The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
+# nor the embedded pool's SQLite store.
+REMOTE_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "sqlite3", "gpupool.pool")
 
 PROBE = """\
 import sys
@@ -77,7 +78,7 @@ def test_plain_http_pool_verbs_import_no_http_client_ssl_or_logging(running_serv
     env.update(HOME=str(tmp_path), GPUPOOL_SERVER=running_server.url, GPUPOOL_TOKEN=running_server.token or "")
     assert loaded(env, REMOTE_NEVER, "run", "-q", "-p", "0.5", "--", "true") == []
     assert loaded(env, REMOTE_NEVER, "status", "--json") == []
-    assert loaded(env, REMOTE_NEVER + ("sqlite3",), "release", "0123456789abcdef") == []
+    assert loaded(env, REMOTE_NEVER, "release", "0123456789abcdef") == []
 
 
 def test_a_verb_imports_only_its_own_cli_module(embedded_env):

@@ -71,10 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.filters import Filter
-    from ..core.model import Claim, Policy
+    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy
     from ..core.quantity import parse_fraction, parse_memory_mib
     from ..core.usage import IsolationMode
-    from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
     from ..runner import RunOptions, progress, run
 
     command = list(args.cmd)

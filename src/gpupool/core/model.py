@@ -19,6 +19,11 @@ from .usage import NodeIsolation, UsageReport
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
 MIN_SHARE_MIB = 1
 MIN_FRACTION = 1e-6
+# Bounds of a claim's queue wait and of a lease's TTL, in seconds: the pool checks them, the
+# server's schema and the CLI say them (here, so the CLI need not import the pool).
+MAX_WAIT_S = 7 * 24 * 3600.0
+MIN_TTL_S = 0.05
+MAX_TTL_S = 24 * 3600.0
 
 
 class Policy(enum.Enum):

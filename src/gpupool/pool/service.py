@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
+from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
+from ..core.model import MAX_WAIT_S as MAX_WAIT_S
+from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
 from ..core.placement import could_ever_fit, place
 from ..core.usage import NodeIsolation, UsageReport
@@ -44,9 +47,6 @@ DEFAULT_TTL_S = 30.0
 # A waiter refreshes its ticket on every poll; one silent for this long is
 # taken for dead (its process was killed) and leaves the queue.
 TICKET_TTL_S = 5.0
-MAX_WAIT_S = 7 * 24 * 3600.0
-MIN_TTL_S = 0.05
-MAX_TTL_S = 24 * 3600.0
 # A waiting claim polls its ticket 5 ms after queueing, then half as late again each time, up to 100 ms.
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
