@@ -1,4 +1,4 @@
-"""The webhook's HTTP server: keep-alive, pipelining, malformed requests, certificate rotation."""
+"""The webhook's HTTP server: keep-alive, pipelining, malformed requests, limits, certificate rotation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,23 @@ import socket
 import ssl
 import time
 
-from gpupool.kube.admission import CertReloader
+import pytest
+
+from gpupool.kube.admission import CertReloader, WebhookApp
 from gpupool.kube.certs import write_certs
+from gpupool.kube.mutate import MutateConfig
+from gpupool.kube.webserver import Limits, WebServer
+
+
+@pytest.fixture
+def webhook_limits(tls, cluster):
+    """The webhook with short deadlines: 1 s for a head, 1.5 s for a body, a 24 MB body budget."""
+    limits = Limits(budget=24_000_000, body_timeout_s=1.5)
+    reloader = CertReloader(tls["crt"], tls["key"])
+    app = WebhookApp(MutateConfig(), cluster)
+    server = WebServer(("127.0.0.1", 0), app.handle, reloader.context, limits, head_timeout_s=1.0).start()
+    yield server.server_address[1], tls["ca"], limits
+    server.shutdown()
 
 
 def _raw(port: int, ca: str) -> ssl.SSLSocket:
@@ -31,7 +46,12 @@ def _read_answers(sock: ssl.SSLSocket, count: int):
             )
             if len(rest) < length:
                 break
-            answers.append((int(head.split(b" ")[1]), head, json.loads(rest[:length])))
+            raw = rest[:length]
+            try:
+                body = json.loads(raw)
+            except ValueError:  # the server's own plain-text 400 for what it cannot parse
+                body = raw.decode()
+            answers.append((int(head.split(b" ")[1]), head.lower(), body))
             buf = rest[length:]
     return answers
 
@@ -57,7 +77,7 @@ def test_bad_requests_get_4xx_and_close(webhook):
         sock.sendall(request)
         answers = _read_answers(sock, 1)
         assert answers and answers[0][0] == status, request
-        assert b"Connection: close" in answers[0][1]
+        assert b"connection: close" in answers[0][1]
         assert sock.recv(100) == b""  # closed by the server
         sock.close()
 
@@ -70,6 +90,64 @@ def test_connection_close_and_expect_continue(webhook):
     answers = _read_answers(sock, 1)
     assert answers[0][0] == 400 and sock.recv(100) == b""
     sock.close()
+
+
+def test_issue_10_requests_get_4xx_at_once(webhook):
+    """Duplicate or negative Content-Length and deeply nested JSON: a 4xx at once, never a hang or 500."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    for request, status in (
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400),
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400),
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(nested), nested), 400),
+    ):
+        sock = _raw(webhook["port"], webhook["ca"])
+        sock.settimeout(3)  # "at once": the old server waited for its idle timeout on some
+        started = time.monotonic()
+        sock.sendall(request)
+        answers = _read_answers(sock, 1)
+        assert answers and answers[0][0] == status, request[:80]
+        assert time.monotonic() - started < 2
+        sock.close()
+
+
+def test_stalled_uploads_hold_little_memory(webhook_limits):
+    """20 clients announce 8 MB bodies and stall: at most the in-flight budget is read; the
+    rest get 503 at once, and the stalled ones 408 when their time is up."""
+    port, ca, limits = webhook_limits
+    socks = []
+    for _ in range(20):
+        sock = _raw(port, ca)
+        sock.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n" + b" " * 65536)
+        socks.append(sock)
+    time.sleep(0.5)
+    refused = 0
+    for sock in socks:
+        sock.settimeout(0.2)
+        try:
+            answers = _read_answers(sock, 1)
+        except (socket.timeout, TimeoutError):
+            continue
+        refused += bool(answers and answers[0][0] == 503)
+    assert refused >= 20 - limits.budget // 8_000_000
+    assert limits.reading <= limits.budget
+    for sock in socks:
+        sock.settimeout(5)
+    late = [_read_answers(s, 1) for s in socks]
+    assert {a[0][0] for a in late if a} <= {408, 503}
+    assert limits.reading == 0
+    for sock in socks:
+        sock.close()
+
+
+def test_slow_request_head_is_cut_off(webhook_limits, monkeypatch):
+    port, ca, _ = webhook_limits
+    sock = _raw(port, ca)
+    sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")  # ... and never the rest of the head
+    sock.settimeout(5)
+    started = time.monotonic()
+    assert sock.recv(100) == b""  # closed by the server
+    assert time.monotonic() - started < 3
 
 
 def test_certificate_rotation_in_place(tmp_path):
@@ -94,3 +172,58 @@ def test_certificate_rotation_in_place(tmp_path):
     client.close()  # the handshake verified the new certificate against the new CA
     handshake.join(10)
     assert ca1 != ca2
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_twenty_stalled_uploads_raise_the_webhook_process_memory_by_under_50_mib(tls, tmp_path):
+    """Issue 10's figure on a real `gpupool kube webhook` process: 20 clients each send 4 MB of
+    an announced 8 MB body and stall."""
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    log = tmp_path / "webhook.log"
+    args = [sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0"]
+    args += ["--tls-cert", tls["crt"], "--tls-key", tls["key"], "--agents", "node-a=http://127.0.0.1:9"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    socks = []
+    try:
+        deadline = time.monotonic() + 20
+        while not re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        port = int(re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()).group(1))
+        sock = _raw(port, tls["ca"])  # one full request first: the server's steady size
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_answers(sock, 1)[0][0] == 200
+        sock.close()
+        before = _rss_mib(proc.pid)
+
+        def stall() -> None:
+            s = _raw(port, tls["ca"])
+            socks.append(s)
+            try:
+                s.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n" + b" " * 4_000_000)
+            except OSError:  # refused (503) and closed: fine
+                pass
+
+        threads = [threading.Thread(target=stall) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        time.sleep(1.0)
+        grown = _rss_mib(proc.pid) - before
+        assert grown < 50, f"RSS grew {grown:.1f} MiB"
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        proc.wait(10)

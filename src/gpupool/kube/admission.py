@@ -1,9 +1,9 @@
 """The webhook server: AdmissionReview (admission.k8s.io/v1) at /mutate and /validate, the
 scheduler extender at /extender/filter and /extender/prioritize, and /healthz.
 
-HTTP/1.1 over TLS on one asyncio event loop (`aioserver`: keep-alive, the app
-called inline, one send per response), and the certificate re-read when its
-file changes (rotation without restart).
+HTTP/1.1 over TLS from uvicorn (`webserver`: httptools, uvloop, connection, head, body and
+in-flight limits, the app called inline), and the certificate re-read when its file changes
+(rotation without restart).
 Bad input gets a 4xx or a deny with a message, never a 500.
 """
 
@@ -20,13 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import InvalidInput
 from . import extender
-from .aioserver import AsyncServer
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate
+from .webserver import WebServer
 
 log = logging.getLogger(__name__)
-MAX_BODY = 8 * 1024 * 1024  # the API server's own request limit is about 3 MiB
 
 
 class WebhookApp:
@@ -60,6 +59,8 @@ class WebhookApp:
             data = json.loads(body or b"null")
         except ValueError as err:
             return 400, {"error": {"code": "invalid_input", "message": f"body is not JSON: {err}"}}
+        except RecursionError:  # nested deeper than any AdmissionReview: refuse it, do not fail
+            return 400, {"error": {"code": "invalid_input", "message": "body is nested too deeply"}}
         if not isinstance(data, dict):
             return 400, {"error": {"code": "invalid_input", "message": "body must be a JSON object"}}
         return routes[path](data)
@@ -215,11 +216,9 @@ class CertReloader:
         return self._context
 
 
-def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optional[str] = None) -> AsyncServer:
+def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optional[str] = None) -> WebServer:
     """A started server on `listen` ('host:port'); call shutdown() to stop it."""
     host, _, port = listen.rpartition(":")
     certs = CertReloader(cert, key) if cert and key else None
-    server = AsyncServer(
-        (host.strip("[]") or "0.0.0.0", int(port)), app.handle, certs.context if certs else None, MAX_BODY
-    )
+    server = WebServer((host.strip("[]") or "0.0.0.0", int(port)), app.handle, certs.context if certs else None)
     return server.start()
