@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import List, Optional, TypedDict
+from typing import TYPE_CHECKING, List, Optional
 
+if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
+    from typing import TypedDict
 
-class PoolKwargs(TypedDict):
-    """What `pool_kwargs` returns: the pool-choosing keywords of `connect_all` and `RunOptions`."""
+    class PoolKwargs(TypedDict):
+        """What `pool_kwargs` returns: the pool-choosing keywords of `connect_all` and `RunOptions`."""
 
-    servers: Optional[List[str]]
-    state_dir: Optional[Path]
-    devices_spec: Optional[str]
+        servers: Optional[List[str]]
+        state_dir: Optional[Path]
+        devices_spec: Optional[str]
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
