@@ -156,3 +156,57 @@ def test_mps_component_patches_apply_and_match_the_webhook_defaults(objects):
     shm = next(v for v in agent.volumes if v.name == "mps-shm").host_path.path
     assert f"--mps-shm-dir={shm}" in webhook.containers[0].args and MutateConfig().mps_shm_dir == shm
     assert {"SETUID", "SETGID"} <= set(agent.containers[0].security_context.capabilities.add)
+
+
+# KubeSchedulerConfiguration v1's Extender and ExtenderTLSConfig fields (k8s.io/kube-scheduler/config/v1).
+EXTENDER_FIELDS = {
+    "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+    "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",
+}  # fmt: skip
+TLS_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}
+
+
+def test_scheduler_config_reaches_the_extender_from_the_host_network(capsys):
+    """The Service's ClusterIP in the URL (no Service DNS on the host), its DNS name for TLS."""
+    from gpupool.kube.certs import service_names
+    from gpupool.kube.manifests import scheduler_config
+
+    assert main(["kube", "scheduler-config", "--cluster-ip", "10.96.12.34"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    (ext,) = cfg["extenders"]
+    assert set(ext) <= EXTENDER_FIELDS and set(ext["tlsConfig"]) <= TLS_FIELDS
+    assert ext["urlPrefix"] == "https://10.96.12.34:443/extender" and ext["enableHTTPS"] is True
+    assert ext["tlsConfig"]["serverName"] in service_names("gpupool-webhook", "gpupool-system")
+    assert scheduler_config("fd00::1c")["extenders"][0]["urlPrefix"] == "https://[fd00::1c]:443/extender"
+    assert main(["kube", "scheduler-config", "--cluster-ip", "gpupool-webhook.gpupool-system.svc"]) == 2
+    assert "jsonpath" in capsys.readouterr().err
+    # the committed example is this rendering, for its example address
+    committed = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    assert committed == scheduler_config("10.96.0.200")
+
+
+def test_extender_answers_at_an_ip_with_the_services_name_checked(tmp_path, cluster):
+    """What the scheduler's client does with that config: connect to the IP, verify the name
+    against the certificate `gpupool kube certs` writes (the Service's names only)."""
+    import json
+    import socket
+    import ssl
+
+    from gpupool.kube.admission import WebhookApp, serve
+    from gpupool.kube.mutate import MutateConfig
+
+    assert main(["kube", "certs", "--out", str(tmp_path)]) == 0
+    server = serve(
+        "127.0.0.1:0", WebhookApp(MutateConfig(), cluster), str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")
+    )
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        raw = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5)
+        with ctx.wrap_socket(raw, server_hostname="gpupool-webhook.gpupool-system.svc") as sock:
+            body = json.dumps({"Pod": {"metadata": {"name": "p"}, "spec": {"containers": []}}, "NodeNames": []})
+            sock.sendall(
+                f"POST /extender/filter HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        server.shutdown()

@@ -107,6 +107,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--ca-key")
     p.set_defaults(func=handle_certs)
 
+    p = verbs.add_parser(
+        "scheduler-config",
+        help="print the kube-scheduler configuration that turns on the extender",
+        description="The extender's URL uses the webhook Service's ClusterIP, which a kube-scheduler on the "
+        "host network reaches (Service DNS does not resolve there); TLS checks the Service's DNS name.",
+    )
+    p.add_argument("--cluster-ip", required=True, help="the gpupool-webhook Service's ClusterIP")
+    p.add_argument("--namespace", default="gpupool-system")
+    p.add_argument("--kubeconfig", default="/etc/kubernetes/scheduler.conf", help="the scheduler's own kubeconfig")
+    p.add_argument(
+        "--ca-file", default="/etc/kubernetes/gpupool/ca.crt", help="deploy/tls/ca.crt, on the control plane"
+    )
+    p.set_defaults(func=handle_scheduler_config)
+
     p = verbs.add_parser("secret", help="print the kubectl commands that install a user token for a namespace")
     p.add_argument("name", help="token name (shown as the lease holder)")
     p.add_argument("--namespace", required=True, help="namespace of the pods that use it")
@@ -237,6 +251,18 @@ def handle_certs(args: argparse.Namespace) -> int:
         wrote += [str(p) for p in write_ca(args.out, "agent-ca", "gpupool agent CA")]
     patch = write_ca_patch(args.out, ca.read_bytes())
     print(f"wrote {', '.join(wrote)} and {patch}", file=sys.stderr)
+    return 0
+
+
+def handle_scheduler_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from ..kube.manifests import scheduler_config
+
+    config = scheduler_config(
+        args.cluster_ip, namespace=args.namespace, kubeconfig=args.kubeconfig, ca_file=args.ca_file
+    )
+    sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
     return 0
 
 

@@ -75,3 +75,58 @@ def write_ca_patch(out_dir: str, ca_pem: bytes) -> pathlib.Path:
     path = out / "kustomization.yaml"
     path.write_text(yaml.safe_dump(component, sort_keys=False), encoding="utf-8")
     return path
+
+
+SCHEDULER_DIR = "/etc/kubernetes/gpupool"  # where the control plane keeps the config and the webhook CA
+
+
+def scheduler_config(
+    cluster_ip: str,
+    service: str = "gpupool-webhook",
+    namespace: str = "gpupool-system",
+    port: int = 443,
+    kubeconfig: str = "/etc/kubernetes/scheduler.conf",
+    ca_file: str = f"{SCHEDULER_DIR}/ca.crt",
+) -> Dict[str, Any]:
+    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with gpupool's extender.
+
+    A kube-scheduler on the host network (kubeadm's static pod) resolves names with the node's
+    resolver, where Service DNS names do not exist; so the extender is reached at the Service's
+    ClusterIP (kube-proxy routes it on every node), and TLS still checks the Service's DNS name
+    (`tlsConfig.serverName`), which the webhook's certificate holds.
+    """
+    import ipaddress
+
+    from ..core.errors import InvalidInput
+
+    try:
+        address = ipaddress.ip_address(cluster_ip)
+    except ValueError:
+        raise InvalidInput(
+            f"--cluster-ip {cluster_ip!r} is not an IP address: use the Service's, from "
+            f"kubectl -n {namespace} get service {service} -o jsonpath='{{.spec.clusterIP}}'"
+        ) from None
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "extenders": [
+            {
+                "urlPrefix": f"https://{host}:{port}/extender",
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": 1,
+                "enableHTTPS": True,
+                "tlsConfig": {"serverName": f"{service}.{namespace}.svc", "caFile": ca_file},
+                "httpTimeout": "5s",
+                # The extender only knows names: it reads GPU state from the node agents.
+                "nodeCacheCapable": True,
+                # Only pods that ask for gpupool.io/gpu are sent to the extender.
+                "managedResources": [{"name": "gpupool.io/gpu", "ignoredByScheduler": False}],
+                # If the extender is down, pods still schedule on units alone (the scheduler logs
+                # each failed call); the runner then queues at start if a GPU is fragmented.
+                "ignorable": True,
+            }
+        ],
+    }
