@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import pkgutil
+import os
 from pathlib import Path
 
 HOOK_RESOURCE = "hook/sitecustomize.py"
 
 
 def hook_source() -> bytes:
-    """The hook's source; read as package data so it also works from inside the zipapp."""
-    data = pkgutil.get_data(__package__, HOOK_RESOURCE)
-    if data is None:  # pragma: no cover - only with an exotic loader
-        raise FileNotFoundError(f"{__package__}/{HOOK_RESOURCE} is missing from the installation")
+    """The hook's source; read through this module's loader (as pkgutil.get_data, without importing
+    it) so it also works from inside the zipapp."""
+    get_data = getattr(globals().get("__loader__"), "get_data", None)
+    if get_data is None:  # pragma: no cover - only with an exotic loader
+        raise FileNotFoundError(f"{__package__}/{HOOK_RESOURCE} cannot be read: its loader has no get_data")
+    data: bytes = get_data(os.path.join(os.path.dirname(__file__), *HOOK_RESOURCE.split("/")))
     return data
 
 
