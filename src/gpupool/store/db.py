@@ -232,7 +232,12 @@ class Store:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error:
+                    if conn.in_transaction:  # a failed COMMIT (disk full) leaves it open
+                        conn.execute("ROLLBACK")
+                    raise
                 self._local.commits = getattr(self._local, "commits", 0) + 1
         except (sqlite3.Error, UnicodeEncodeError) as err:
             raise self._explained(err) from None
