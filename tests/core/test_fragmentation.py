@@ -216,3 +216,18 @@ def test_device_helpers_and_the_in_node_choice():
     assert fragaware_devices(devices, free, half, 1, whole_mix)[0][0].uuid == "g1"
     picked = fragaware_devices(devices, free, half, 2, whole_mix)
     assert sorted(d.uuid for d, _ in picked) == ["g0", "g1"]
+
+
+def test_place_with_fragaware_follows_the_mix():
+    from gpupool.core.model import Claim, Policy
+    from gpupool.core.placement import place
+
+    devices = [Device(f"g{i}", i, "A100", 1000, "n") for i in range(3)]
+    allocated = {"g0": 0, "g1": 300, "g2": 600}  # 1000, 700, 400 free
+    claim = Claim.single(1, fraction=0.3)
+    assert claim.policy is Policy.FRAGAWARE
+    # no history: best fit (binpack) puts it on g2 (400 -> 100 left)
+    assert place(devices, allocated, claim).slices[0].device_uuid == "g2"
+    # expecting 0.4-GPU tasks, g2's 400 is worth keeping: g1 (700 -> 400 left, still fits one)
+    mix = Fragmentation(ShapeMix([(TaskShape(1, 400), 1.0)]))
+    assert place(devices, allocated, claim, mix).slices[0].device_uuid == "g1"

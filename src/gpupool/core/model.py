@@ -31,13 +31,18 @@ class Policy(enum.Enum):
 
     BINPACK = "binpack"  # fill the fullest GPU that still fits: keeps whole GPUs free
     SPREAD = "spread"  # use the emptiest GPU: least contention per job
+    # least growth of expected fragmentation against the claims seen (core/fragmentation); with
+    # no history yet it chooses as binpack does
+    FRAGAWARE = "fragaware"
 
     @classmethod
     def parse(cls, text: str) -> Policy:
         try:
             return cls(str(text).lower())
         except ValueError:
-            raise InvalidClaim(f"policy {text!r} is unknown: use 'binpack' or 'spread'") from None
+            raise InvalidClaim(
+                f"policy {text!r} is unknown: use 'fragaware' (default), 'binpack' or 'spread'"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class Claim:
     """
 
     requests: Tuple[GpuRequest, ...]
-    policy: Policy = Policy.BINPACK
+    policy: Policy = Policy.FRAGAWARE
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -168,7 +173,7 @@ class Claim:
         fraction: Optional[float] = None,
         memory_mib: Optional[int] = None,
         filters: Iterable[Filter] = (),
-        policy: Policy = Policy.BINPACK,
+        policy: Policy = Policy.FRAGAWARE,
     ) -> Claim:
         return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy)
 
@@ -187,7 +192,7 @@ class Claim:
             raise InvalidClaim("claim.requests must be a non-empty list of GPU requests")
         return cls(
             requests=tuple(GpuRequest.from_dict(r) for r in requests),
-            policy=Policy.parse(data.get("policy", "binpack")),
+            policy=Policy.parse(data.get("policy", Policy.FRAGAWARE.value)),
         )
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .fragmentation import Fragmentation, ShapeMix, fragaware_devices
 from .model import Claim, Device, GpuRequest, Policy, Slice
 from .quantity import format_mib
+
+NO_HISTORY = Fragmentation(ShapeMix([]))  # fragaware before any claim was seen: binpack's choice
 
 
 @dataclass(frozen=True)
@@ -25,15 +28,22 @@ class Placement:
         return self.slices is not None
 
 
-def place(devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim) -> Placement:
+def place(
+    devices: Sequence[Device],
+    allocated: Mapping[str, int],
+    claim: Claim,
+    frag: Optional[Fragmentation] = None,
+) -> Placement:
     """Place every request of `claim` on `devices`, all or nothing.
 
     Args:
         devices: the pool's devices; unhealthy ones are never chosen.
         allocated: MiB already held per device uuid.
         claim: the requests to place; each request's GPUs are distinct devices.
+        frag: for the fragaware policy, the fragmentation measure of the claims seen
+            (`LearnedMix.frag`); without one it chooses as binpack does.
     """
-    placement = _place_in_order(devices, allocated, claim, range(len(claim.requests)))
+    placement = _place_in_order(devices, allocated, claim, range(len(claim.requests)), frag)
     if placement.fits or len(claim.requests) == 1:
         return placement
     # Greedy in the given order can strand a big request behind small ones;
@@ -42,7 +52,7 @@ def place(devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim)
         range(len(claim.requests)),
         key=lambda i: -_demand(claim.requests[i], devices),
     )
-    retry = _place_in_order(devices, allocated, claim, biggest_first)
+    retry = _place_in_order(devices, allocated, claim, biggest_first, frag)
     return retry if retry.fits else placement
 
 
@@ -52,13 +62,17 @@ def could_ever_fit(devices: Sequence[Device], claim: Claim) -> Placement:
 
 
 def _place_in_order(
-    devices: Sequence[Device], allocated: Mapping[str, int], claim: Claim, order: Iterable[int]
+    devices: Sequence[Device],
+    allocated: Mapping[str, int],
+    claim: Claim,
+    order: Iterable[int],
+    frag: Optional[Fragmentation] = None,
 ) -> Placement:
     free: Dict[str, int] = {d.uuid: d.memory_mib - allocated.get(d.uuid, 0) for d in devices}
     chosen: List[Slice] = []
     for group in order:
         request = claim.requests[group]
-        picks = _pick(devices, free, request, claim.policy)
+        picks = _pick(devices, free, request, claim.policy, frag)
         if isinstance(picks, str):
             prefix = f"request {group + 1} of {len(claim.requests)}: " if len(claim.requests) > 1 else ""
             return Placement(None, prefix + picks)
@@ -70,13 +84,20 @@ def _place_in_order(
 
 
 def _pick(
-    devices: Sequence[Device], free: Mapping[str, int], request: GpuRequest, policy: Policy
+    devices: Sequence[Device],
+    free: Mapping[str, int],
+    request: GpuRequest,
+    policy: Policy,
+    frag: Optional[Fragmentation] = None,
 ) -> Union[List[Tuple[Device, int]], str]:
     """Choose `request.count` distinct devices, or return a reason string."""
     matching = [d for d in devices if d.healthy and request.accepts(d)]
     fitting = [(d, request.memory_on(d)) for d in matching if free[d.uuid] >= request.memory_on(d)]
     if len(fitting) < request.count:
         return _reason(devices, matching, fitting, free, request)
+    if policy is Policy.FRAGAWARE:
+        # Where the node's expected fragmentation grows least; best fit among equals.
+        return fragaware_devices(devices, free, fitting, request.count, frag or NO_HISTORY)
     if policy is Policy.BINPACK:
         # Fullest first (least left over), so whole GPUs stay free for big claims.
         fitting.sort(key=lambda dm: (free[dm[0].uuid] - dm[1], dm[0].node, dm[0].index))
