@@ -22,12 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def gpupool(*args: str) -> List[str]:
-    return [
-        sys.executable,
-        "-c",
-        "import sys; from gpupool.cli import main as m; m.COMMANDS['bench'] = ('bench', 'throughput reports: scaling over GPUs, sharing one GPU'); sys.exit(m.main(sys.argv[1:]))",
-        *args,
-    ]  # TEMP
+    return [sys.executable, "-m", "gpupool", *args]
 
 
 @pytest.fixture
