@@ -203,6 +203,14 @@ def pod_uid_of_label(label: str) -> str:
     return label.rsplit(":", 1)[-1]
 
 
+def pod_of_label(label: str) -> Tuple[str, str]:
+    """(namespace, pod name) of a lease label 'pod:NS/NAME:UID'; ('', '') for any other label."""
+    if not label.startswith("pod:"):
+        return "", ""
+    namespace, _, name = label[4:].rsplit(":", 1)[0].partition("/")
+    return (namespace, name) if namespace and name else ("", "")
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lease: token or user name, process, host and a free label (pod UID ...)."""
@@ -296,6 +304,16 @@ class Lease:
         )
 
 
+@dataclass(frozen=True)
+class QueuedClaim:
+    """A claim waiting in the pool's FIFO queue (`Pool.queue()`), with when it joined."""
+
+    ticket: int
+    claim: Claim
+    holder: Holder
+    queued_at: float
+
+
 def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
     """MiB held on each device uuid, summed over `leases`."""
     used: Dict[str, int] = {}
@@ -358,6 +376,8 @@ __all__: List[str] = [
     "Slice",
     "Lease",
     "PoolStatus",
+    "QueuedClaim",
     "allocated_by_device",
+    "pod_of_label",
     "pod_uid_of_label",
 ]

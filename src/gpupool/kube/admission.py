@@ -23,9 +23,11 @@ from . import extender
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate
+from .webhook_metrics import WebhookMetrics
 from .webserver import WebServer
 
 log = logging.getLogger(__name__)
+ROUTE_NAMES = {"/mutate": "mutate", "/validate": "validate", "/extender/filter": "filter", "/extender/prioritize": "prioritize"}
 
 
 class WebhookApp:
@@ -34,9 +36,19 @@ class WebhookApp:
     def __init__(self, config: MutateConfig, cluster: ClusterState) -> None:
         self.config = config
         self.cluster = cluster
+        self.metrics = WebhookMetrics()
 
     def handle(self, method: str, path: str, body: bytes) -> Tuple[int, Any]:
+        """Answer one request; admission and extender calls are counted and timed for GET /metrics."""
         path = path.split("?", 1)[0].rstrip("/") or "/"
+        if method == "GET" and path == "/metrics":
+            return 200, self.metrics.text()
+        started = time.perf_counter()
+        status, answer = self._route(method, path, body)
+        self.metrics.observe(ROUTE_NAMES.get(path, ""), status, time.perf_counter() - started)
+        return status, answer
+
+    def _route(self, method: str, path: str, body: bytes) -> Tuple[int, Any]:
         if method == "GET" and path in ("/healthz", "/readyz"):
             return 200, {"status": "ok", "nodes": len(self.cluster.states())}
         routes = {

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
+from ..core.fragmentation import LearnedMix, request_shape
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
-from ..core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
+from ..core.model import Claim, Device, Holder, Lease, PoolStatus, QueuedClaim, Slice
 from ..core.placement import could_ever_fit, place
 from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
@@ -113,6 +114,8 @@ class Pool:
         self._host = os.uname().nodename
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
         self._local = threading.local()  # this thread's _View
+        # The claims this process has seen, as fragaware's mix (in memory: a restart learns again).
+        self.mix = LearnedMix()
         try:
             if devices is None:
                 with self.store.read() as tx:
@@ -219,12 +222,13 @@ class Pool:
             now = self.clock()
             self._due(tx, view, now)
             devices = view.devices
+            self._observe(claim, devices)
             reason = ""
             outcome: Union[Lease, Waiter, Exception, None] = None
             queued = view.tickets if view.tickets is not None else tx.ticket_count()
             if queued == 0:
                 # Fits now: it could ever fit, and could_ever_fit need not be asked.
-                placement = place(devices, view.allocated, claim)
+                placement = place(devices, view.allocated, claim, self.mix.frag)
                 if placement.fits:
                     assert placement.slices is not None
                     outcome = self._grant(tx, view, placement.slices, holder, ttl_s, now)
@@ -253,6 +257,13 @@ class Pool:
             raise outcome
         return outcome
 
+    def _observe(self, claim: Claim, devices: Sequence[Device]) -> None:
+        """Count the claim's shapes in fragaware's mix (a request no GPU here matches is not counted)."""
+        for request in claim.requests:
+            device = next((d for d in devices if d.healthy and request.accepts(d)), None)
+            if device is not None:
+                self.mix.observe(request_shape(request, device))
+
     def try_grant(self, waiter: Waiter) -> Optional[Lease]:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
         with self._write() as (tx, view):
@@ -269,7 +280,7 @@ class Pool:
             if head != waiter.ticket:
                 waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
                 return None
-            placement = place(view.devices, view.allocated, waiter.claim)
+            placement = place(view.devices, view.allocated, waiter.claim, self.mix.frag)
             if not placement.fits:
                 waiter.reason = placement.reason
                 return None
@@ -374,6 +385,23 @@ class Pool:
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
             UsageReport.from_dict(json.loads(usage)) if usage else None,
         )
+
+    def queue(self) -> List[QueuedClaim]:
+        """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
+        now = self.clock()
+        with self.store.read() as tx:
+            rows = tx.queued_claims()
+        waiting: List[QueuedClaim] = []
+        for ticket, claim, holder, created_at, expires_at in rows:
+            if expires_at < now:
+                continue  # a dead waiter's ticket, dropped by the next write
+            try:
+                waiting.append(
+                    QueuedClaim(ticket, Claim.from_dict(json.loads(claim)), Holder.from_dict(json.loads(holder)), created_at)
+                )
+            except (ValueError, KeyError, TypeError, InvalidClaim):
+                log.warning("ticket %d holds a claim this version cannot read; left out of the queue view", ticket)
+        return waiting
 
     def set_isolation(self, isolation: NodeIsolation) -> None:
         """Record how this node holds leases to their share (runners read it from status)."""

@@ -1,4 +1,4 @@
-"""`create_app(pool, auth=...)`: the FastAPI app of the /v1 API, /healthz and /metrics.
+"""`create_app(pool, auth=...)`: the FastAPI app of the /v1 API, /healthz, /metrics and the dashboard at /.
 
 The routes live in `routes` (routers with an auth dependency); this module
 assembles them with the error handlers, the expiry loop and the OpenAPI
@@ -25,6 +25,7 @@ from .. import __version__
 from ..core.errors import GpupoolError, InvalidInput
 from ..pool import DEFAULT_TTL_S, Pool
 from .auth import Authenticator
+from .dashboard import install as install_dashboard
 from .handlers import LeaseApi
 from .metrics import Metrics
 from .routes import ROUTERS
@@ -54,6 +55,7 @@ def create_app(
     app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s)  # what the routes' dependencies hand out
     for router in ROUTERS:
         app.include_router(router)
+    install_dashboard(app)  # the web dashboard at /: the same tokens, the same status record
     _add_error_handlers(app)
     app.openapi = _openapi(app, auth is not None)  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
     return app
