@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 
 from pydantic import BaseModel
 
-from ..core.model import MIN_FRACTION, Policy
+from ..core.model import MIN_FRACTION, Claim, Policy
 from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
 from .auth import ADMIN_NAME, NAME_PATTERN
 
@@ -36,6 +36,7 @@ class ErrorBody(BaseModel):
 
 
 REF = "#/components/schemas/{model}"
+DEFAULT_POLICY = Claim.__dataclass_fields__["policy"].default.value  # what a claim without a policy gets
 
 
 def ref(name: str) -> Dict[str, str]:
@@ -98,7 +99,7 @@ def component_schemas() -> Dict[str, Any]:
         "ClaimBody": _object(
             {
                 "requests": {"type": "array", "minItems": 1, "items": ref("GpuRequestBody")},
-                "policy": {"type": "string", "enum": [p.value for p in Policy], "default": Policy.BINPACK.value},
+                "policy": {"type": "string", "enum": [p.value for p in Policy], "default": DEFAULT_POLICY},
             },
             ("requests",),
         ),
