@@ -27,7 +27,12 @@ from .webhook_metrics import WebhookMetrics
 from .webserver import WebServer
 
 log = logging.getLogger(__name__)
-ROUTE_NAMES = {"/mutate": "mutate", "/validate": "validate", "/extender/filter": "filter", "/extender/prioritize": "prioritize"}
+ROUTE_NAMES = {
+    "/mutate": "mutate",
+    "/validate": "validate",
+    "/extender/filter": "filter",
+    "/extender/prioritize": "prioritize",
+}
 
 
 class WebhookApp:

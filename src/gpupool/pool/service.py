@@ -397,7 +397,9 @@ class Pool:
                 continue  # a dead waiter's ticket, dropped by the next write
             try:
                 waiting.append(
-                    QueuedClaim(ticket, Claim.from_dict(json.loads(claim)), Holder.from_dict(json.loads(holder)), created_at)
+                    QueuedClaim(
+                        ticket, Claim.from_dict(json.loads(claim)), Holder.from_dict(json.loads(holder)), created_at
+                    )
                 )
             except (ValueError, KeyError, TypeError, InvalidClaim):
                 log.warning("ticket %d holds a claim this version cannot read; left out of the queue view", ticket)

@@ -175,9 +175,7 @@ class Tx:
 
     def queued_claims(self) -> List[Tuple[int, str, str, float, float]]:
         """(id, claim JSON, holder JSON, created_at, expires_at) of every waiting claim, in queue order."""
-        return self.conn.execute(
-            "SELECT id, claim, holder, created_at, expires_at FROM tickets ORDER BY id"
-        ).fetchall()
+        return self.conn.execute("SELECT id, claim, holder, created_at, expires_at FROM tickets ORDER BY id").fetchall()
 
     # --- tokens ---------------------------------------------------------------
     def put_token(self, name: str, token_hash: str, admin: bool, now: float, origin: str = "local") -> None:
