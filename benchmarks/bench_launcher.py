@@ -1,0 +1,176 @@
+"""Launcher benchmark: the whole-process wall time of `gpupool run -n 1 -p 0.5 -- true`, paired with `python -c pass`.
+
+What a user pays before every job: interpreter start, imports, the claim, the
+guard fork, starting `true`, the release, exit. Each case is timed as a whole
+process (fork+exec to exit, as `/usr/bin/time` would), for `--runs` rounds after
+`--warmup` untimed ones; every timed run sits right next to a bare
+`python -c pass` of the same interpreter, so a busy machine slows both alike.
+The figure to read is `ratio`: the case's median over the bare interpreter's
+median (`pair_ratio_median` is the median of the per-pair ratios); `cpu_ratio` is
+the same for user+system CPU time, which a busy machine disturbs much less.
+
+Cases (emulated GPUs, GPUPOOL_DEVICES=emulated:2x16GiB, fresh state dirs, HOME in
+a temporary folder so no client config is read):
+- embedded_entry_point: the installed `gpupool` script, embedded pool
+- embedded_python_m:    `python -m gpupool`, embedded pool
+- embedded_zipapp:      `python gpupool-run.pyz` built by tools/build_pyz.py, embedded pool
+- server_entry_point:   the `gpupool` script against a local `gpupool server` subprocess
+                        (loopback, auth on: the token in GPUPOOL_TOKEN)
+
+Writes benchmarks/results/launcher.json and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RUN = ["run", "-q", "-n", "1", "-p", "0.5", "--", "true"]
+DEVICES = "emulated:2x16GiB"
+
+
+def timed(argv: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
+    """(wall, CPU) seconds of one process from start to exit; its output discarded, a failure fatal.
+
+    CPU is user+system of the process and of the children it waited for (the command, the
+    guard once reaped): a busy machine stretches wall time far more than CPU time.
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}:\n{err.decode(errors='replace')}")
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def start_server(state: Path, env: Dict[str, str]) -> Tuple[subprocess.Popen, str, str]:
+    """A `gpupool server` subprocess on loopback: (process, URL, admin token)."""
+    state.mkdir(parents=True, exist_ok=True)
+    token_file, log = state / "token", state / "server.log"
+    args = [sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state / "pool")]
+    args += ["--token-file", str(token_file), "--devices", DEVICES]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text())
+        if match:
+            return proc, match.group(1), token_file.read_text().strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"server did not start:\n{log.read_text()}")
+
+
+def build_zipapp(target: Path) -> Path:
+    subprocess.run([sys.executable, str(REPO / "tools" / "build_pyz.py"), str(target)], check=True, capture_output=True)
+    return target
+
+
+def summary(case: List[Tuple[float, float]], bare: List[Tuple[float, float]]) -> Dict[str, float]:
+    """Wall-time medians in ms, the ratio of medians, the median of per-pair ratios; the same for CPU."""
+    wall, bare_wall = [w for w, _ in case], [w for w, _ in bare]
+    cpu, bare_cpu = [c for _, c in case], [c for _, c in bare]
+    return {
+        "median_ms": round(statistics.median(wall) * 1000, 1),
+        "bare_median_ms": round(statistics.median(bare_wall) * 1000, 1),
+        "ratio": round(statistics.median(wall) / statistics.median(bare_wall), 2),
+        "pair_ratio_median": round(statistics.median(c / b for c, b in zip(wall, bare_wall)), 2),
+        "min_ms": round(min(wall) * 1000, 1),
+        "p90_ms": round(sorted(wall)[int(0.9 * (len(wall) - 1))] * 1000, 1),
+        "cpu_median_ms": round(statistics.median(cpu) * 1000, 1),
+        "bare_cpu_median_ms": round(statistics.median(bare_cpu) * 1000, 1),
+        "cpu_ratio": round(statistics.median(cpu) / statistics.median(bare_cpu), 2),
+        "runs": len(wall),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30, help="timed runs per case (default 30)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    parser.add_argument(
+        "--cases", default="all", help="comma-separated case names (default all: see the module docstring)"
+    )
+    parser.add_argument("--out", default=str(ROOT / "results" / "launcher.json"))
+    args = parser.parse_args()
+
+    python = sys.executable
+    script = Path(python).parent / "gpupool"
+    load_at_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update(HOME=str(tmp), GPUPOOL_DEVICES=DEVICES)
+        pyz = build_zipapp(tmp / "gpupool-run.pyz")
+        server, url, token = start_server(tmp / "server", env)
+        try:
+            cases: Dict[str, Tuple[List[str], Dict[str, str]]] = {
+                "embedded_entry_point": ([str(script), *RUN], dict(env, GPUPOOL_STATE=str(tmp / "s1"))),
+                "embedded_python_m": ([python, "-m", "gpupool", *RUN], dict(env, GPUPOOL_STATE=str(tmp / "s2"))),
+                "embedded_zipapp": ([python, str(pyz), *RUN], dict(env, GPUPOOL_STATE=str(tmp / "s3"))),
+                "server_entry_point": ([str(script), *RUN], dict(env, GPUPOOL_SERVER=url, GPUPOOL_TOKEN=token)),
+            }
+            if args.cases != "all":
+                cases = {name: cases[name] for name in args.cases.split(",")}
+            bare_argv = [python, "-c", "pass"]
+            times: Dict[str, List[Tuple[float, float]]] = {name: [] for name in cases}
+            bare: Dict[str, List[Tuple[float, float]]] = {name: [] for name in cases}
+            for round_ in range(args.warmup + args.runs):
+                for i, (name, (argv, case_env)) in enumerate(cases.items()):
+                    # Alternate which of the pair goes first, so neither always runs on a warmer cache.
+                    first_bare = (round_ + i) % 2 == 0
+                    b0 = timed(bare_argv, env) if first_bare else None
+                    t = timed(argv, case_env)
+                    b = b0 if b0 is not None else timed(bare_argv, env)
+                    if round_ >= args.warmup:
+                        times[name].append(t)
+                        bare[name].append(b)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(10)
+
+    results = {name: summary(times[name], bare[name]) for name in cases}
+    figures = {
+        "command": "gpupool " + " ".join(RUN),
+        "bare": f"{python} -c pass",
+        "method": f"whole processes, {args.runs} timed runs per case after {args.warmup} warm-up rounds, each run "
+        "paired with a bare `python -c pass` of the same interpreter right before or after it",
+        "load_average_at_start": [round(x, 2) for x in load_at_start],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+        },
+        "cases": results,
+        "target": "ratio <= 4 on the embedded pool, <= 5 against a local server",
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
