@@ -37,7 +37,7 @@ from gpupool.core.model import Device, Holder, Lease, Slice
 from gpupool.core.usage import DeviceUsage, EnforcementAction, EnforceMode, ProcessUsage, UsageReport, Violation
 from gpupool.pool import Pool
 from gpupool.server.app import create_app
-from gpupool.server.dashboard import build, install
+from gpupool.server.dashboard import build
 from gpupool.server.dashboard import render as draw
 from gpupool.server.dashboard.history import History
 
@@ -193,8 +193,6 @@ def main() -> int:
             "html_gzip_bytes": len(gzip.compress(html.encode(), 5)),
         }
         app = create_app(pool, None)
-        if not any(getattr(r, "path", "") == "/ui/live" for r in app.routes):
-            install(app)
         app.state.dashboard.history = history
         server, url = serve(app)
         gz = {"accept-encoding": "gzip"}

@@ -8,7 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.core.model import Claim, Device, Holder, Lease, PoolStatus, Slice
+from gpupool.core.model import Claim, Device, Holder, Lease, PoolStatus, QueuedClaim, Slice, pod_of_label
 from gpupool.core.usage import (
     DeviceUsage,
     EnforcementAction,
@@ -21,10 +21,10 @@ from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
 from gpupool.server.app import create_app
 from gpupool.server.auth import Authenticator, create_token
-from gpupool.server.dashboard import COOKIE, QueuedClaim, build, install
+from gpupool.server.dashboard import COOKIE, build
 from gpupool.server.dashboard import render as draw
 from gpupool.server.dashboard.history import History
-from gpupool.server.dashboard.view import holder_text, pod_of_label
+from gpupool.server.dashboard.view import holder_text
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -33,8 +33,6 @@ HALF = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}
 
 def make_app(pool, auth=True):
     app = create_app(pool, Authenticator(ADMIN, pool.store) if auth else None)
-    if not any(getattr(r, "path", "") == "/ui/live" for r in app.routes):
-        install(app)  # until create_app mounts it
     app.state.dashboard.status_max_age_s = 0.0  # every request sees what the test just did
     return app
 

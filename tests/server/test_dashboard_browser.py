@@ -7,6 +7,7 @@ Selenium is pointed at /usr/bin/chromedriver, so nothing is downloaded.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -57,17 +58,22 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} within {timeout:g} s")
 
 
-def test_dashboard_in_chromium(browser, server_factory, tmp_path):
+def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
+    import httpx
     from selenium.webdriver.common.by import By
 
-    server = server_factory()  # 2 emulated 16 GiB GPUs, admin token
+    usage = tmp_path / "usage.json"  # what the emulated GPUs' processes use, read by the server's watchdog
+    usage.write_text("{}")
+    monkeypatch.setenv("GPUPOOL_EMULATED_USAGE", str(usage))
+    server = server_factory("--usage-interval", "0.2", "--enforce-grace", "0.2")  # 2 emulated 16 GiB GPUs
     browser.get(server.url + "/")
     field = browser.find_element(By.NAME, "token")  # the sign-in page: the API's token
     field.send_keys(server.token)
     field.submit()
     rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.gpu"), 10, "the GPUs show")
     assert len(rows) == 2
-    assert all(r.get_attribute("data-uuid").startswith("GPU-emu-") for r in rows)
+    uuids = [r.get_attribute("data-uuid") for r in rows]
+    assert all(u.startswith("GPU-emu-") for u in uuids)
     assert not browser.find_elements(By.CSS_SELECTOR, "tr.lease")
     browser.execute_script("window.__notReloaded = true;")
 
@@ -84,12 +90,23 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path):
         lease = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.lease"), 5.0, "the new lease shows")
         appeared_s = time.monotonic() - started
         assert browser.execute_script("return window.__notReloaded === true;"), "the page was reloaded"
-        assert "50%" in lease[0].text
-        bars = browser.find_elements(By.CSS_SELECTOR, "svg.bar rect.l0, svg.bar rect[class^='l']")
-        assert bars, "the lease's slice is drawn in its GPU's bar"
+        assert "50%" in lease[0].text and "8GiB" in lease[0].text
+        assert browser.find_elements(By.CSS_SELECTOR, "svg.bar g rect"), "the lease's slice is drawn in its GPU's bar"
+
+        # Its process uses 6 GiB, and a process of no lease 1 GiB on the other GPU: both show, live.
+        (held,) = httpx.get(server.url + "/v1/leases", headers=server.headers()).json()["leases"]
+        on = held["devices"][0]["uuid"]
+        other = next(u for u in uuids if u != on)
+        usage.write_text(json.dumps({on: {str(run.pid): 6144}, other: {str(os.getpid()): 1024}}))
+        wait_for(lambda: "6GiB" in browser.find_element(By.CSS_SELECTOR, "tr.lease").text, 5.0, "the lease's use shows")
+        wait_for(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "#enforcement tbody tr"), 5.0, "the watchdog's warning shows"
+        )
+        assert browser.find_elements(By.CSS_SELECTOR, "svg.bar rect.unleased")
+
         shot = tmp_path / "dashboard.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-        if os.environ.get("GPUPOOL_DASHBOARD_SCREENSHOT"):
+        if os.environ.get("GPUPOOL_DASHBOARD_SCREENSHOT"):  # how docs/dashboard.png is made
             shutil.copyfile(shot, Path(os.environ["GPUPOOL_DASHBOARD_SCREENSHOT"]))
         print(f"lease appeared after {appeared_s:.2f} s; screenshot {shot}")
     finally:

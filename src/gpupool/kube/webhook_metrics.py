@@ -8,7 +8,7 @@ decide, encode), which is what a slow webhook adds to every pod creation.
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -19,6 +19,13 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # 
 ROUTES = ("mutate", "validate", "filter", "prioritize")
 RESULTS = ("ok", "error")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsText(NamedTuple):
+    """The Prometheus text of GET /metrics: the web server sends `body` as is, with `content_type`."""
+
+    content_type: str
+    body: bytes
 
 
 class WebhookMetrics:
@@ -53,5 +60,6 @@ class WebhookMetrics:
         counter.inc()
         self._latency[route].observe(seconds)
 
-    def render(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)
+    def text(self) -> MetricsText:
+        """The answer of GET /metrics."""
+        return MetricsText(CONTENT_TYPE, prometheus_client.generate_latest(self.registry))

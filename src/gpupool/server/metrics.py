@@ -1,29 +1,45 @@
 """Prometheus metrics of one app, in a registry of its own (tests build several apps).
 
 Device, lease and queue gauges are read from the pool at scrape time, so
-they also count what embedded clients on the same state dir did.
+they also count what embedded clients on the same state dir did. Memory is
+in bytes (Prometheus' base unit); the `_mib` gauges of 0.1 are kept one more
+release as deprecated aliases (README, "Metrics"). Every GPU series has the
+NVML `uuid` label, which joins dcgm-exporter's `UUID`; lease and holder
+series of a Kubernetes pod have `namespace` and `pod` labels, which join
+kube-state-metrics. No `_created` series: they doubled the series count and
+nothing reads them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+import time
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..core.model import PoolStatus
+from .. import __version__
+from ..core.model import PoolStatus, QueuedClaim, pod_of_label
 from ..core.usage import Violation
 from ..pool import Pool
 
 log = logging.getLogger(__name__)
 
+# Process-wide in prometheus_client: every registry of this process renders without `_created`.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+
 CLAIM_RESULTS = ("granted", "unavailable", "unsatisfiable", "invalid", "denied", "error")
+MIB_BYTES = 1024 * 1024
+DEVICE_LABELS = ["uuid", "index", "name", "node"]
+HOLDER_LABELS = ["holder", "namespace", "pod"]
+LEASE_LABELS = ["lease", *HOLDER_LABELS]
 
 
 class PoolCollector(Collector):
-    """Gauges computed from one `Pool.status()` snapshot per scrape."""
+    """Gauges computed from one `Pool.status()` snapshot (and the queue) per scrape."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -31,51 +47,127 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             status = self.pool.status()
+            queue = self.pool.queue()
         except Exception:  # a scrape must not fail because the DB is busy
             log.warning("metrics: pool status failed", exc_info=True)
             return
-        labels = ["uuid", "index", "name", "node"]
-        total = GaugeMetricFamily("gpupool_device_memory_total_mib", "Memory of each GPU in MiB", labels=labels)
-        allocated = GaugeMetricFamily(
-            "gpupool_device_memory_allocated_mib", "Memory of each GPU held by leases in MiB", labels=labels
-        )
-        healthy = GaugeMetricFamily("gpupool_device_healthy", "1 when the GPU is healthy", labels=labels)
-        used = status.allocated()
-        for d in status.devices:
-            values = [d.uuid, str(d.index), d.name, d.node]
-            total.add_metric(values, d.memory_mib)
-            allocated.add_metric(values, used.get(d.uuid, 0))
-            healthy.add_metric(values, 1 if d.healthy else 0)
-        yield total
-        yield allocated
-        yield healthy
-        yield GaugeMetricFamily("gpupool_leases", "Live leases", value=len(status.leases))
-        yield GaugeMetricFamily("gpupool_queue_length", "Claims waiting in the FIFO queue", value=status.queued)
-        yield GaugeMetricFamily(
-            "gpupool_lease_problems",
-            "Leases on GPUs that are gone, and GPUs whose leases hold more than their memory (gpupool status)",
-            value=len(status.problems()),
-        )
+        yield from _device_metrics(status)
+        yield from _lease_metrics(status)
+        yield from _queue_metrics(status, queue, time.time())
         yield from _usage_metrics(status)
+        info = GaugeMetricFamily("gpupool_build_info", "The gpupool version serving these metrics", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
 
 
-MIB_BYTES = 1024 * 1024
+def _device_metrics(status: PoolStatus) -> Iterator[Metric]:
+    total = GaugeMetricFamily("gpupool_device_memory_total_bytes", "Memory of each GPU", labels=DEVICE_LABELS)
+    allocated = GaugeMetricFamily(
+        "gpupool_device_memory_allocated_bytes", "Memory of each GPU held by leases", labels=DEVICE_LABELS
+    )
+    total_mib = GaugeMetricFamily(
+        "gpupool_device_memory_total_mib",
+        "Deprecated: use gpupool_device_memory_total_bytes (this alias goes in the next release)",
+        labels=DEVICE_LABELS,
+    )
+    allocated_mib = GaugeMetricFamily(
+        "gpupool_device_memory_allocated_mib",
+        "Deprecated: use gpupool_device_memory_allocated_bytes (this alias goes in the next release)",
+        labels=DEVICE_LABELS,
+    )
+    healthy = GaugeMetricFamily("gpupool_device_healthy", "1 when the GPU is healthy", labels=DEVICE_LABELS)
+    used = status.allocated()
+    for d in status.devices:
+        values = [d.uuid, str(d.index), d.name, d.node]
+        total.add_metric(values, d.memory_mib * MIB_BYTES)
+        allocated.add_metric(values, used.get(d.uuid, 0) * MIB_BYTES)
+        total_mib.add_metric(values, d.memory_mib)
+        allocated_mib.add_metric(values, used.get(d.uuid, 0))
+        healthy.add_metric(values, 1 if d.healthy else 0)
+    yield from (total, allocated, healthy, total_mib, allocated_mib)
+
+
+def _holder_values(name: str, label: str) -> Tuple[str, str, str]:
+    namespace, pod = pod_of_label(label)
+    return name, namespace, pod
+
+
+def _lease_metrics(status: PoolStatus) -> Iterator[Metric]:
+    """Per lease (and GPU) and per holder: on Kubernetes a holder is a pod, with its namespace."""
+    yield GaugeMetricFamily("gpupool_leases", "Live leases", value=len(status.leases))
+    yield GaugeMetricFamily(
+        "gpupool_lease_problems",
+        "Leases on GPUs that are gone, and GPUs whose leases hold more than their memory (gpupool status)",
+        value=len(status.problems()),
+    )
+    by_slice = GaugeMetricFamily(
+        "gpupool_lease_memory_allocated_bytes",
+        "GPU memory each lease holds on each GPU",
+        labels=[*LEASE_LABELS, "uuid", "node"],
+    )
+    started = GaugeMetricFamily(
+        "gpupool_lease_start_timestamp_seconds", "When each lease was granted", labels=LEASE_LABELS
+    )
+    expires = GaugeMetricFamily(
+        "gpupool_lease_expiry_timestamp_seconds",
+        "When each lease expires unless its holder renews it",
+        labels=LEASE_LABELS,
+    )
+    holder_leases = GaugeMetricFamily("gpupool_holder_leases", "Live leases of each holder", labels=HOLDER_LABELS)
+    holder_bytes = GaugeMetricFamily(
+        "gpupool_holder_memory_allocated_bytes", "GPU memory held by each holder's leases", labels=HOLDER_LABELS
+    )
+    nodes = {d.uuid: d.node for d in status.devices}
+    per_holder: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
+    for lease in status.leases:
+        holder = _holder_values(lease.holder.name, lease.holder.label)
+        values = [lease.id, *holder]
+        held = 0
+        for s in lease.slices:
+            by_slice.add_metric([*values, s.device_uuid, nodes.get(s.device_uuid, "")], s.memory_mib * MIB_BYTES)
+            held += s.memory_mib
+        started.add_metric(values, lease.created_at)
+        expires.add_metric(values, lease.expires_at)
+        count, mib = per_holder.get(holder, (0, 0))
+        per_holder[holder] = (count + 1, mib + held)
+    for holder, (count, mib) in per_holder.items():
+        holder_leases.add_metric(list(holder), count)
+        holder_bytes.add_metric(list(holder), mib * MIB_BYTES)
+    yield from (by_slice, started, expires, holder_leases, holder_bytes)
+
+
+def _queue_metrics(status: PoolStatus, queue: Sequence[QueuedClaim], now: float) -> Iterator[Metric]:
+    yield GaugeMetricFamily("gpupool_queue_length", "Claims waiting in the FIFO queue", value=status.queued)
+    oldest: Optional[float] = min((q.queued_at for q in queue), default=None)
+    yield GaugeMetricFamily(
+        "gpupool_queue_oldest_wait_seconds",
+        "How long the oldest claim in the queue has waited (0 when none waits)",
+        value=0.0 if oldest is None else max(0.0, now - oldest),
+    )
 
 
 def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
     """The watchdog's usage record, in base units (bytes, ratios, seconds)."""
     usage = status.usage
-    labels = ["uuid", "index", "name", "node"]
     used = GaugeMetricFamily(
-        "gpupool_device_memory_used_bytes", "GPU memory really used by all processes, as last sampled", labels=labels
+        "gpupool_device_memory_used_bytes",
+        "GPU memory really used by all processes, as last sampled",
+        labels=DEVICE_LABELS,
     )
     busy = GaugeMetricFamily(
-        "gpupool_device_utilization_ratio", "Share of the last sample period the GPU was busy (0-1)", labels=labels
+        "gpupool_device_utilization_ratio",
+        "Share of the last sample period the GPU was busy (0-1)",
+        labels=DEVICE_LABELS,
     )
     lease_used = GaugeMetricFamily(
         "gpupool_lease_memory_used_bytes",
         "GPU memory really used by the processes of each lease",
-        labels=["lease", "holder"],
+        labels=LEASE_LABELS,
+    )
+    holder_used = GaugeMetricFamily(
+        "gpupool_holder_memory_used_bytes",
+        "GPU memory really used by the processes of each holder's leases",
+        labels=HOLDER_LABELS,
     )
     actions = CounterMetricFamily(
         "gpupool_enforcement_actions",
@@ -92,8 +184,14 @@ def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
             if sample.utilization is not None:
                 busy.add_metric(values, sample.utilization)
         by_lease = usage.lease_memory_mib()
+        by_holder: Dict[Tuple[str, str, str], int] = {}
         for lease in status.leases:
-            lease_used.add_metric([lease.id, lease.holder.name], by_lease.get(lease.id, 0) * MIB_BYTES)
+            holder = _holder_values(lease.holder.name, lease.holder.label)
+            mib = by_lease.get(lease.id, 0)
+            lease_used.add_metric([lease.id, *holder], mib * MIB_BYTES)
+            by_holder[holder] = by_holder.get(holder, 0) + mib
+        for holder, mib in by_holder.items():
+            holder_used.add_metric(list(holder), mib * MIB_BYTES)
         for reason in Violation:
             actions.add_metric([reason.value], usage.actions_total.get(reason.value, 0))
         yield GaugeMetricFamily(
@@ -107,10 +205,7 @@ def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:
     else:
         for reason in Violation:
             actions.add_metric([reason.value], 0)
-    yield used
-    yield busy
-    yield lease_used
-    yield actions
+    yield from (used, busy, lease_used, holder_used, actions)
 
 
 class Metrics:

@@ -7,6 +7,6 @@ the Kubernetes node agent both serve it. Read-only; the API's tokens.
 from __future__ import annotations
 
 from .routes import COOKIE, DashboardState, install
-from .view import QueuedClaim, build
+from .view import build
 
-__all__ = ["COOKIE", "DashboardState", "QueuedClaim", "build", "install"]
+__all__ = ["COOKIE", "DashboardState", "build", "install"]

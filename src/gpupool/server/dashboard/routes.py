@@ -25,13 +25,13 @@ from starlette.concurrency import run_in_threadpool
 
 from ... import __version__
 from ...core.errors import NotFound, Unauthorized
-from ...core.model import PoolStatus
+from ...core.model import PoolStatus, QueuedClaim
 from ...pool import Pool
 from ..auth import Identity
 from ..handlers import LeaseApi
 from . import render
 from .history import History
-from .view import QueuedClaim, build
+from .view import build
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class DashboardState:
         self, queue: Optional[QueueReader] = None, history: Optional[History] = None, status_max_age_s: float = 1.0
     ) -> None:
         self.history = history or History()
-        self.queue: QueueReader = queue or (lambda _pool: ())
+        self.queue: QueueReader = queue or (lambda pool: pool.queue())
         self.status_max_age_s = status_max_age_s
         self._status: Optional[Tuple[float, PoolStatus]] = None
         self._lock = threading.Lock()

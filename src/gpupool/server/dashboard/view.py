@@ -11,21 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...core.model import Claim, Device, Holder, Lease, PoolStatus
+from ...core.model import Device, Holder, Lease, PoolStatus, QueuedClaim, pod_of_label
 from ...core.placement import place
 from ...core.usage import EnforcementAction, ProcessUsage
 
 LEASE_LIMIT = 500  # lease rows on one page; the rest is counted, and found with the filter
-
-
-@dataclass(frozen=True)
-class QueuedClaim:
-    """A claim waiting in the FIFO queue, oldest first."""
-
-    ticket: int
-    claim: Claim
-    holder: Holder
-    queued_at: float
 
 
 @dataclass(frozen=True)
@@ -111,15 +101,6 @@ class DashboardView:
     @property
     def used_mib(self) -> Optional[int]:
         return None if self.sampled_at is None else sum(n.used_mib or 0 for n in self.nodes)
-
-
-def pod_of_label(label: str) -> Tuple[str, str]:
-    """(namespace, pod name) of a lease label 'pod:NS/NAME:UID' written by the webhook; ('', '') otherwise."""
-    if not label.startswith("pod:"):
-        return "", ""
-    ns_name = label[4:].rsplit(":", 1)[0]
-    namespace, _, name = ns_name.partition("/")
-    return (namespace, name) if name else ("", "")
 
 
 def holder_text(holder: Holder) -> str:

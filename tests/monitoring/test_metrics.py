@@ -1,0 +1,127 @@
+"""A live /metrics against promtool and against what deploy/monitoring queries.
+
+`promtool check metrics` lints the text of a real `gpupool server` (and of the
+webhook); the Grafana dashboard and the alert rules may only query metrics one
+of them exports. Needs promtool for the lint (skipped with the reason where missing).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import time
+from typing import Iterator, Set
+
+import httpx
+import pytest
+import yaml
+
+MONITORING = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+PROMTOOL = shutil.which("promtool")
+METRIC = re.compile(r"\bgpupool_[a-z0-9_]+\b")
+# Series Prometheus itself makes; the rules may use them.
+PROMETHEUS_OWN = {"up"}
+
+
+def exported(text: str) -> Set[str]:
+    """Every series name a /metrics text can have: the families' TYPE lines with their suffixes."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            names.add(name)
+            if kind in ("histogram", "summary"):
+                names.update({name + "_bucket", name + "_sum", name + "_count"})
+    return names
+
+
+def queries(obj) -> Iterator[str]:
+    """Every PromQL text in a Grafana dashboard: panel targets and template variable queries."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if isinstance(value, str) and (key in ("expr", "definition") or (key == "query" and "(" in value)):
+                yield value
+            else:
+                yield from queries(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from queries(item)
+
+
+@pytest.fixture(scope="module")
+def live_metrics(tmp_path_factory) -> str:
+    """/metrics of a real server holding a pod's lease and a user's lease, and the webhook's."""
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("metrics") / "state")
+    try:
+        h = server.headers()
+        for label in ("pod:team-a/train-0:0d5c0d5c-uid", ""):
+            body = {"claim": {"requests": [{"count": 1, "fraction": 0.25}]}, "holder": {"pid": 1, "label": label}}
+            assert httpx.post(server.url + "/v1/leases", json=body, headers=h).status_code == 201
+        time.sleep(1.2)  # one watchdog sample
+        text = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    return text + webhook_metrics()
+
+
+def webhook_metrics() -> str:
+    from gpupool.kube.admission import WebhookApp
+    from gpupool.kube.mutate import MutateConfig
+    from gpupool.kube.nodestate import ClusterState
+
+    app = WebhookApp(MutateConfig(), ClusterState(dict))
+    app.handle("POST", "/mutate", b"{}")
+    status, body = app.handle("GET", "/metrics", b"")
+    assert status == 200
+    return body.body.decode() if hasattr(body, "body") else str(body)
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool: apt-get install prometheus")
+def test_promtool_check_metrics_on_a_live_server(live_metrics):
+    done = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=live_metrics, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stdout + done.stderr
+
+
+def test_base_units_labels_and_no_created_series(live_metrics):
+    text = live_metrics
+    names = exported(text)
+    assert {"gpupool_device_memory_total_bytes", "gpupool_device_memory_allocated_bytes"} <= names
+    assert not [n for n in names if n.endswith("_created")] and "_created{" not in text and "_created " not in text
+    # 0.25 of 16 GiB, twice: on one GPU (binpack), in bytes
+    assert re.search(r'gpupool_device_memory_allocated_bytes\{[^}]*uuid="GPU-emu-[^"]+"[^}]*\} 8\.589934592e\+09', text)
+    pod = re.search(r"gpupool_lease_memory_allocated_bytes\{([^}]*)\} 4\.294967296e\+09", text)
+    assert pod, text
+    lines = [line for line in text.splitlines() if line.startswith("gpupool_lease_memory_allocated_bytes{")]
+    assert any('namespace="team-a"' in line and 'pod="train-0"' in line for line in lines)
+    assert any('namespace=""' in line and 'pod=""' in line for line in lines)
+    assert any('namespace="team-a"' in line for line in text.splitlines() if line.startswith("gpupool_holder_"))
+    # the old names, one more release, marked as such
+    for old in ("gpupool_device_memory_total_mib", "gpupool_device_memory_allocated_mib"):
+        assert old in names and re.search(rf"# HELP {old} Deprecated", text)
+
+
+def test_grafana_dashboard_queries_only_exported_metrics(live_metrics):
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    used = {m for q in queries(dashboard) for m in METRIC.findall(q)}
+    assert len(used) >= 15
+    missing = used - exported(live_metrics)
+    assert not missing, f"the dashboard queries metrics nobody exports: {sorted(missing)}"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and dashboard["uid"] == "gpupool"
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
+
+
+def test_alert_rules_query_only_exported_metrics(live_metrics):
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    used = {m for g in rules["groups"] for r in g["rules"] for m in METRIC.findall(r["expr"])}
+    missing = used - exported(live_metrics) - PROMETHEUS_OWN
+    assert not missing, f"the alerts query metrics nobody exports: {sorted(missing)}"
