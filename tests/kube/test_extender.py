@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from gpupool.core.fragmentation import LearnedMix
 from gpupool.core.model import Claim, Policy
 from gpupool.kube import annotations as ann
-from gpupool.kube.extender import NodeState, filter_nodes, pod_claim, score_nodes
+from gpupool.kube.extender import NodeState, filter_nodes, handle_prioritize, observe, pod_claim, score_nodes
 from gpupool.kube.resources import GpuAsk
 
 from .conftest import gpus
@@ -68,10 +69,29 @@ def test_pending_pods_count_before_their_runner_claims():
 def test_binpack_and_spread_scores():
     a, b = gpus("a", 2), gpus("b", 2)
     states = {"a": NodeState(a, used(a, [8192, 0])), "b": NodeState(b, {})}
-    pack = dict(score_nodes(Claim.single(1, fraction=0.25), ["a", "b"], states))
+    pack = dict(score_nodes(Claim.single(1, fraction=0.25, policy=Policy.BINPACK), ["a", "b"], states))
     spread = dict(score_nodes(Claim.single(1, fraction=0.25, policy=Policy.SPREAD), ["a", "b"], states))
     assert pack["a"] > pack["b"] and spread["b"] > spread["a"]
     assert all(0 <= s <= 10 for s in list(pack.values()) + list(spread.values()))
+
+
+def test_fragaware_is_the_default_and_ranks_one_node_on_top():
+    a, b, c = gpus("a", 2), gpus("b", 2), gpus("c", 1)
+    # a: one GPU 60 % used (40 % free); b: one GPU 50 % used; c: full
+    states = {
+        "a": NodeState(a, used(a, [9831, 0])),
+        "b": NodeState(b, used(b, [8192, 0])),
+        "c": NodeState(c, used(c, [16384])),
+    }
+    pod = mutated_pod({"t": GpuAsk(1, percent=50)})
+    mix = LearnedMix()
+    for _ in range(40):  # the extender has seen many pods asking for 40 %
+        observe(mix, Claim.single(1, fraction=0.4), states)
+    scores = {h["Host"]: h["Score"] for h in handle_prioritize({"Pod": pod, "NodeNames": list(states)}, states, mix)}
+    assert pod_claim(pod).policy is Policy.FRAGAWARE
+    # b's half-free GPU takes half a GPU exactly; a would have to break its whole GPU (its
+    # 40 %-free one is a hair short), and c cannot hold it
+    assert scores["b"] == 10 and 0 < scores["a"] < 10 and scores["c"] == 0
 
 
 def test_pod_claim_from_annotation_units_or_user_resources():

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import InvalidInput
+from ..core.fragmentation import LearnedMix
 from . import extender
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
@@ -42,6 +43,8 @@ class WebhookApp:
         self.config = config
         self.cluster = cluster
         self.metrics = WebhookMetrics()
+        # fragaware's mix: the claims of the pods prioritized here (in memory: a restart learns again)
+        self.mix = LearnedMix()
 
     def handle(self, method: str, path: str, body: bytes) -> Tuple[int, Any]:
         """Answer one request; admission and extender calls are counted and timed for GET /metrics."""
@@ -186,7 +189,7 @@ class WebhookApp:
 
     def _prioritize(self, data: Dict[str, Any]) -> Tuple[int, Any]:
         try:
-            return 200, extender.handle_prioritize(data, self.cluster.states())
+            return 200, extender.handle_prioritize(data, self.cluster.states(), self.mix)
         except Exception:
             log.exception("extender prioritize failed")
             return 200, []

@@ -90,7 +90,7 @@ def read_filters(annotations: Mapping[str, str]) -> Tuple[Filter, ...]:
 
 def read_policy(annotations: Mapping[str, str]) -> Policy:
     try:
-        return Policy.parse(annotations.get(POLICY, "binpack"))
+        return Policy.parse(annotations.get(POLICY, Policy.FRAGAWARE.value))
     except InvalidClaim as err:
         raise InvalidClaim(f"annotation {POLICY}: {err.message}") from None
 

@@ -2,8 +2,10 @@
 
 A node passes the filter only if its GPUs can hold the pod's exact claim:
 N distinct GPUs each with the fraction free, not just enough units in total.
-Scores follow the pod's `gpupool.io/policy`: binpack prefers full nodes,
-spread prefers empty ones. Wire shapes follow k8s.io/kube-scheduler/extender/v1,
+Scores follow the pod's `gpupool.io/policy`: fragaware (the default) ranks nodes by
+how little the placement grows their expected fragmentation against the claims the
+extender has seen (core/fragmentation), the best node alone at the top score; binpack
+prefers full nodes, spread empty ones. Wire shapes follow k8s.io/kube-scheduler/extender/v1,
 whose Go structs carry no json tags (keys are "Pod", "NodeNames", ...); Go
 decodes keys case-insensitively, and so does `_get` here.
 """
@@ -17,8 +19,18 @@ from functools import cached_property
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
+from ..core.fragmentation import (
+    Fragmentation,
+    LearnedMix,
+    NodeFree,
+    TaskShape,
+    fragaware_evaluate,
+    node_free,
+    rank_scores,
+    request_shape,
+)
 from ..core.model import Claim, Device, GpuRequest, Policy, pod_uid_of_label
-from ..core.placement import place
+from ..core.placement import NO_HISTORY, place
 from . import annotations as ann
 from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask
 
@@ -58,6 +70,11 @@ class NodeState:
         for frees in out.values():
             frees.sort()
         return out
+
+    @cached_property
+    def free(self) -> NodeFree:
+        """The healthy GPUs' free share (thousandths), what fragaware scores; computed once per state."""
+        return node_free(self.devices, {d.uuid: d.memory_mib - self.allocated.get(d.uuid, 0) for d in self.devices})
 
     def with_pending(self, pending: Iterable[Tuple[str, Claim]]) -> NodeState:
         """Count pods bound here whose runner has not claimed yet, so two pods are not promised one slice."""
@@ -162,10 +179,17 @@ def _need(request: GpuRequest, memory_mib: int) -> int:
     return request.memory_on(Device("", 0, "", memory_mib))
 
 
-def score_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[str, NodeState]) -> List[Tuple[str, int]]:
-    """0..10 per node: how full (binpack) or how empty (spread) its GPUs are after placing `claim`."""
+def score_nodes(
+    claim: Optional[Claim],
+    names: Sequence[str],
+    states: Mapping[str, NodeState],
+    frag: Optional[Fragmentation] = None,
+) -> List[Tuple[str, int]]:
+    """0..10 per node: fragaware's rank, or how full (binpack) or how empty (spread) its GPUs are after placing `claim`."""
     if claim is None:
         return [(n, 0) for n in names]
+    if claim.policy is Policy.FRAGAWARE:
+        return list(zip(names, rank_scores(fragaware_scores(claim, names, states, frag or NO_HISTORY))))
     scores = []
     for name in names:
         state = states.get(name)
@@ -180,6 +204,52 @@ def score_nodes(claim: Optional[Claim], names: Sequence[str], states: Mapping[st
         share = full if claim.policy is Policy.BINPACK else 1.0 - full
         scores.append((name, int(math.floor(share * MAX_SCORE + 1e-9))))
     return scores
+
+
+def fragaware_scores(
+    claim: Claim, names: Sequence[str], states: Mapping[str, NodeState], frag: Fragmentation
+) -> List[Optional[float]]:
+    """Minus the growth of each node's expected fragmentation when it takes `claim` (None: it cannot).
+
+    One request without filters (the common case) is scored on the node's cached free
+    shares; a gang or filtered claim goes through `place` first.
+    """
+    out: List[Optional[float]] = []
+    quick = len(claim.requests) == 1 and not claim.requests[0].filters
+    shapes: Dict[int, TaskShape] = {}
+    for name in names:
+        state = states.get(name)
+        if state is None:
+            out.append(None)
+            continue
+        healthy = next((d for d in state.devices if d.healthy), None)
+        if quick and healthy is not None:
+            shape = shapes.get(healthy.memory_mib)
+            if shape is None:
+                shape = shapes[healthy.memory_mib] = request_shape(claim.requests[0], healthy)
+            evaluation = fragaware_evaluate(state.free, shape, frag)
+            if evaluation is not None:
+                out.append(evaluation.score)
+                continue
+        placement = place(state.devices, state.allocated, claim, frag)
+        if placement.slices is None:
+            out.append(None)
+            continue
+        after = dict(state.allocated)
+        for s in placement.slices:
+            after[s.device_uuid] = after.get(s.device_uuid, 0) + s.memory_mib
+        after_free = node_free(state.devices, {d.uuid: d.memory_mib - after.get(d.uuid, 0) for d in state.devices})
+        out.append(frag.of(state.free) - frag.of(after_free))
+    return out
+
+
+def observe(mix: LearnedMix, claim: Claim, states: Mapping[str, NodeState]) -> None:
+    """Count a pod's claim in the extender's mix (its share of a GPU like the cluster's first one)."""
+    device = next((d for s in states.values() for d in s.devices if d.healthy), None)
+    if device is None:
+        return
+    for request in claim.requests:
+        mix.observe(request_shape(request, device))
 
 
 def _get(obj: Mapping[str, Any], key: str) -> Any:
@@ -228,11 +298,16 @@ def handle_filter(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> D
     return result
 
 
-def handle_prioritize(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> List[Dict[str, Any]]:
-    """ExtenderArgs -> HostPriorityList."""
+def handle_prioritize(
+    args: Mapping[str, Any], states: Mapping[str, NodeState], mix: Optional[LearnedMix] = None
+) -> List[Dict[str, Any]]:
+    """ExtenderArgs -> HostPriorityList; `mix` (the server's LearnedMix) learns each pod's claim."""
     names, _ = _candidates(args)
     try:
         claim = pod_claim(_get(args, "Pod") or {})
     except InvalidInput:
         claim = None
-    return [{"Host": n, "Score": s} for n, s in score_nodes(claim, names, states)]
+    if mix is not None and claim is not None:
+        observe(mix, claim, states)
+    frag = mix.frag if mix is not None else None
+    return [{"Host": n, "Score": s} for n, s in score_nodes(claim, names, states, frag)]

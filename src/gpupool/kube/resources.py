@@ -96,7 +96,7 @@ class GpuAsk:
         return cls(1, percent=min(units, UNITS_PER_GPU))
 
 
-def claim_of(asks: Sequence[GpuAsk], filters: Sequence[Filter] = (), policy: Policy = Policy.BINPACK) -> Claim:
+def claim_of(asks: Sequence[GpuAsk], filters: Sequence[Filter] = (), policy: Policy = Policy.FRAGAWARE) -> Claim:
     """One claim for a pod: one request per GPU container, placed all together on one node."""
     return Claim(tuple(a.request(filters) for a in asks), policy)
 
