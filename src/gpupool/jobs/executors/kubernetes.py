@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -44,14 +45,15 @@ class KubeApi:
         except ImportError:
             raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
         try:
-            config.load_kube_config()
-        except Exception:
+            # $KUBECONFIG read now (the client reads it once, when first imported)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+        except Exception as err:
             try:
                 config.load_incluster_config()
             except Exception:
                 raise GpupoolError(
-                    "no Kubernetes cluster configured (no ~/.kube/config, not in a pod); "
-                    "use --dry-run to print the manifests"
+                    f"no Kubernetes cluster configured ({err}; not in a pod either): set KUBECONFIG or "
+                    "~/.kube/config, or use --dry-run to print the manifests"
                 ) from None
         self._client = client.ApiClient()
         self.core = client.CoreV1Api(self._client)
@@ -60,12 +62,13 @@ class KubeApi:
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             return fn(*args, **kwargs)
         except ApiException as err:
             raise api_error(what, err.status or 0, err.reason or "", err.body) from None
-        except OSError as err:  # connection refused, DNS, TLS
+        except (OSError, HTTPError) as err:  # connection refused, DNS, TLS (urllib3 wraps them)
             raise ServerUnreachable(f"{what}: the Kubernetes API server is unreachable ({err})") from None
 
     def _json(self, model: Any) -> Any:
@@ -121,13 +124,15 @@ class KubeApi:
 
     def delete(self, kind: str, ns: str, name: str) -> None:
         what = f"delete {kind} {ns}/{name}"
+        # The answer (a Status, or the object while finalizers run) is not read: only errors matter.
+        raw = {"_preload_content": False}
         if kind == "Job":
             # Foreground: the Job stays (with a deletionTimestamp) until its pods are gone.
-            self._call(what, self.batch.delete_namespaced_job, name, ns, propagation_policy="Foreground")
+            resp = self._call(what, self.batch.delete_namespaced_job, name, ns, propagation_policy="Foreground", **raw)
         elif kind == "Service":
-            self._call(what, self.core.delete_namespaced_service, name, ns)
+            resp = self._call(what, self.core.delete_namespaced_service, name, ns, **raw)
         else:
-            self._call(
+            resp = self._call(
                 what,
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
@@ -136,7 +141,9 @@ class KubeApi:
                 PLURALS[kind],
                 name,
                 propagation_policy="Foreground",
+                **raw,
             )
+        resp.release_conn()
 
     def log(self, ns: str, pod: str, container: str, follow: bool) -> Iterator[str]:
         """The container's log lines; with `follow`, until the container ends."""
