@@ -12,6 +12,10 @@ the epoch (the trainer logs this itself; a Lightning callback does the same ther
 alternate the two sides in ABBA order, and `median_ratio` is the median over rounds of the
 paired ratio (trainer median epoch / Lightning median epoch of the same round), which cancels
 load on a shared machine that lasts longer than a round; `ratio` compares the best epochs.
+On a CPU each side runs one thread (`--threads`), and `cpu_time_median_ratio` is the same
+paired ratio of images per CPU second of each training epoch (the trainer's `train_epoch`,
+Lightning's epoch from its start hook to its end hook): other load on a shared machine
+stretches wall time but hardly the CPU time a side spends, so this is the steadier figure there.
 
 Skipped, with a message and exit code 0, when Lightning is not installed
 (`pip install lightning`). On a GPU:
@@ -35,7 +39,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
@@ -55,8 +59,11 @@ from gpupool.train.data import Split  # noqa: E402
 from gpupool.train.models import build_model  # noqa: E402
 
 
-def lightning_run(args: argparse.Namespace, data: Path, split: Split, device: torch.device) -> List[float]:
-    """Train with Lightning; returns the steady images/second of each epoch after the first."""
+def lightning_run(
+    args: argparse.Namespace, data: Path, split: Split, device: torch.device
+) -> Tuple[List[float], List[float]]:
+    """Train with Lightning; returns the steady images/second of each epoch after the first,
+    by wall time and by CPU time."""
     assert L is not None
     cuda = device.type == "cuda"
 
@@ -85,10 +92,15 @@ def lightning_run(args: argparse.Namespace, data: Path, split: Split, device: to
 
         def __init__(self) -> None:
             self.rates: List[float] = []
-            self.t0 = 0.0
-            self.images = 0
+            self.cpu_rates: List[float] = []
+            self.t0 = self.cpu0 = 0.0
+            self.images = self.all_images = 0
+
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+            self.cpu0, self.all_images = time.process_time(), 0
 
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.all_images += int(batch[0].shape[0])
             if batch_idx == 0:
                 if cuda:
                     torch.cuda.synchronize()
@@ -101,6 +113,7 @@ def lightning_run(args: argparse.Namespace, data: Path, split: Split, device: to
                 torch.cuda.synchronize()
             if self.images:
                 self.rates.append(self.images / (time.perf_counter() - self.t0))
+                self.cpu_rates.append(self.all_images / (time.process_time() - self.cpu0))
 
     torch.manual_seed(0)
     loader = DataLoader(
@@ -128,7 +141,33 @@ def lightning_run(args: argparse.Namespace, data: Path, split: Split, device: to
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no validation loop", "few workers": chosen here
         trainer.fit(Module(), loader)
-    return clock.rates[1:]  # the first epoch is warm-up, as in the trainer's report
+    return clock.rates[1:], clock.cpu_rates[1:]  # the first epoch is warm-up, as in the trainer's report
+
+
+class TrainerCpuClock:
+    """CPU time of each of the trainer's training epochs (`train_epoch`, the same span as
+    Lightning's fit loop epoch): a figure that other load on a shared machine barely moves,
+    unlike wall time, as long as each side runs one thread."""
+
+    def __init__(self) -> None:
+        import gpupool.train.trainer as trainer_module
+
+        self.module = trainer_module
+        self.original = trainer_module.train_epoch
+        self.rates: List[float] = []
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.process_time()
+            result = self.original(*args, **kwargs)
+            self.rates.append(result.images / (time.process_time() - c0))
+            return result
+
+        trainer_module.train_epoch = timed
+
+    def take(self) -> List[float]:
+        """The epochs since the last call, less the first (warm-up)."""
+        rates, self.rates = self.rates[1:], []
+        return rates
 
 
 def main() -> int:
@@ -142,8 +181,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3, help="per measurement; the first is warm-up")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (both sides)")
-    p.add_argument("--rounds", type=int, default=4, help="alternating trainer/Lightning rounds (ABBA order)")
+    p.add_argument("--rounds", type=int, default=6, help="alternating trainer/Lightning rounds (ABBA order)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of each side on CPU (default 1)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lightning.json")
     args = p.parse_args()
     if L is None:
@@ -153,8 +193,11 @@ def main() -> int:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no GPU/TPU banner per run
     device = torch.device(args.device)
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(os.cpu_count() or 1)
+    if device.type == "cpu":
+        # One thread per side: CPU time then counts work, not threads spinning at a barrier
+        # while another process holds the core (the trainer reads OMP_NUM_THREADS too).
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     # bench_trainer's functions read these (its own flags); same meaning here.
     args.synthetic_steps = 0
 
@@ -173,20 +216,25 @@ def main() -> int:
         trainer_rates: List[float] = []
         lightning_rates: List[float] = []
         round_ratios: List[float] = []
+        cpu_ratios: List[float] = []
+        cpu = TrainerCpuClock()
         _, split = trainer_run(args, data, Path(tmp) / "split")  # Lightning trains on this split
+        cpu.take()
         for r in range(args.rounds):
             if r % 2 == 0:
                 rates, _ = trainer_run(args, data, Path(tmp) / f"run{r}")
-                other = lightning_run(args, data, split, device)
+                other, other_cpu = lightning_run(args, data, split, device)
             else:
-                other = lightning_run(args, data, split, device)
+                other, other_cpu = lightning_run(args, data, split, device)
                 rates, _ = trainer_run(args, data, Path(tmp) / f"run{r}")
+            rates_cpu = cpu.take()
             trainer_rates += rates
             lightning_rates += other
             round_ratios.append(statistics.median(rates) / statistics.median(other))
+            cpu_ratios.append(statistics.median(rates_cpu) / statistics.median(other_cpu))
             print(
                 f"round {r + 1}: trainer {max(rates):.1f} img/s, Lightning {max(other):.1f} img/s, "
-                f"paired median ratio {round_ratios[-1]:.3f}",
+                f"paired median ratio {round_ratios[-1]:.3f}; per CPU second {cpu_ratios[-1]:.3f}",
                 file=sys.stderr,
             )
 
@@ -212,12 +260,15 @@ def main() -> int:
             "workers": args.workers,
             "rounds": args.rounds,
             "precision": "bf16-mixed + channels_last" if device.type == "cuda" else "fp32",
+            "threads": args.threads if device.type == "cpu" else None,
         },
         "trainer_images_per_second": round(trainer_ips, 1),
         "lightning_images_per_second": round(lightning_ips, 1),
         "ratio": round(trainer_ips / lightning_ips, 3),
         "median_ratio": round(statistics.median(round_ratios), 3),
         "round_ratios": [round(x, 3) for x in round_ratios],
+        "cpu_time_median_ratio": round(statistics.median(cpu_ratios), 3) if device.type == "cpu" else None,
+        "cpu_time_round_ratios": [round(x, 3) for x in cpu_ratios] if device.type == "cpu" else None,
         "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "epochs": {
             "trainer": [round(x, 1) for x in trainer_rates],
