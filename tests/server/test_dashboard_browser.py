@@ -32,7 +32,7 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1150"):
         options.add_argument(arg)
     options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -28,6 +28,21 @@ class Point:
     queued: int
 
 
+def point_of(status: PoolStatus, now: float) -> Point:
+    """The chart point of one status (the page adds the current one to the recorded hour)."""
+    used: Optional[int] = None
+    if status.usage is not None:
+        used = sum(d.memory_used_mib for d in status.usage.devices)
+    return Point(
+        at=now,
+        total_mib=sum(d.memory_mib for d in status.devices),
+        allocated_mib=sum(status.allocated().values()),
+        used_mib=used,
+        leases=len(status.leases),
+        queued=status.queued,
+    )
+
+
 class History:
     """A bounded ring of `Point`s, safe to record from one thread and read from others."""
 
@@ -44,18 +59,7 @@ class History:
 
     def record(self, status: PoolStatus, now: float) -> Point:
         """Add the point of `status` at `now`."""
-        allocated = status.allocated()
-        used: Optional[int] = None
-        if status.usage is not None:
-            used = sum(d.memory_used_mib for d in status.usage.devices)
-        point = Point(
-            at=now,
-            total_mib=sum(d.memory_mib for d in status.devices),
-            allocated_mib=sum(allocated.values()),
-            used_mib=used,
-            leases=len(status.leases),
-            queued=status.queued,
-        )
+        point = point_of(status, now)
         with self._lock:
             self._points.append(point)
         return point

@@ -30,7 +30,7 @@ from ...pool import Pool
 from ..auth import Identity
 from ..handlers import LeaseApi
 from . import render
-from .history import History
+from .history import History, point_of
 from .view import build
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def _render(request: Request, whole_page: bool) -> str:
     if state.history.due(now):
         state.history.record(status, now)
     view = build(status, now, state.queue(api.pool), _query(request))
-    points = state.history.points(now)
+    points = (*state.history.points(now), point_of(status, now))  # the charts end at this very status
     return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)
 
 
