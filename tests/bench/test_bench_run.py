@@ -94,6 +94,7 @@ def test_scaling_on_emulated_gpus(tmp_path, env):
     _nothing_left(env["GPUPOOL_STATE"])
 
 
+@pytest.mark.slow  # about 25 s: the Done-when command of `bench share`; the scaling one stays fast
 def test_share_on_one_emulated_gpu(tmp_path, env):
     out = tmp_path / "share"
     proc = subprocess.run(
