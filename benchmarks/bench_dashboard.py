@@ -6,8 +6,9 @@ lease in the usage record (as the watchdog writes it), 20 enforcement actions an
 history hour. Then, each --rounds times:
 
 - the server side of `/`: pool status, view, HTML (`page`), and the whole GET through the
-  app (auth, gzip) over a real uvicorn socket;
-- `/ui/live`, what the page fetches on every refresh;
+  app (auth, gzip) over a real uvicorn socket, reading the status afresh;
+- `/ui/live`, what the page fetches on every refresh, afresh and with the status read shared
+  by the viewers of the last second (the default);
 - `/metrics` (every per-lease series included);
 - in headless Chromium (when /usr/bin/chromium and selenium are here): time to load the
   page (navigation start to the load event) and to swap in one refresh.
@@ -197,8 +198,16 @@ def main() -> int:
         server, url = serve(app)
         gz = {"accept-encoding": "gzip"}
         with httpx.Client(timeout=60) as client:
+            # every request reads the pool's status afresh (one viewer, refreshing slower than 1 s) ...
+            app.state.dashboard.status_max_age_s = 0.0
             figures["http_get_page"] = timed(lambda: client.get(url + "/", headers=gz).raise_for_status(), args.rounds)
             figures["http_get_live"] = timed(
+                lambda: client.get(url + "/ui/live", headers=gz).raise_for_status(), args.rounds
+            )
+            # ... or shares the last second's read with the other viewers (the default)
+            app.state.dashboard.status_max_age_s = 1.0
+            client.get(url + "/ui/live", headers=gz)
+            figures["http_get_live_shared_status"] = timed(
                 lambda: client.get(url + "/ui/live", headers=gz).raise_for_status(), args.rounds
             )
             figures["http_get_metrics"] = timed(lambda: client.get(url + "/metrics").raise_for_status(), args.rounds)

@@ -108,11 +108,6 @@ def _lease_metrics(status: PoolStatus) -> Iterator[Metric]:
     started = GaugeMetricFamily(
         "gpupool_lease_start_timestamp_seconds", "When each lease was granted", labels=LEASE_LABELS
     )
-    expires = GaugeMetricFamily(
-        "gpupool_lease_expiry_timestamp_seconds",
-        "When each lease expires unless its holder renews it",
-        labels=LEASE_LABELS,
-    )
     holder_leases = GaugeMetricFamily("gpupool_holder_leases", "Live leases of each holder", labels=HOLDER_LABELS)
     holder_bytes = GaugeMetricFamily(
         "gpupool_holder_memory_allocated_bytes", "GPU memory held by each holder's leases", labels=HOLDER_LABELS
@@ -127,13 +122,12 @@ def _lease_metrics(status: PoolStatus) -> Iterator[Metric]:
             by_slice.add_metric([*values, s.device_uuid, nodes.get(s.device_uuid, "")], s.memory_mib * MIB_BYTES)
             held += s.memory_mib
         started.add_metric(values, lease.created_at)
-        expires.add_metric(values, lease.expires_at)
         count, mib = per_holder.get(holder, (0, 0))
         per_holder[holder] = (count + 1, mib + held)
     for holder, (count, mib) in per_holder.items():
         holder_leases.add_metric(list(holder), count)
         holder_bytes.add_metric(list(holder), mib * MIB_BYTES)
-    yield from (by_slice, started, expires, holder_leases, holder_bytes)
+    yield from (by_slice, started, holder_leases, holder_bytes)
 
 
 def _queue_metrics(status: PoolStatus, queue: Sequence[QueuedClaim], now: float) -> Iterator[Metric]:
