@@ -197,6 +197,18 @@ def test_serves_the_node_pool(node):
     assert err.value.code == 401
 
 
+def test_serves_the_dashboard(node):
+    """The node agent runs the server's app: its web dashboard too, behind the same tokens."""
+    _, agent = node
+    req = urllib.request.Request(agent.url + "/ui/live", headers={"Authorization": f"Bearer {agent.admin}"})
+    with urllib.request.urlopen(req, timeout=10, context=agent.context) as resp:
+        page = resp.read().decode()
+    assert resp.headers["content-type"].startswith("text/html") and page.count('class="gpu"') == 2
+    with pytest.raises(urllib.error.HTTPError) as err:
+        agent.get("/ui/live")
+    assert err.value.code == 401
+
+
 def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, pyz, tmp_path):
     _, agent = node
     python = shutil.which("python3") or sys.executable

@@ -217,3 +217,29 @@ def test_viewers_share_one_status_read(pool):
 def test_an_oversized_sign_in_form_is_refused(client):
     r = client.post("/login", data={"token": "x" * 10000}, follow_redirects=False)
     assert r.status_code == 401 and "over 4096 bytes" in r.text
+
+
+def test_a_waiting_claim_shows_in_the_queue_with_its_reason(client, pool):
+    import threading
+
+    from gpupool.core.errors import Unavailable
+
+    for _ in range(2):  # both GPUs full
+        assert client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 1.0}]}}, headers=H)
+    waiting = threading.Thread(
+        target=lambda: pytest.raises(
+            Unavailable, pool.claim, Claim.single(1, fraction=0.5), Holder("carol", 9, "h"), 1.5
+        )
+    )
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not pool.queue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (queued,) = pool.queue()
+        assert queued.holder.name == "carol" and queued.claim.requests[0].fraction == 0.5
+        html = client.get("/ui/live", headers=H).text
+        assert "why it waits" in html and "carol@h:9" in html and "1 GPU(s) with 0.5 of the memory each" in html
+    finally:
+        waiting.join()
+    assert pool.queue() == []
