@@ -22,6 +22,7 @@ FLOOR = {
     "runner": 2,
     "server": 2,
     "enforcement": 2,
+    "simulate": 1,
     "train": 3,
     "jobs": 3,
     "kube": 3,
@@ -29,8 +30,8 @@ FLOOR = {
     "bench": 4,
     "cli": 5,
 }
-# The trainer knows the distributed env contract and nothing of the pool.
-ONLY = {"train": {"core", "train"}}
+# The trainer knows the distributed env contract and nothing of the pool; simulate measures core placement alone.
+ONLY = {"train": {"core", "train"}, "simulate": {"core", "simulate"}}
 # What runs inside the user's training container (and ships in gpupool-run.pyz).
 WORKLOAD_SIDE = ("core", "store", "devices", "isolation", "pool", "client", "runner")
 

@@ -36,6 +36,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "logs": ("jobs", "print a job's logs"),
     "cancel": ("jobs", "stop a job and free its GPUs"),
     "kube": ("kube", "Kubernetes: webhooks + scheduler extender, node agent, certificates"),
+    "simulate": ("simulate", "replay a cluster and a workload through the placement policies"),
     "bench": ("bench", "throughput reports: scaling over GPUs, sharing one GPU"),
     "doctor": ("doctor", "check a pool's invariants and its database"),
     "backup": ("doctor", "copy a pool's database with SQLite's online backup"),

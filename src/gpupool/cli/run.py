@@ -36,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEY=VALUE",
         help="device.name=GLOB, device.uuid=ID, device.index=I, device.memory>=SIZE, server.addr=HOST (repeatable)",
     )
-    p.add_argument("--policy", default="binpack", help="binpack (default: keep whole GPUs free) or spread")
+    p.add_argument(
+        "--policy",
+        default="fragaware",
+        help="fragaware (default: where the GPUs' fragmentation grows least against the claims seen; "
+        "binpack until there are some), binpack (keep whole GPUs free) or spread",
+    )
     p.add_argument(
         "--wait",
         type=float,

@@ -18,6 +18,7 @@ Pure: no I/O, no clock. GPU shares are in thousandths of a GPU ("milli", 1000 = 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import threading
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .model import Device, GpuRequest
 
 MILLI = 1000
 MEMO_LIMIT = 500_000  # node states remembered per mix (about 100 MB at most)
+_SERIALS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,7 @@ class Fragmentation:
             for s, p in shapes
         ]
         self._memo: Dict[Tuple[Any, ...], float] = {}
+        self.serial = next(_SERIALS)  # names this measure in caches kept elsewhere (ints: no GC tracking)
         # what the mix's GPU tasks ask per thousandth of a GPU: CPU milli, memory MiB
         gpu_shapes = [(s, p) for s, p in shapes if s.gpus]
         demand = sum(p * s.total_milli for s, p in gpu_shapes)
@@ -313,12 +316,25 @@ class LearnedMix:
         return Fragmentation(self.histogram.mix(), memory=True, gpu_only=True)
 
     def observe(self, shape: TaskShape) -> None:
-        """Count one claim; rebuild the measure when it is due."""
+        """Count one claim; rebuild the measure when it is due and the mix has moved."""
         with self._lock:
             self.histogram.observe(shape)
             if self.histogram.observed >= self._next:
                 self._next += min(self._next, self.refresh_every)
-                self.frag = self._build()
+                mix = self.histogram.mix()
+                # a settled mix keeps its measure, and with it every memoised score
+                if _distance(mix, self.frag.mix) > MIX_TOLERANCE:
+                    self.version += 1
+                    self.frag = Fragmentation(mix, memory=True, gpu_only=True)
+
+
+MIX_TOLERANCE = 0.02  # total variation distance below which a new mix is not worth cold caches
+
+
+def _distance(a: ShapeMix, b: ShapeMix) -> float:
+    """Total variation distance between two mixes."""
+    pa, pb = dict(a.shapes), dict(b.shapes)
+    return 0.5 * sum(abs(pa.get(s, 0.0) - pb.get(s, 0.0)) for s in set(pa) | set(pb))
 
 
 def request_shape(request: GpuRequest, device: Device) -> TaskShape:
@@ -499,6 +515,8 @@ def rank_scores(
     """
     winner = choose_node(scores, tolerance)
     distinct = sorted({x for x in scores if x is not None}, reverse=True)
+    rank = {x: r for r, x in enumerate(distinct)}
+    spread = max(1, len(distinct))
     out: List[int] = []
     for i, x in enumerate(scores):
         if x is None:
@@ -506,8 +524,7 @@ def rank_scores(
         elif i == winner:
             out.append(top)
         else:
-            rank = distinct.index(x)
-            out.append(max(1, top - 1 - (rank * (top - 1)) // max(1, len(distinct))))
+            out.append(max(1, top - 1 - (rank[x] * (top - 1)) // spread))
     return out
 
 

@@ -72,6 +72,15 @@ class NodeState:
         return out
 
     @cached_property
+    def first_healthy(self) -> Optional[Device]:
+        return next((d for d in self.devices if d.healthy), None)
+
+    @cached_property
+    def scores(self) -> Dict[Tuple[int, int, int], Optional[float]]:
+        """fragaware's score of this state per (mix, GPUs, share), filled as pods ask (states are never changed)."""
+        return {}
+
+    @cached_property
     def free(self) -> NodeFree:
         """The healthy GPUs' free share (thousandths), what fragaware scores; computed once per state."""
         return node_free(self.devices, {d.uuid: d.memory_mib - self.allocated.get(d.uuid, 0) for d in self.devices})
@@ -212,7 +221,8 @@ def fragaware_scores(
     """Minus the growth of each node's expected fragmentation when it takes `claim` (None: it cannot).
 
     One request without filters (the common case) is scored on the node's cached free
-    shares; a gang or filtered claim goes through `place` first.
+    shares, and the score is kept on the node's state for the next pod of that shape; a gang
+    or filtered claim goes through `place` first.
     """
     out: List[Optional[float]] = []
     quick = len(claim.requests) == 1 and not claim.requests[0].filters
@@ -222,14 +232,20 @@ def fragaware_scores(
         if state is None:
             out.append(None)
             continue
-        healthy = next((d for d in state.devices if d.healthy), None)
+        healthy = state.first_healthy
         if quick and healthy is not None:
             shape = shapes.get(healthy.memory_mib)
             if shape is None:
                 shape = shapes[healthy.memory_mib] = request_shape(claim.requests[0], healthy)
-            evaluation = fragaware_evaluate(state.free, shape, frag)
-            if evaluation is not None:
-                out.append(evaluation.score)
+            cache = state.scores
+            key = (frag.serial, shape.gpus, shape.milli)
+            if key in cache:
+                score = cache[key]
+            else:
+                evaluation = fragaware_evaluate(state.free, shape, frag)
+                score = cache[key] = None if evaluation is None else evaluation.score
+            if score is not None:
+                out.append(score)
                 continue
         placement = place(state.devices, state.allocated, claim, frag)
         if placement.slices is None:
