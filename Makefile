@@ -12,7 +12,7 @@ all: install pyz
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[all,dev,tf]"
+	$(BIN)/pip install -q -e ".[all,dev,tf,lightning]"
 	touch $@
 
 # The editable install runs from src/: compile it (pip does that for a wheel) so that `gpupool run`

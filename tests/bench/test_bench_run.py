@@ -155,3 +155,14 @@ def test_a_signal_leaves_no_process_and_no_lease(tmp_path, env, sig, args):
     assert proc.returncode == 128 + sig, stderr
     assert "every benchmark job was cancelled" in stderr
     _nothing_left(env["GPUPOOL_STATE"])
+
+
+def test_a_run_the_pool_can_never_hold_is_refused_before_anything_starts(tmp_path, env):
+    proc = subprocess.run(
+        gpupool("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1,4", "--out", str(tmp_path / "o")),
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "gpus=4: 4 worker(s)" in proc.stderr and "this pool of 2 GPU(s)" in proc.stderr
+    assert "lower --gpus" in proc.stderr
+    assert not (Path(env["GPUPOOL_STATE"]) / "jobs").exists() and not (tmp_path / "o" / "report.json").exists()

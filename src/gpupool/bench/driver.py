@@ -130,9 +130,11 @@ class Bench:
             together = Claim(tuple(r for c in claims for r in c.requests), claims[0].policy)
             placement = could_ever_fit(devices, together)
             if not placement.fits:
+                where = "" if run.gpu_index is None else f" on GPU {run.gpu_index}"
                 raise Unsatisfiable(
-                    f"{self.kind.value} run {run.label} ({together.describe()}) can never fit this pool of "
-                    f"{len(devices)} GPU(s): {placement.reason}; "
+                    f"{self.kind.value} run {run.label}: {run.jobs * run.workers} worker(s) each holding "
+                    f"{run.fraction:g} of a GPU{where} can never fit this pool of {len(devices)} GPU(s) "
+                    f"({placement.reason}); "
                     + (
                         "lower --gpus or --fraction"
                         if self.kind is Kind.SCALING
