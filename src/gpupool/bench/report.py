@@ -131,7 +131,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
         right.axhline(1.0, ls=":", color="grey")
         right.set_xticks(xs)
         right.set_xticklabels(labels)
-        right.set_ylim(bottom=0)
+        ratios = [v for r in runs for v in (r["aggregate_vs_whole"], r["fairness"]) if v is not None]
+        right.set_ylim(0, max([1.1] + [1.1 * v for v in ratios]))
         right.set_xlabel("share of one GPU x jobs")
         right.legend()
     fig.suptitle(_wrap(headline(report)), fontsize=8)
