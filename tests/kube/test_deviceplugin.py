@@ -12,7 +12,7 @@ from gpupool.core.model import Device
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
-from gpupool.kube.deviceplugin.units import gpu_key
+from gpupool.kube.deviceplugin.units import gpu_key, preferred_units, unit_ids
 
 from .conftest import Kubelet
 
@@ -131,3 +131,44 @@ def test_long_device_ids_are_shortened():
     long_uuid = "GPU-emu-" + "n" * 70 + "-0"
     assert len(gpu_key(long_uuid)) + 3 <= 63
     assert gpu_key("GPU-fef8089b-4820-abfc-e83e-94318197576e") == "GPU-fef8089b-4820-abfc-e83e-94318197576e"
+
+
+def test_preferred_units_follow_the_pools_choice():
+    devices = [Device(f"GPU-{i}", i, "A100", 40960, "n") for i in range(3)]
+    table = dict(unit_ids(devices))
+    by_gpu = {d.uuid: [u for u, dev in table.items() if dev.uuid == d.uuid] for d in devices}
+    # GPU-0 all free, GPU-1 60 units free, GPU-2 30 units free
+    available = by_gpu["GPU-0"] + by_gpu["GPU-1"][:60] + by_gpu["GPU-2"][:30]
+    half = preferred_units(available, [], 50, table)
+    assert len(half) == 50 and {table[u].uuid for u in half} == {"GPU-1"}  # the fullest GPU that holds 50
+    assert {table[u].uuid for u in preferred_units(available, [], 100, table)} == {"GPU-0"}  # a whole GPU
+    must = by_gpu["GPU-2"][:2]
+    kept = preferred_units(available, must, 30, table)
+    assert kept[:2] == must and len(kept) == 30 and len(set(kept)) == 30
+    # 150 units fit no single GPU and are not whole GPUs: the fullest GPUs' units first
+    spread = preferred_units(available, [], 150, table)
+    assert len(spread) == 150 and len(set(spread)) == 150
+
+
+def test_get_preferred_allocation_over_grpc(kubelet_dir, plugin):
+    kubelet = Kubelet(kubelet_dir)
+    try:
+        plugin.start()
+        kubelet.requests.get(timeout=5)
+        channel, dp = stub(plugin)
+        with channel:
+            assert dp.GetDevicePluginOptions(pb.Empty(), timeout=5).get_preferred_allocation_available
+            ids = [u for u, _ in plugin.units]
+            resp = dp.GetPreferredAllocation(
+                pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids[30:], allocation_size=25)
+                    ]
+                ),
+                timeout=5,
+            )
+            (answer,) = resp.container_responses
+            # GPU 0 has 70 units free, GPU 1 all 100: a quarter goes on the fuller GPU 0
+            assert len(answer.deviceIDs) == 25 and set(answer.deviceIDs) <= set(ids[30:100])
+    finally:
+        kubelet.stop()

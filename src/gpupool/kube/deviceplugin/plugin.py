@@ -18,11 +18,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequ
 
 import grpc
 
+from ...core.fragmentation import LearnedMix, TaskShape
 from ...core.model import Device
-from ..resources import UNITS
+from ..resources import UNITS, UNITS_PER_GPU
 from . import api_pb2 as pb
 from . import api_pb2_grpc as rpc
-from .units import unit_ids
+from .units import preferred_units, unit_ids
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
         self.plugin = plugin
 
     def GetDevicePluginOptions(self, request: Any, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         # Wait on a condition with a timeout, so a gone kubelet or a stopping server ends the stream.
@@ -64,17 +65,24 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
             yield response
 
     def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        return pb.PreferredAllocationResponse(
-            container_responses=[
-                pb.ContainerPreferredAllocationResponse(
-                    deviceIDs=list(r.must_include_deviceIDs)
-                    + [i for i in r.available_deviceIDs if i not in r.must_include_deviceIDs][
-                        : max(0, r.allocation_size - len(r.must_include_deviceIDs))
-                    ]
-                )
-                for r in request.container_requests
-            ]
-        )
+        # The kubelet only counts units; the pool binds the real GPU at container start. Units
+        # chosen as the pool chooses GPUs keep the kubelet's per-GPU view close to the pool's.
+        responses = []
+        for r in request.container_requests:
+            size = int(r.allocation_size)
+            if 0 < size <= UNITS_PER_GPU:
+                self.plugin.mix.observe(TaskShape(1, size * 10))
+            elif size > 0 and size % UNITS_PER_GPU == 0:
+                self.plugin.mix.observe(TaskShape(size // UNITS_PER_GPU, 1000))
+            ids = preferred_units(
+                list(r.available_deviceIDs),
+                list(r.must_include_deviceIDs),
+                size,
+                self.plugin.table,
+                self.plugin.mix.frag,
+            )
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: Any, context: grpc.ServicerContext) -> pb.AllocateResponse:
         responses = []
@@ -101,6 +109,7 @@ class DevicePlugin:
         self.devices = list(devices)
         self.units = unit_ids(self.devices)
         self.table = dict(self.units)
+        self.mix = LearnedMix()  # the containers' asks seen here: fragaware's mix for GetPreferredAllocation
         self.unhealthy: Set[str] = set()
         self.changed = threading.Condition()
         self.version = 0
@@ -189,7 +198,7 @@ class DevicePlugin:
                     version=API_VERSION,
                     endpoint=self.config.endpoint,
                     resource_name=self.config.resource,
-                    options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False),
+                    options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
                 ),
                 timeout=5,
             )
