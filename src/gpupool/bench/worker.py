@@ -1,11 +1,12 @@
 """One benchmark replica: `python -m gpupool.bench.worker --out RUN_DIR --tag T ...`.
 
-Trains the trainer's model the way `train.trainer` does — `build_model`, DDP with
-gradient-as-bucket-view under WORLD_SIZE > 1, bf16 autocast (fp16 with a scaler where bf16
-is missing), channels_last, fused Adam and pinned loaders on a GPU; foreach Adam and fp32 on a
-CPU — on synthetic uint8 batches made once on the device (what the loader would hand over,
-so the `Normalizer` still runs every step) or on a class-folder data set through the
-trainer's `ImageFiles` and `make_loader`. It reads only the torchrun env, like the trainer.
+Times the trainer's own step (`train.loop.train_step`) on the trainer's model, set up the way
+`train.trainer` does — `build_model`, DDP with gradient-as-bucket-view under WORLD_SIZE > 1,
+bf16 autocast (fp16 with a scaler where bf16 is missing), channels_last, fused Adam and pinned
+loaders on a GPU; foreach Adam and fp32 on a CPU — on synthetic uint8 batches made once on the
+device (what the loader would hand over, so the `Normalizer` still runs every step) or on a
+class-folder data set through the trainer's `ImageFiles` and `make_loader`. It reads only the
+torchrun env, like the trainer.
 
 Phases: `warmup` steps (autotuning, allocator growth, loader start-up: not timed), a start
 line shared by `--peers` concurrent jobs (files in RUN_DIR), `steps` timed steps (CUDA events
@@ -23,7 +24,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 PROGRESS_EVERY_S = 0.5
 POLL_S = 0.05
@@ -113,12 +114,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run warm-up, the start line, the timed steps and the hold; write the result."""
     args = parse_args(argv)
     import torch
-    import torch.nn.functional as F
 
     from gpupool.core.errors import GpupoolError
     from gpupool.train import distributed
-    from gpupool.train.data import BAD_LABEL, Normalizer
-    from gpupool.train.loop import Engine
+    from gpupool.train.data import Normalizer
+    from gpupool.train.loop import Engine, train_step
     from gpupool.train.models import build_model
 
     try:
@@ -165,18 +165,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         eng = Engine(train_model, model, Normalizer(channels_last).to(device), optimizer, scaler, device, amp_dtype)
         train_model.train()
 
-        def step(images: Any, labels: Any) -> int:
-            # The trainer's step (train.loop.train_epoch): device-side normalise, autocast
-            # forward, fp32 loss, scaled backward and optimizer step.
-            x = eng.normalizer(images.to(device, non_blocking=True))
-            y = labels.to(device, non_blocking=True)
-            with eng.autocast():
-                logits = eng.model(x)
-            loss = F.cross_entropy(logits.float(), y, ignore_index=BAD_LABEL)
-            eng.optimizer.zero_grad(set_to_none=True)
-            eng.scaler.scale(loss).backward()
-            eng.scaler.step(eng.optimizer)
-            eng.scaler.update()
+        unreadable: Set[int] = set()
+
+        def step(images: Any, labels: Any, index: Any) -> int:
+            # The trainer's own step: device-side normalise, autocast forward, fp32 loss,
+            # scaled backward and optimizer step.
+            train_step(eng, images, labels, index, unreadable)
             return int(images.shape[0])
 
         batches = batches_for()
@@ -256,15 +250,19 @@ def _data(args: argparse.Namespace, device: Any, denv: Any) -> Tuple[int, Any]:
 
     if args.data is None:
 
-        def synthetic() -> Iterator[Tuple[Any, Any]]:
-            # uint8, channels_last, on the device: the loader's output, already copied over.
+        def synthetic() -> Iterator[Tuple[Any, Any, Any]]:
+            # uint8, channels_last images already on the device (the loader's output, copied
+            # over); labels on the host, as the loader hands them to the trainer's step.
             s = args.image_size
             gen = torch.Generator(device="cpu").manual_seed(args.seed)
             images = torch.randint(0, 256, (args.batch_size, 3, s, s), dtype=torch.uint8, generator=gen)
             images = images.contiguous(memory_format=torch.channels_last).to(device)
-            labels = torch.randint(0, args.classes, (args.batch_size,), generator=gen).to(device)
+            labels = torch.randint(0, args.classes, (args.batch_size,), generator=gen)
+            index = torch.arange(args.batch_size)
+            if device.type == "cuda":
+                labels = labels.pin_memory()
             while True:
-                yield images, labels
+                yield images, labels, index
 
         return args.classes, synthetic
 
@@ -290,13 +288,12 @@ def _data(args: argparse.Namespace, device: Any, denv: Any) -> Tuple[int, Any]:
         denv.world_size,
     )
 
-    def files() -> Iterator[Tuple[Any, Any]]:
+    def files() -> Iterator[Tuple[Any, Any, Any]]:
         epoch = 0
         while True:
             if sampler is not None:
                 sampler.set_epoch(epoch)
-            for images, labels, _ in loader:
-                yield images, labels
+            yield from loader
             epoch += 1
 
     return len(classes), files

@@ -97,12 +97,7 @@ def train_epoch(
     for step, (images, labels, index) in enumerate(loader):
         if max_steps is not None and step >= max_steps:
             break
-        logits, y, loss_sum, valid = _forward(eng, eng.model, images, labels, index, bad)
-        loss = loss_sum / max(valid, 1)
-        eng.optimizer.zero_grad(set_to_none=True)
-        eng.scaler.scale(loss).backward()
-        eng.scaler.step(eng.optimizer)
-        eng.scaler.update()
+        logits, y, loss_sum, valid = train_step(eng, images, labels, index, bad)
         with torch.no_grad():
             sums.add(loss_sum.detach(), (logits.argmax(1) == y).sum(), valid)
         if step == 0:
@@ -144,6 +139,21 @@ def train_epoch(
         steady_seconds=float(seconds.item()),
         bad_indices=bad,
     )
+
+
+def train_step(
+    eng: Engine, images: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, bad: Set[int]
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """One optimizer step on one batch (uint8 images, host labels): forward as `_forward`
+    does, the mean loss over the readable images, scaled backward and step. Returns what
+    `_forward` returns, for the caller's metrics. `gpupool bench` times exactly this."""
+    logits, y, loss_sum, valid = _forward(eng, eng.model, images, labels, index, bad)
+    loss = loss_sum / max(valid, 1)
+    eng.optimizer.zero_grad(set_to_none=True)
+    eng.scaler.scale(loss).backward()
+    eng.scaler.step(eng.optimizer)
+    eng.scaler.update()
+    return logits, y, loss_sum, valid
 
 
 class _Sums:
