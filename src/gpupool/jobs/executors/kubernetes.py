@@ -288,14 +288,14 @@ class KubernetesExecutor(Executor):
         """Every replica's log (prefixed "[worker-1] " when there are several), or one's.
         With `follow`, each pod's log is streamed as it starts (retries and restarts too),
         until the job ends."""
-        pods = self._replica_pods(name, replica)
-        if not follow:
-            many = replica is None and len({replica_name(p) for p in pods}) > 1
-            for pod in pods:
-                for line in self.api().log(self._ns(), pod["metadata"]["name"], _container(pod), False):
-                    yield f"[{replica_name(pod)}] {line}" if many else line
+        if follow:  # pods that have not started yet are waited for
+            yield from self._follow(name, replica)
             return
-        yield from self._follow(name, replica)
+        pods = self._replica_pods(name, replica)
+        many = replica is None and len({replica_name(p) for p in pods}) > 1
+        for pod in pods:
+            for line in self.api().log(self._ns(), pod["metadata"]["name"], _container(pod), False):
+                yield f"[{replica_name(pod)}] {line}" if many else line
 
     def _replica_pods(self, name: str, replica: Optional[str]) -> List[Obj]:
         """The job's pods (of `replica` only, when given) whose container has a log, oldest first."""
