@@ -94,6 +94,16 @@ def test_fragaware_is_the_default_and_ranks_one_node_on_top():
     assert scores["b"] == 10 and 0 < scores["a"] < 10 and scores["c"] == 0
 
 
+def test_a_pod_without_gpus_goes_where_the_gpus_are_taken():
+    idle, busy = gpus("idle", 2), gpus("busy", 2)
+    states = {"idle": NodeState(idle, {}), "busy": NodeState(busy, used(busy, [16384, 12000]))}
+    web = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "web"}]}}
+    scores = {
+        h["Host"]: h["Score"] for h in handle_prioritize({"Pod": web, "NodeNames": ["idle", "busy", "cpu"]}, states)
+    }
+    assert scores["cpu"] == 10 and scores["busy"] > scores["idle"] >= 1
+
+
 def test_pod_claim_from_annotation_units_or_user_resources():
     pod = mutated_pod({"a": GpuAsk(2, percent=30), "b": GpuAsk(1, memory_mib=4096)}, policy="spread")
     claim = pod_claim(pod)

@@ -196,7 +196,10 @@ def score_nodes(
 ) -> List[Tuple[str, int]]:
     """0..10 per node: fragaware's rank, or how full (binpack) or how empty (spread) its GPUs are after placing `claim`."""
     if claim is None:
-        return [(n, 0) for n in names]
+        # A pod without GPUs (sent here when the scheduler config asks the extender about every
+        # pod): it belongs where the GPUs are taken, so it does not eat a GPU task's CPUs. Nodes
+        # without a gpupool agent have no GPUs to strand.
+        return list(zip(names, rank_scores([-states[n].free.free_milli if n in states else 0.0 for n in names])))
     if claim.policy is Policy.FRAGAWARE:
         return list(zip(names, rank_scores(fragaware_scores(claim, names, states, frag or NO_HISTORY))))
     scores = []
