@@ -243,3 +243,15 @@ def test_a_waiting_claim_shows_in_the_queue_with_its_reason(client, pool):
     finally:
         waiting.join()
     assert pool.queue() == []
+
+
+def test_the_cookie_is_secure_under_tls(pool):
+    with TestClient(make_app(pool), base_url="https://testserver") as c:
+        r = c.post("/login", data={"token": ADMIN}, follow_redirects=False)
+        assert r.status_code == 303 and "Secure" in r.headers["set-cookie"]
+        assert "GPU-emu-" in c.get("/").text  # the Secure cookie goes back over https
+        c.cookies.clear()
+        assert "without TLS" not in c.get("/").text  # the sign-in page warns only over plain http
+    with TestClient(make_app(pool)) as c:
+        assert "without TLS" in c.get("/").text
+        assert "Secure" not in c.post("/login", data={"token": ADMIN}, follow_redirects=False).headers["set-cookie"]
