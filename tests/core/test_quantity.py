@@ -98,3 +98,31 @@ def test_webhook_refuses_milli_memory():
 
     ask, errors = read_ask({"name": "t", "resources": {"limits": {"gpupool.io/gpu-memory": "8000m"}}})
     assert ask is None and any("8000Mi" in e and "gpu-memory" in e for e in errors)
+
+
+def test_gpupool_run_m_8G_grants_the_same_mib(tmp_path):
+    """`gpupool run -m 8G` end to end: the child's grant is 7629 MiB, as the webhook and specs read 8G."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GPUPOOL_STATE=str(tmp_path), GPUPOOL_DEVICES="emulated:1x16GiB", HOME=str(tmp_path))
+    env.pop("GPUPOOL_SERVER", None)
+    child = "import os; print(os.environ['GPUPOOL_MEMORY_LIMIT_MIB'])"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "run", "-q", "-n", "1", "-m", "8G", "--", sys.executable, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "7629"
+    refused = subprocess.run(
+        [sys.executable, "-m", "gpupool", "run", "-n", "1", "-m", "8000m", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "8000Mi" in refused.stderr
