@@ -353,6 +353,9 @@ def node_free(devices: Sequence[Device], free_mib: Mapping[str, int]) -> NodeFre
     )
 
 
+LARGE_NODE = 32  # GPUs: a "node" this big is an emulated or abstract pool; best fit serves it
+
+
 def fragaware_devices(
     devices: Sequence[Device],
     free_mib: Mapping[str, int],
@@ -362,27 +365,34 @@ def fragaware_devices(
 ) -> List[Tuple[Device, int]]:
     """`count` of the `fitting` (device, MiB) pairs, one at a time where the node's fragmentation grows least.
 
-    Ties go to the device left fullest (best fit), then node and index: with no history the
-    choice is binpack's.
+    Ties go to the device left fullest (best fit), then node and index: with no history (or on
+    a node of more than LARGE_NODE GPUs) the choice is binpack's.
     """
     by_node: Dict[str, List[Device]] = {}
     for d in devices:
         if d.healthy:
             by_node.setdefault(d.node, []).append(d)
     free = dict(free_mib)
+    if not frag.mix.shapes or any(len(by_node.get(d.node, ())) > LARGE_NODE for d, _ in fitting):
+        ordered = sorted(fitting, key=lambda dm: (free[dm[0].uuid] - dm[1], dm[0].node, dm[0].index))
+        return list(ordered[:count])
     chosen: List[Tuple[Device, int]] = []
     left = list(fitting)
     for _ in range(count):
         befores: Dict[str, float] = {}
+        growths: Dict[Tuple[str, int, int], float] = {}  # devices alike in node, free and need are alike
         best: Optional[Tuple[float, int, str, int]] = None
         best_pair: Optional[Tuple[Device, int]] = None
         for d, mib in left:
-            node = by_node.get(d.node, [d])
-            if d.node not in befores:
-                befores[d.node] = frag.of(node_free(node, free))
-            free[d.uuid] -= mib
-            growth = frag.of(node_free(node, free)) - befores[d.node]
-            free[d.uuid] += mib
+            alike = (d.node, free[d.uuid], mib)
+            growth = growths.get(alike)
+            if growth is None:
+                node = by_node.get(d.node, [d])
+                if d.node not in befores:
+                    befores[d.node] = frag.of(node_free(node, free))
+                free[d.uuid] -= mib
+                growth = growths[alike] = frag.of(node_free(node, free)) - befores[d.node]
+                free[d.uuid] += mib
             key = (round(growth, 6), free[d.uuid] - mib, d.node, d.index)
             if best is None or key < best:
                 best, best_pair = key, (d, mib)
@@ -570,6 +580,7 @@ __all__ = [
     "request_shape",
     "node_free",
     "fragaware_devices",
+    "LARGE_NODE",
     "Evaluation",
     "Fragmentation",
     "NodeFree",
