@@ -60,7 +60,7 @@ def _nothing_left(state: str) -> None:
         assert processes.marked_processes(job_dir) == [], job_dir.name
         st = json.loads((job_dir / "state.json").read_text())
         assert not alive(st["supervisor_pid"]), job_dir.name
-        assert st["status"] in ("Succeeded", "Cancelled"), st
+        assert st["status"] in ("Succeeded", "Failed", "Cancelled"), st
 
 
 def _report(out: Path) -> dict:
@@ -166,3 +166,55 @@ def test_a_run_the_pool_can_never_hold_is_refused_before_anything_starts(tmp_pat
     assert "gpus=4: 4 worker(s)" in proc.stderr and "this pool of 2 GPU(s)" in proc.stderr
     assert "lower --gpus" in proc.stderr
     assert not (Path(env["GPUPOOL_STATE"]) / "jobs").exists() and not (tmp_path / "o" / "report.json").exists()
+
+
+@pytest.mark.slow  # about 10 s; the fast set keeps the signal during a running gang
+def test_a_signal_while_queued_for_gpus_leaves_no_process_and_no_lease(tmp_path, env, monkeypatch):
+    from gpupool.client.embedded import EmbeddedPoolClient
+    from gpupool.core.model import Claim, GpuRequest, Holder
+
+    monkeypatch.setenv("GPUPOOL_DEVICES", env["GPUPOOL_DEVICES"])
+    state = Path(env["GPUPOOL_STATE"])
+    with EmbeddedPoolClient(state) as client:  # someone else holds both GPUs for a while
+        held = client.claim(Claim((GpuRequest(2, fraction=1.0),)), Holder("other", os.getpid()), ttl_s=300)
+    proc = subprocess.Popen(
+        gpupool("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1", "--out", str(tmp_path / "o")),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while not any(p.read_text().count('"Queued"') for p in state.glob("jobs/*/state.json")):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert [lease.id for lease in _leases(env["GPUPOOL_STATE"])] == [held.id]  # only the other holder's
+    with EmbeddedPoolClient(state) as client:
+        client.release(held.id)
+    _nothing_left(env["GPUPOOL_STATE"])
+
+
+@pytest.mark.slow  # two short runs that fail in their workers
+def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path, env):
+    data = tmp_path / "tiny"
+    for c in ("a", "b"):
+        (data / c).mkdir(parents=True)
+        (data / c / "x.png").write_bytes(b"not an image")
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        gpupool(
+            "bench", "share", "--model", "convnet", "--image-size", "32", "--fractions", "0.5", "--data", str(data),
+            "--batch-size", "8", "--out", str(out),
+        ),
+        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    report = _report(out)
+    assert [r["fraction"] for r in report["runs"]] == [1.0, 0.5]
+    for run in report["runs"]:
+        assert "failed" in run["error"] and "lower --batch-size" in run["error"], run["error"]
+    _nothing_left(env["GPUPOOL_STATE"])
