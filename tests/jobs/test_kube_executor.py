@@ -146,11 +146,30 @@ def test_pod_failure_policy_fails_the_job_with_the_reason(cluster):
     )
     job_condition(cluster.job("tfps-worker"), "FailureTarget", "PodFailurePolicy", message)
     check_shapes(cluster)
+    assert ex.describe("tfps").message.endswith("; chief, ps still running: gpupool cancel tfps stops them")
     d = ex.wait("tfps", timeout_s=1)
-    assert d.status is Phase.FAILED and d.message == f"worker: PodFailurePolicy: {message}"
+    assert d.status is Phase.FAILED
+    assert d.message == f"worker: PodFailurePolicy: {message}; stopped chief, ps, still running"
+    assert sorted(cluster.deleted) == [("Job", "tfps-chief"), ("Job", "tfps-ps")]
     worker1 = next(r for r in d.replicas if r.name == "worker-1")
     assert worker1.status is Phase.FAILED and worker1.exit_code == 3
     assert [r.name for r in d.replicas] == ["chief-0", "worker-0", "worker-1", "ps-0"]
+
+
+def test_chief_success_winds_down_servers_and_workers(cluster):
+    """ParameterServerStrategy: the chief ends the job; ps and workers are servers that never
+    end by themselves, and hold GPUs, so wait() stops them; a later describe keeps the verdict."""
+    ex = submit(cluster, TF_PS)
+    for job in ("tfps-chief", "tfps-worker", "tfps-ps"):
+        for p in cluster.start_indexed(job):
+            running(cluster.pod(p))
+    terminated(cluster.pod("tfps-chief-0-ax7k2"), 0)
+    job_condition(cluster.job("tfps-chief"), "Complete")
+    d = ex.wait("tfps")
+    assert d.status is Phase.SUCCEEDED
+    assert d.message == "chief completed; stopped ps, worker, still running"
+    assert sorted(cluster.deleted) == [("Job", "tfps-ps"), ("Job", "tfps-worker")]
+    assert ex.describe("tfps").status is Phase.SUCCEEDED  # not "cancelled" while they are deleted
 
 
 def test_retries_and_crash_loops_count_as_restarts(cluster):

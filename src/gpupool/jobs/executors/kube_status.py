@@ -180,14 +180,17 @@ def describe_indexed(name: str, jobs: Sequence[Obj], pods: Sequence[Obj], target
     created = [_time((j.get("metadata") or {}).get("creationTimestamp")) for j in jobs]
     started = [_time((j.get("status") or {}).get("startTime")) for j in jobs]
     times = (min((t for t in created if t), default=None), min((t for t in started if t), default=None))
-    if not jobs or any((j.get("metadata") or {}).get("deletionTimestamp") for j in jobs):
+    if not jobs:
         return _job(name, target, Phase.CANCELLED, "deleted", reps, times)
     roles = {_role(j): j for j in jobs}
+    # A verdict stands even while the roles left running are deleted (Executor.wait winds them down).
+    left = ", ".join(_role(j) for j in unfinished(jobs))
+    after = f"; {left} still running: gpupool cancel {name} stops them" if left else ""
     for role, job in roles.items():
         failed = condition(job, "Failed") or condition(job, "FailureTarget")
         if failed:
             finished = _time(failed.get("lastTransitionTime"))
-            return _job(name, target, Phase.FAILED, f"{role}: {_says(failed)}", reps, times, finished)
+            return _job(name, target, Phase.FAILED, f"{role}: {_says(failed)}{after}", reps, times, finished)
     policy = _success_policy(jobs)
     training = [r for r in roles if r not in SERVICE_ROLES]
     lead = next((r for r in _LEADS if r in roles), training[0] if training else None)
@@ -199,11 +202,24 @@ def describe_indexed(name: str, jobs: Sequence[Obj], pods: Sequence[Obj], target
         verdict = "all workers completed"
     if verdict:
         finished = max((t for r in training if (t := _completed_at(roles[r])) is not None), default=None)
-        return _job(name, target, Phase.SUCCEEDED, verdict, reps, times, finished)
+        return _job(name, target, Phase.SUCCEEDED, verdict + after, reps, times, finished)
+    if any((j.get("metadata") or {}).get("deletionTimestamp") for j in jobs):
+        return _job(name, target, Phase.CANCELLED, "deleted", reps, times)
     suspended = [r for r, j in roles.items() if condition(j, "Suspended")]
     if suspended:
         return _job(name, target, Phase.PENDING, f"suspended: {', '.join(suspended)}", reps, times)
     return _from_replicas(name, target, reps, reasons, times)
+
+
+def unfinished(jobs: Sequence[Obj]) -> List[Obj]:
+    """Role Jobs that neither completed nor failed, and are not being deleted: after the job's
+    verdict, these are the servers (ps, evaluator) or peers still holding GPUs."""
+    return [
+        j
+        for j in jobs
+        if not (_complete(j) or condition(j, "Failed") or condition(j, "FailureTarget"))
+        and not (j.get("metadata") or {}).get("deletionTimestamp")
+    ]
 
 
 def _role(job: Obj) -> str:

@@ -22,11 +22,12 @@ import yaml
 
 from ...core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, ServerUnreachable
 from ..manifests import render_indexed, render_kubeflow
-from ..manifests.indexed import JOB_LABEL
+from ..manifests.indexed import JOB_LABEL, ROLE_LABEL
 from ..manifests.versions import KubeVersion, parse_kube_version
+from ..phase import Phase
 from ..spec import JobSpec
 from .base import DryRunInfo, Executor, JobDescription
-from .kube_status import Obj, describe_indexed, describe_kubeflow, replica_name
+from .kube_status import Obj, describe_indexed, describe_kubeflow, replica_name, unfinished
 
 GROUP, VERSION = "kubeflow.org", "v1"
 PLURALS = {"TFJob": "tfjobs", "PyTorchJob": "pytorchjobs"}
@@ -359,6 +360,27 @@ class KubernetesExecutor(Executor):
             # Service replicas (ps) may outlive a finished job: stop following them after a grace.
             if ended_at is not None and (running <= 0 or time.monotonic() - ended_at > _LOG_GRACE_S):
                 return
+
+    def wait(self, name: str, timeout_s: Optional[float] = None) -> JobDescription:
+        """The base's wait, then, once the job has its verdict, the roles still running are
+        stopped (ps and evaluator never end by themselves; nor do workers once the chief has
+        decided), as the local supervisor and Kubeflow's cleanPodPolicy do: they hold GPUs."""
+        final = super().wait(name, timeout_s)
+        if self.target == "kubernetes" and final.status in (Phase.SUCCEEDED, Phase.FAILED):
+            stopped = self.wind_down(name)
+            if stopped:  # described again: the verdict, without the "still running" note
+                final = self.describe(name)
+                final = replace(final, message=f"{final.message}; stopped {', '.join(stopped)}, still running")
+        return final
+
+    def wind_down(self, name: str) -> List[str]:
+        """Delete the role Jobs of `name` still running; the finished ones stay for their logs."""
+        api, ns = self.api(), self._ns()
+        stopped = []
+        for job in unfinished(api.jobs(ns, f"{JOB_LABEL}={name}")):
+            api.delete("Job", ns, job["metadata"]["name"])
+            stopped.append(str((job["metadata"].get("labels") or {}).get(ROLE_LABEL, job["metadata"]["name"])))
+        return stopped
 
     # --- cancel ----------------------------------------------------------------
     def cancel(self, name: str) -> str:
