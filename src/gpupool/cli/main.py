@@ -137,6 +137,11 @@ def exit_now(code: int) -> None:
     import atexit
     import os
 
+    threading = sys.modules.get("threading")
+    if threading is not None and any(
+        t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()
+    ):
+        sys.exit(code)  # a thread still at work: the interpreter waits for it, as it always did
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
