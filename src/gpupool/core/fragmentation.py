@@ -8,9 +8,11 @@ of its GPUs. Against a mix of shapes it is the expectation over the mix. FGD (We
 
 `fgd_evaluate` is FGD as the paper's simulator scores it (the baseline). `fragaware_evaluate` is
 gpupool's policy: the same gradient, but exact instead of quantised to 100 levels, counting
-memory as well as CPU, weighting each shape by the GPU it asks for (a stranded 8-GPU task
-leaves more idle than a stranded tenth of one), and breaking ties by packing. The mix comes
-from a decaying histogram of the claims the pool has seen (`ShapeHistogram`), not a fixed file.
+memory as well as CPU, adding the GPU share a node's free CPU or memory can no longer feed
+(`Fragmentation.stranded`), sending tasks without GPUs where the GPUs are taken, and breaking
+ties by best fit. Its mix comes from a decaying histogram of the claims seen (`LearnedMix`),
+not a fixed file, each shape weighted by the GPU it asks for (a stranded 8-GPU task leaves
+more idle than a stranded tenth of one).
 
 Pure: no I/O, no clock. GPU shares are in thousandths of a GPU ("milli", 1000 = a whole GPU).
 """
@@ -302,18 +304,28 @@ class LearnedMix:
     """
 
     def __init__(
-        self, half_life: float = 5000.0, refresh_every: int = 1024, histogram: Optional[ShapeHistogram] = None
+        self,
+        half_life: float = 5000.0,
+        refresh_every: int = 1024,
+        histogram: Optional[ShapeHistogram] = None,
+        gpu_weight: float = 1.0,
     ) -> None:
         self.histogram = histogram if histogram is not None else ShapeHistogram(half_life)
         self.refresh_every = refresh_every
+        self.gpu_weight = gpu_weight
         self.version = 0
         self._lock = threading.Lock()
         self._next = max(16, self.histogram.observed + 1)
         self.frag = self._build()
 
+    def mix(self) -> ShapeMix:
+        """The histogram's shapes, each weighted by (1 + gpu_weight x GPUs it asks for): a big task
+        that finds no room leaves more idle than a small one, and rare big shapes stay in the mix."""
+        return ShapeMix.from_counts(self.histogram.counts()).reweighted(self.gpu_weight).top(0.99, 64)
+
     def _build(self) -> Fragmentation:
         self.version += 1
-        return Fragmentation(self.histogram.mix(), memory=True, gpu_only=True)
+        return Fragmentation(self.mix(), memory=True, gpu_only=True)
 
     def observe(self, shape: TaskShape) -> None:
         """Count one claim; rebuild the measure when it is due and the mix has moved."""
@@ -321,7 +333,7 @@ class LearnedMix:
             self.histogram.observe(shape)
             if self.histogram.observed >= self._next:
                 self._next += min(self._next, self.refresh_every)
-                mix = self.histogram.mix()
+                mix = self.mix()
                 # a settled mix keeps its measure, and with it every memoised score
                 if _distance(mix, self.frag.mix) > MIX_TOLERANCE:
                     self.version += 1
