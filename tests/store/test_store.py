@@ -107,3 +107,31 @@ def test_processes_opening_a_fresh_state_dir_at_once_all_succeed(tmp_path):
         for proc in procs:
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
+
+
+def test_close_waits_for_a_transaction_in_another_thread(tmp_path):
+    """Closing a connection another thread is inside would free memory SQLite still uses (a segfault)."""
+    import threading
+    import time
+
+    from gpupool.store import Store
+
+    store = Store(tmp_path)
+    inside = threading.Event()
+    seen: list = []
+
+    def reader() -> None:
+        with store.read() as tx:
+            inside.set()
+            time.sleep(0.4)
+            seen.append(tx.conn.execute("SELECT count(*) FROM leases").fetchone()[0])
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert inside.wait(5)
+    started = time.monotonic()
+    store.close()
+    waited = time.monotonic() - started
+    thread.join(5)
+    assert seen == [0], "the reader's query ran on an open connection"
+    assert waited >= 0.2, "close() returned while the other thread was still inside its transaction"

@@ -39,6 +39,8 @@ SYNC_ENV = "GPUPOOL_SYNC"
 CHECKPOINT_PERIOD_S = 0.25
 WAL_RESTART_BYTES = 64 << 20
 PAGE_SIZE = 1024
+# close() waits this long for transactions of other threads before closing their connections anyway.
+CLOSE_WAIT_S = 5.0
 
 
 def damaged_message(path: Path, what: str) -> str:
@@ -88,6 +90,10 @@ class Store:
         self._local = threading.local()
         self._all: List[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        # Transactions in flight, so close() never frees a connection another thread is inside
+        # (SQLite would use freed memory: a segfault, not an exception).
+        self._busy = 0
+        self._idle = threading.Condition(self._all_lock)
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 100 ms: that made the tail latency under load.
         self._write_lock = threading.Lock()
@@ -223,22 +229,23 @@ class Store:
         store (lone surrogates) InvalidInput: one line for the user, never sqlite3's own.
         """
         try:
-            conn = self.connection()
-            with self._write_lock:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield Tx(conn)
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                try:
-                    conn.execute("COMMIT")
-                except sqlite3.Error:
-                    if conn.in_transaction:  # a failed COMMIT (disk full) leaves it open
-                        conn.execute("ROLLBACK")
-                    raise
-                self._local.commits = getattr(self._local, "commits", 0) + 1
+            with self._in_flight():
+                conn = self.connection()
+                with self._write_lock:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield Tx(conn)
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                    try:
+                        conn.execute("COMMIT")
+                    except sqlite3.Error:
+                        if conn.in_transaction:  # a failed COMMIT (disk full) leaves it open
+                            conn.execute("ROLLBACK")
+                        raise
+                    self._local.commits = getattr(self._local, "commits", 0) + 1
         except (sqlite3.Error, UnicodeEncodeError) as err:
             raise self._explained(err) from None
 
@@ -265,13 +272,14 @@ class Store:
     def read(self) -> Iterator[Tx]:
         """A consistent snapshot for reads (WAL readers never block the writer)."""
         try:
-            conn = self.connection()
-            conn.execute("BEGIN")
-            try:
-                yield Tx(conn)
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
+            with self._in_flight():
+                conn = self.connection()
+                conn.execute("BEGIN")
+                try:
+                    yield Tx(conn)
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("COMMIT")
         except sqlite3.DatabaseError as err:
             raise self._explained(err) from None
 
@@ -281,11 +289,28 @@ class Store:
         if self._checkpointer is not None:
             self._checkpointer.join(5.0)
             self._checkpointer = None
-        with self._all_lock:
+        with self._idle:
+            # A reader in another thread (a dashboard poll, a scrape) finishes first; new ones
+            # wait for the lock and then open fresh connections of their own.
+            if not self._idle.wait_for(lambda: self._busy == 0, timeout=CLOSE_WAIT_S):
+                log.warning("closing %s with %d transaction(s) still running", self.path, self._busy)
             conns, self._all = self._all, []
-        for conn in conns:
-            try:
-                conn.close()
-            except sqlite3.Error:  # pragma: no cover
-                log.debug("close failed", exc_info=True)
-        self._local = threading.local()
+            self._local = threading.local()
+            for conn in conns:
+                try:
+                    conn.close()
+                except sqlite3.Error:  # pragma: no cover
+                    log.debug("close failed", exc_info=True)
+
+    @contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Count a transaction while it runs (close() waits for the count to reach 0)."""
+        with self._idle:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._idle.notify_all()
