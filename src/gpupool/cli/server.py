@@ -82,6 +82,7 @@ def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..jobs.dashboard import reader
     from ..server.serve import ServerConfig, serve
 
     serve(
@@ -98,6 +99,7 @@ def handle(args: argparse.Namespace) -> int:
             ttl_s=args.ttl,
             log_level="info" if args.verbose else "warning",
             enforcement=node_enforcement(args),
+            jobs=reader(args.state),  # jobs submitted into this state dir show on the dashboard
         )
     )
     return 0

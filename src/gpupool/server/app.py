@@ -26,6 +26,7 @@ from ..core.errors import GpupoolError, InvalidInput
 from ..pool import DEFAULT_TTL_S, Pool
 from .auth import Authenticator
 from .dashboard import install as install_dashboard
+from .dashboard.routes import JobsReader
 from .handlers import LeaseApi
 from .metrics import Metrics
 from .routes import ROUTERS
@@ -42,6 +43,7 @@ def create_app(
     default_ttl_s: float = DEFAULT_TTL_S,
     expire_interval_s: float = 1.0,
     title: str = "gpupool",
+    jobs: Optional[JobsReader] = None,
 ) -> FastAPI:
     """The API app over `pool`; `auth` None serves without tokens (loopback only, see serve)."""
     metrics = Metrics(pool)
@@ -55,7 +57,7 @@ def create_app(
     app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s)  # what the routes' dependencies hand out
     for router in ROUTERS:
         app.include_router(router)
-    install_dashboard(app)  # the web dashboard at /: the same tokens, the same status record
+    install_dashboard(app, jobs=jobs)  # the web dashboard at /: the same tokens, the same status record
     _add_error_handlers(app)
     app.openapi = _openapi(app, auth is not None)  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
     return app

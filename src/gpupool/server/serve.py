@@ -71,6 +71,8 @@ class ServerConfig:
     enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
     # The hot lease calls answered before FastAPI's routing (see server/fastpath.py, the one seam).
     fast_path: bool = field(default_factory=lambda: _fast_path_default())
+    # The dashboard's jobs (a callable returning dashboard JobRows; `gpupool server` passes jobs.dashboard.reader).
+    jobs: Optional[Any] = None
 
 
 @dataclass
@@ -195,7 +197,13 @@ def prepare(config: ServerConfig) -> Prepared:
             certfile, keyfile = str(cert_path), str(key_path)
         from .app import create_app
 
-        app = create_app(pool, authenticator, default_ttl_s=config.ttl_s, expire_interval_s=config.expire_interval_s)
+        app = create_app(
+            pool,
+            authenticator,
+            default_ttl_s=config.ttl_s,
+            expire_interval_s=config.expire_interval_s,
+            jobs=config.jobs,
+        )
         sock = _bind(host, port)
     except BaseException:
         # The pool's connections and checkpoint thread must not outlive a failed start

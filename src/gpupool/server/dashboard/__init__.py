@@ -7,6 +7,6 @@ the Kubernetes node agent both serve it. Read-only; the API's tokens.
 from __future__ import annotations
 
 from .routes import COOKIE, DashboardState, install
-from .view import build
+from .view import JobRow, ReplicaRow, build
 
-__all__ = ["COOKIE", "DashboardState", "build", "install"]
+__all__ = ["COOKIE", "DashboardState", "JobRow", "ReplicaRow", "build", "install"]

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ...core.quantity import format_mib
 from .history import Point
-from .view import DashboardView, GpuRow, LeaseRow, QueueRow
+from .view import DashboardView, GpuRow, JobRow, LeaseRow, QueueRow
 
 STATIC = "/ui/static"
 REFRESH_MS = 2000
@@ -88,6 +88,8 @@ def live(view: DashboardView, history: Sequence[Point]) -> str:
     out.append(_gpus(view))
     out.append(_leases(view))
     out.append(_queue(view))
+    if view.jobs:
+        out.append(_jobs(view))
     out.append(_enforcement(view))
     return "".join(out)
 
@@ -291,6 +293,36 @@ def _queue_row(r: QueueRow) -> str:
         f"<tr><td>{r.position}</td><td>{_e(r.holder)}</td><td>{_e(r.claim)}</td>"
         f"<td>{duration(r.waited_s)}</td><td>{_e(r.reason)}</td></tr>"
     )
+
+
+def _jobs(view: DashboardView) -> str:
+    rows = "".join(_job_rows(j, view.now) for j in view.jobs)
+    return (
+        '<section id="jobs"><h2>Jobs <small>gpupool submit, newest first; the last lines of each log</small></h2>'
+        "<table><thead><tr><th>job</th><th>phase</th><th>replica</th><th>status</th><th>restarts</th>"
+        f"<th>exit</th><th>log</th></tr></thead><tbody>{rows}</tbody></table></section>"
+    )
+
+
+def _job_rows(job: JobRow, now: float) -> str:
+    replicas = job.replicas or ()
+    span = max(1, len(replicas))
+    phase_class = {"Failed": "bad", "Succeeded": "ok"}.get(job.phase, "")
+    head = (
+        f'<td rowspan="{span}" class="mono">{_e(job.name)}<div class="uuid">submitted {duration(now - job.submitted_at)} ago'
+        f'</div></td><td rowspan="{span}" class="{phase_class}" title="{_e(job.message)}">{_e(job.phase)}</td>'
+    )
+    if not replicas:
+        return f'<tr class="job">{head}<td colspan="5" class="empty">no replicas yet</td></tr>'
+    out = []
+    for i, r in enumerate(replicas):
+        log = "\n".join(r.log_tail)
+        out.append(
+            f'<tr class="job">{head if i == 0 else ""}<td class="mono">{_e(r.name)}</td><td>{_e(r.status)}</td>'
+            f"<td>{r.restarts}</td><td>{'–' if r.exit_code is None else r.exit_code}</td>"
+            f'<td><pre class="log">{_e(log)}</pre></td></tr>'
+        )
+    return "".join(out)
 
 
 def _enforcement(view: DashboardView) -> str:

@@ -31,7 +31,7 @@ from ..auth import Identity
 from ..handlers import LeaseApi
 from . import render
 from .history import History, point_of
-from .view import build
+from .view import JobRow, build
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,22 @@ SECURITY_HEADERS = {
 }
 
 QueueReader = Callable[[Pool], Sequence[QueuedClaim]]
+JobsReader = Callable[[], Sequence[JobRow]]
 
 
 class DashboardState:
     """What the dashboard keeps beside the app: the hour of history, how to read the queue, the last status."""
 
     def __init__(
-        self, queue: Optional[QueueReader] = None, history: Optional[History] = None, status_max_age_s: float = 1.0
+        self,
+        queue: Optional[QueueReader] = None,
+        history: Optional[History] = None,
+        status_max_age_s: float = 1.0,
+        jobs: Optional[JobsReader] = None,
     ) -> None:
         self.history = history or History()
         self.queue: QueueReader = queue or (lambda pool: pool.queue())
+        self.jobs = jobs  # None: this server shows no jobs (the node agent; jobs live on the submitting host)
         self.status_max_age_s = status_max_age_s
         self._status: Optional[Tuple[float, PoolStatus]] = None
         self._lock = threading.Lock()
@@ -109,9 +115,9 @@ async def _record_history(app: FastAPI) -> AsyncIterator[None]:
 router = APIRouter(tags=["dashboard"], include_in_schema=False, lifespan=_record_history)
 
 
-def install(app: FastAPI, queue: Optional[QueueReader] = None) -> None:
-    """Serve the dashboard from `app` (after `app.state.api` is set)."""
-    app.state.dashboard = DashboardState(queue)
+def install(app: FastAPI, queue: Optional[QueueReader] = None, jobs: Optional[JobsReader] = None) -> None:
+    """Serve the dashboard from `app` (after `app.state.api` is set); `jobs` lists the jobs to show."""
+    app.state.dashboard = DashboardState(queue, jobs=jobs)
     app.include_router(router)
 
 
@@ -167,9 +173,19 @@ def _render(request: Request, whole_page: bool) -> str:
     now = time.time()
     if state.history.due(now):
         state.history.record(status, now)
-    view = build(status, now, state.queue(api.pool), _query(request))
+    view = build(status, now, state.queue(api.pool), _query(request), jobs=_jobs(state))
     points = (*state.history.points(now), point_of(status, now))  # the charts end at this very status
     return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)
+
+
+def _jobs(state: DashboardState) -> Sequence[JobRow]:
+    if state.jobs is None:
+        return ()
+    try:
+        return state.jobs()
+    except Exception:  # the job files are another program's: never fail the page over them
+        log.warning("dashboard: reading the jobs failed", exc_info=True)
+        return ()
 
 
 @router.get("/")

@@ -71,6 +71,28 @@ class QueueRow:
 
 
 @dataclass(frozen=True)
+class ReplicaRow:
+    """One replica of a job: its state and the last lines of its log."""
+
+    name: str  # role-index
+    status: str
+    restarts: int
+    exit_code: Optional[int]
+    log_tail: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job of `gpupool submit` in this pool's state dir (read by the jobs floor, drawn here)."""
+
+    name: str
+    phase: str
+    message: str
+    submitted_at: float
+    replicas: Tuple[ReplicaRow, ...] = ()
+
+
+@dataclass(frozen=True)
 class DashboardView:
     """Everything one page shows."""
 
@@ -89,6 +111,7 @@ class DashboardView:
     actions_total: Dict[str, int]
     unleased: Tuple[ProcessUsage, ...]
     query: str
+    jobs: Tuple[JobRow, ...] = ()  # newest first
 
     @property
     def total_mib(self) -> int:
@@ -120,6 +143,7 @@ def build(
     queue: Sequence[QueuedClaim] = (),
     query: str = "",
     lease_limit: int = LEASE_LIMIT,
+    jobs: Sequence[JobRow] = (),
 ) -> DashboardView:
     """The dashboard of `status` at wall-clock time `now`; `query` filters leases by id, holder or label."""
     usage = status.usage
@@ -182,6 +206,7 @@ def build(
         actions_total=dict(usage.actions_total) if usage is not None else {},
         unleased=tuple(usage.unleased()) if usage is not None else (),
         query=query,
+        jobs=tuple(sorted(jobs, key=lambda j: j.submitted_at, reverse=True)),
     )
 
 
