@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput, StateUnusable
 from ..core.model import Device
@@ -24,6 +24,9 @@ from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, Watchdog
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock
 from .auth import Authenticator, legacy_tokens, load_or_create_token_file
+
+if TYPE_CHECKING:  # the app (FastAPI) is imported only when a server is prepared
+    from .dashboard.routes import JobsReader
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,8 @@ class ServerConfig:
     enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
     # The hot lease calls answered before FastAPI's routing (see server/fastpath.py, the one seam).
     fast_path: bool = field(default_factory=lambda: _fast_path_default())
-    # The dashboard's jobs (a callable returning dashboard JobRows; `gpupool server` passes jobs.dashboard.reader).
-    jobs: Optional[Any] = None
+    # The dashboard's jobs: `gpupool server` passes jobs.dashboard.reader(state_dir); None shows none.
+    jobs: Optional[JobsReader] = None
 
 
 @dataclass
