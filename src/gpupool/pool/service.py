@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
-from ..core.fragmentation import LearnedMix, request_shape
+from ..core.errors import Forbidden, GpupoolError, InvalidClaim, NotFound, Unavailable, Unsatisfiable
+from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
@@ -43,6 +43,9 @@ from ..store import Store
 from ..store.tx import Tx
 
 log = get_logger(__name__)
+
+HISTOGRAM_KEY = "shape_histogram"  # meta row: fragaware's decaying histogram of claim shapes (JSON)
+HISTOGRAM_SAVE_EVERY = 64
 
 DEFAULT_TTL_S = 30.0
 # A waiter refreshes its ticket on every poll; one silent for this long is
@@ -114,9 +117,11 @@ class Pool:
         self._host = os.uname().nodename
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
         self._local = threading.local()  # this thread's _View
-        # The claims this process has seen, as fragaware's mix (in memory: a restart learns again).
+        # fragaware's mix: the claims seen, kept in the store's meta table across processes and restarts
         self.mix = LearnedMix()
+        self._claims_seen = 0
         try:
+            self.mix = LearnedMix(histogram=self._load_histogram())
             if devices is None:
                 with self.store.read() as tx:
                     known = tx.devices()
@@ -223,6 +228,7 @@ class Pool:
             self._due(tx, view, now)
             devices = view.devices
             self._observe(claim, devices)
+            self._save_histogram(tx)
             reason = ""
             outcome: Union[Lease, Waiter, Exception, None] = None
             queued = view.tickets if view.tickets is not None else tx.ticket_count()
@@ -256,6 +262,24 @@ class Pool:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    def _load_histogram(self) -> Optional[ShapeHistogram]:
+        with self.store.read() as tx:
+            text = tx.meta(HISTOGRAM_KEY)
+        if not text:
+            return None
+        try:
+            return ShapeHistogram.from_dict(json.loads(text))
+        except (ValueError, TypeError, KeyError, GpupoolError) as err:  # a damaged row: learn again
+            log.warning("ignoring the stored claim-shape histogram (%s): learning it again", err)
+            return None
+
+    def _save_histogram(self, tx: Tx) -> None:
+        """Write the histogram with this process's first claim (short-lived `gpupool run`s add theirs),
+        then every HISTOGRAM_SAVE_EVERY claims (a server's); concurrent writers may lose a few counts."""
+        self._claims_seen += 1
+        if self._claims_seen == 1 or self._claims_seen % HISTOGRAM_SAVE_EVERY == 0:
+            tx.set_meta(HISTOGRAM_KEY, json.dumps(self.mix.histogram.to_dict()))
 
     def _observe(self, claim: Claim, devices: Sequence[Device]) -> None:
         """Count the claim's shapes in fragaware's mix (a request no GPU here matches is not counted)."""
