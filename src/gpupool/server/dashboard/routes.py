@@ -69,23 +69,34 @@ class DashboardState:
         self.queue: QueueReader = queue or (lambda pool: pool.queue())
         self.jobs = jobs  # None: this server shows no jobs (the node agent; jobs live on the submitting host)
         self.status_max_age_s = status_max_age_s
-        self._status: Optional[Tuple[float, PoolStatus]] = None
+        self._read: Optional[Tuple[float, PoolStatus, Tuple[QueuedClaim, ...]]] = None
         self._lock = threading.Lock()
 
+    def wait_idle(self) -> None:
+        """Return once no pool read of this dashboard is running."""
+        with self._lock:
+            pass
+
     def status(self, pool: Pool) -> PoolStatus:
-        """`pool.status()`, shared by every viewer for up to `status_max_age_s`.
+        """`pool.status()`, shared by every viewer for up to `status_max_age_s`."""
+        return self.read(pool)[0]
+
+    def read(self, pool: Pool) -> Tuple[PoolStatus, Sequence[QueuedClaim]]:
+        """The pool's status and queue, shared by every viewer for up to `status_max_age_s`.
 
         At 10,000 leases one status costs about a third of a second; ten open
         browser tabs must not cost ten. The lock makes concurrent viewers wait
-        for the one read instead of each starting its own.
+        for the one read instead of each starting its own, and lets the app's
+        shutdown wait for a read in flight (`wait_idle`) before the pool closes.
         """
         with self._lock:
-            cached = self._status
+            cached = self._read
             if cached is not None and time.monotonic() - cached[0] < self.status_max_age_s:
-                return cached[1]
+                return cached[1], cached[2]
             status = pool.status()
-            self._status = (time.monotonic(), status)
-            return status
+            queue = tuple(self.queue(pool))
+            self._read = (time.monotonic(), status, queue)
+            return status, queue
 
 
 @asynccontextmanager
@@ -110,6 +121,9 @@ async def _record_history(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
+        # A status read already in a worker thread outlives the cancel: let it end before the
+        # app's owner closes the pool under it.
+        await run_in_threadpool(state.wait_idle)
 
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False, lifespan=_record_history)
@@ -169,11 +183,11 @@ def _render(request: Request, whole_page: bool) -> str:
     """Build and draw the dashboard (in a worker thread: at 10,000 leases it takes tens of milliseconds)."""
     api = _api(request)
     state: DashboardState = request.app.state.dashboard
-    status = state.status(api.pool)
+    status, queue = state.read(api.pool)
     now = time.time()
     if state.history.due(now):
         state.history.record(status, now)
-    view = build(status, now, state.queue(api.pool), _query(request), jobs=_jobs(state))
+    view = build(status, now, queue, _query(request), jobs=_jobs(state))
     points = (*state.history.points(now), point_of(status, now))  # the charts end at this very status
     return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)
 
