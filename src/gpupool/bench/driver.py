@@ -316,14 +316,13 @@ def _log_tail(job: _Job, lines: int = 3) -> str:
 
 def _reap(executor: LocalExecutor) -> None:
     """Collect our exited supervisor child, so `alive()` and the OS both see it gone."""
-    proc = getattr(executor, "_supervisor", None)  # the Popen `schedule` keeps for this
-    if proc is not None:
-        proc.poll()
+    if executor.supervisor is not None:
+        executor.supervisor.poll()
 
 
 def _wait_supervisor(executor: LocalExecutor) -> None:
     """The supervisor frees the lease and stops the replicas before it exits: wait for that."""
-    proc = getattr(executor, "_supervisor", None)
+    proc = executor.supervisor
     if proc is None:
         return
     try:

@@ -47,6 +47,8 @@ class LocalExecutor(Executor):
         self.servers = list(servers)
         self.ttl_s = ttl_s
         self.workdir = workdir or os.getcwd()
+        # The supervisor this executor started (kept so --follow or a benchmark in this process can reap it).
+        self.supervisor: Optional[subprocess.Popen[bytes]] = None
 
     # --- submit ----------------------------------------------------------------
     def dryrun(self, spec: JobSpec) -> DryRunInfo:
@@ -105,7 +107,7 @@ class LocalExecutor(Executor):
                 start_new_session=True,  # outlives this shell; cancel reaches it by pid
                 cwd=state.workdir,
             )
-        self._supervisor = proc  # kept so a --follow in this process can reap it
+        self.supervisor = proc
         return spec.name
 
     def _workdir(self, spec: JobSpec) -> str:
@@ -138,9 +140,8 @@ class LocalExecutor(Executor):
 
     def _reap(self) -> None:
         """Reap the supervisor this process started (submit --follow), so it is not left a zombie."""
-        sup = getattr(self, "_supervisor", None)
-        if sup is not None:
-            sup.poll()
+        if self.supervisor is not None:
+            self.supervisor.poll()
 
     def log_lines(self, name: str, replica: Optional[str] = None, follow: bool = False) -> Iterator[str]:
         state = self.store.load(name)
