@@ -12,7 +12,6 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
-from ..core.placement import could_ever_fit, place
 from ..core.usage import IsolationMode, UsageReport
 from ..logs import get_logger
 from .base import PoolClient
@@ -140,6 +139,9 @@ def choose_and_claim(
     if len(eligible) == 1:
         client = eligible[0]
         return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress)
+
+    # Placement (and fragaware's scoring under it) only to compare several pools: one pool places its own.
+    from ..core.placement import could_ever_fit, place
 
     reachable: List[Tuple[PoolClient, PoolStatus]] = []
     for client in eligible:
