@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 KEYS = ("device.name", "device.uuid", "device.index", "device.memory", "server.addr")
 _NUMERIC_KEYS = ("device.index", "device.memory")
-_FILTER_RE = re.compile(r"^\s*([a-zA-Z_.]+)\s*(>=|<=|=)\s*(.+?)\s*$")
+# Compiled on first use (re caches it): most runs name no filter.
+_FILTER_PATTERN = r"^\s*([a-zA-Z_.]+)\s*(>=|<=|=)\s*(.+?)\s*$"
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Filter:
     @classmethod
     def parse(cls, text: str) -> Filter:
         """Parse 'device.memory>=16GiB' and friends; unknown keys are rejected."""
-        match = _FILTER_RE.match(text)
+        match = re.match(_FILTER_PATTERN, text)
         if not match:
             raise InvalidClaim(f"filter {text!r} is not KEY=VALUE: use e.g. device.name=*A100* or device.memory>=16384")
         key, op, value = match.group(1).lower(), match.group(2), match.group(3)
