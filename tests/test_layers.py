@@ -82,3 +82,27 @@ def test_workload_side_imports_only_the_standard_library_at_import_time(package)
             if root and root != "gpupool" and root not in sys.stdlib_module_names and root != "__future__":
                 third_party.add(f"{path.relative_to(SRC)}:{line} imports {module}")
     assert not third_party, sorted(third_party)
+
+
+def test_the_pure_part_of_jobs_never_imports_an_executor():
+    # jobs/ is split as TorchX's specs/ and schedulers/: spec, plan, environment, lifecycle, phase,
+    # rendezvous and manifests are pure; each executor (executors/local/, executors/kubernetes.py
+    # with kube_status.py) owns its I/O and none imports another.
+    executors = SRC / "jobs" / "executors"
+    owner = {"local": "local", "kubernetes": "kubernetes", "kube_status": "kubernetes"}
+
+    def executor_of(parts: Tuple[str, ...]) -> str:
+        return owner.get(parts[0].removesuffix(".py"), "") if parts else ""
+
+    wrong: Set[str] = set()
+    for path in gpupool_sources("jobs"):
+        inside = executors in path.parents
+        mine = executor_of(path.relative_to(executors).parts) if inside else ""
+        for module, line in imports(path, top_level_only=False):
+            parts = tuple(module.split("."))
+            if parts[:3] != ("gpupool", "jobs", "executors"):
+                continue
+            theirs = executor_of(parts[3:])
+            if not inside or (mine and theirs and theirs != mine):
+                wrong.add(f"{path.relative_to(SRC)}:{line} imports {module}")
+    assert not wrong, sorted(wrong)

@@ -34,7 +34,7 @@ def env(tmp_path) -> Dict[str, str]:
     out["PYTHONPATH"] = str(REPO / "src") + os.pathsep + out.get("PYTHONPATH", "")
     yield out
     # Never leave a job behind, whatever the test did.
-    from gpupool.jobs import processes
+    from gpupool.jobs.executors.local import processes
 
     for job_dir in (state / "jobs").glob("*"):
         if job_dir.is_dir():
@@ -51,7 +51,7 @@ def _leases(state: str) -> list:
 def _nothing_left(state: str) -> None:
     """No lease in the pool, no live process of any job, every supervisor gone."""
     from gpupool.isolation.proctree import alive
-    from gpupool.jobs import processes
+    from gpupool.jobs.executors.local import processes
 
     assert _leases(state) == []
     jobs = sorted(p for p in (Path(state) / "jobs").glob("*") if p.is_dir())

@@ -77,7 +77,7 @@ def shell(tmp_path):
     sh = Shell(tmp_path)
     yield sh
     # Never leave a job behind, whatever the test did.
-    from gpupool.jobs import processes
+    from gpupool.jobs.executors.local import processes
 
     jobs = tmp_path / "jobs"
     if jobs.is_dir():

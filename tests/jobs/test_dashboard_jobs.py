@@ -6,8 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpupool.devices import emulated_devices
-from gpupool.jobs.dashboard import TAIL_BYTES, job_rows, log_tail, reader
-from gpupool.jobs.state import JobState, JobStore, ReplicaState
+from gpupool.jobs.executors.local.dashboard import TAIL_BYTES, job_rows, log_tail, reader
+from gpupool.jobs.executors.local.state import JobState, JobStore, ReplicaState
 from gpupool.pool import Pool
 from gpupool.server.app import create_app
 

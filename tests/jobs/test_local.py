@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gpupool.isolation.proctree import alive
-from gpupool.jobs import processes
+from gpupool.jobs.executors.local import processes
 
 DDP = r"""
 import os, torch, torch.distributed as dist

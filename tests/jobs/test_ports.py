@@ -2,7 +2,7 @@
 
 import socket
 
-from gpupool.jobs import ports
+from gpupool.jobs.executors.local import ports
 
 
 def test_two_jobs_never_share_ports(tmp_path):

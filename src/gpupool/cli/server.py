@@ -82,7 +82,7 @@ def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..jobs.dashboard import reader
+    from ..jobs.executors.local.dashboard import reader
     from ..server.serve import ServerConfig, serve
 
     serve(

@@ -74,7 +74,7 @@ class ServerConfig:
     enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
     # The hot lease calls answered before FastAPI's routing (see server/fastpath.py, the one seam).
     fast_path: bool = field(default_factory=lambda: _fast_path_default())
-    # The dashboard's jobs: `gpupool server` passes jobs.dashboard.reader(state_dir); None shows none.
+    # The dashboard's jobs: `gpupool server` passes jobs.executors.local.dashboard.reader(state_dir); None shows none.
     jobs: Optional[JobsReader] = None
 
 

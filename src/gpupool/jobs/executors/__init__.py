@@ -1,6 +1,8 @@
-"""Executors: where a job spec runs. One small ABC (base.Executor), one module per target.
+"""Executors: where a job spec runs, each owning its I/O. One small ABC (base.Executor), one per target.
 
-Owns: `TARGETS` (the one list of --target choices) and `get_executor`.
+Owns: `TARGETS` (the one list of --target choices) and `get_executor`; `local/` (a package: the
+executor, supervisor, state, processes, ports, dashboard reader), `kubernetes` (with the pure
+`kube_status`). An executor imports the pure part of jobs and `base`, never another executor.
 """
 
 from __future__ import annotations

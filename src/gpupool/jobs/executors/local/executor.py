@@ -1,6 +1,6 @@
 """Run jobs as processes on this machine, one detached supervisor per job.
 
-State lives in the pool state dir (see jobs/state.py), so every verb works
+State lives in the pool state dir (see state.py), so every verb works
 from another shell. The supervisor owns replicas and lease; cancel signals
 it, and cleans up by itself when the supervisor was killed.
 """
@@ -16,16 +16,16 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import yaml
 
-from ...core.errors import InvalidInput, Unsatisfiable
-from ...core.placement import could_ever_fit
-from ...isolation.proctree import alive
-from .. import ports, processes
-from ..environment import expand_command, replica_env
-from ..phase import Phase
-from ..plan import Endpoints, gang_claim, replicas, role_of
-from ..spec import JobSpec, spec_to_dict
-from ..state import JobState, JobStore, ReplicaState
-from .base import DryRunInfo, Executor, JobDescription, ReplicaDescription
+from ....core.errors import InvalidInput, Unsatisfiable
+from ....core.placement import could_ever_fit
+from ....isolation.proctree import alive
+from ...environment import expand_command, replica_env
+from ...phase import Phase
+from ...plan import Endpoints, gang_claim, replicas, role_of
+from ...spec import JobSpec, spec_to_dict
+from ..base import DryRunInfo, Executor, JobDescription, ReplicaDescription
+from . import ports, processes
+from .state import JobState, JobStore, ReplicaState
 
 CANCEL_WAIT_S = 20.0
 
@@ -100,7 +100,7 @@ class LocalExecutor(Executor):
         job_dir = self.store.create(spec.name, spec_to_dict(spec), state)
         with open(job_dir / "logs" / "supervisor.log", "ab") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpupool.jobs.supervisor", str(self.store.state_dir), spec.name],
+                [sys.executable, "-m", "gpupool.jobs.executors.local.supervisor", str(self.store.state_dir), spec.name],
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
@@ -118,7 +118,7 @@ class LocalExecutor(Executor):
         claim = gang_claim(spec)
         if claim is None:
             return
-        from ...client.resolve import connect
+        from ....client.resolve import connect
 
         with connect(self.servers or None, self.store.state_dir) as client:
             devices = client.status().devices
@@ -198,8 +198,8 @@ class LocalExecutor(Executor):
         killed = processes.sweep(job_dir)
         note = ""
         if state.lease_id:
-            from ...client.resolve import connect
-            from ...core.errors import GpupoolError
+            from ....client.resolve import connect
+            from ....core.errors import GpupoolError
 
             try:
                 with connect(state.servers or None, self.store.state_dir) as client:

@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List
 
-from ..core.errors import Unavailable
+from ....core.errors import Unavailable
 
 PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range 32768-60999
 REGISTRY = "ports.json"

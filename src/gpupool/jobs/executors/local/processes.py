@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterable, List, Mapping, Optional, Sequence
 
-from .environment import JOB_DIR_ENV
+from ...environment import JOB_DIR_ENV
 
 
 def start(

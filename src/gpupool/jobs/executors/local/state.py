@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..client.embedded import default_state_dir
-from ..core.errors import InvalidInput, NotFound
-from .phase import Phase
+from ....client.embedded import default_state_dir
+from ....core.errors import InvalidInput, NotFound
+from ...phase import Phase
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The job supervisor: one process per local job, owning its gang lease and its replicas.
 
-`python -m gpupool.jobs.supervisor STATE_DIR NAME` runs setup, claims every
+`python -m gpupool.jobs.executors.local.supervisor STATE_DIR NAME` runs setup, claims every
 replica's GPUs as one gang claim (queued whole), starts the replicas with
 their rendezvous and isolation env, heartbeats the lease, applies the restart
 and success policies, and in every exit path stops the replicas and releases
@@ -20,23 +20,23 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Dict, List, Optional, Sequence
 
-from ..core.errors import GpupoolError, Unavailable
-from ..core.model import Holder, Lease
-from ..isolation.env import HOOK_DIR_ENV
-from ..isolation.proctree import alive
-from ..runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
+from ....core.errors import GpupoolError, Unavailable
+from ....core.model import Holder, Lease
+from ....isolation.env import HOOK_DIR_ENV
+from ....isolation.proctree import alive
+from ....runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
+from ...environment import expand_command, job_env, replica_env
+from ...lifecycle import Action, backoff_delay, decide
+from ...phase import Phase
+from ...plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
+from ...spec import Framework, JobSpec, parse_spec
 from . import ports, processes
-from .environment import expand_command, job_env, replica_env
-from .lifecycle import Action, backoff_delay, decide
-from .phase import Phase
-from .plan import Endpoints, Replica, gang_claim, group_restart, local_endpoints, replicas, role_of
-from .spec import Framework, JobSpec, parse_spec
 from .state import JobState, JobStore
 
 if TYPE_CHECKING:
-    from ..client.base import PoolClient
-    from ..runner.heartbeat import Heartbeat
-    from .rendezvous.kvstore import KVStoreServer
+    from ....client.base import PoolClient
+    from ....runner.heartbeat import Heartbeat
+    from ...rendezvous.kvstore import KVStoreServer
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -126,7 +126,7 @@ class Supervisor:
             self._run_setup()
         host = "127.0.0.1"
         if self.spec.framework is Framework.HOROVOD:
-            from .rendezvous.kvstore import KVStoreServer
+            from ...rendezvous.kvstore import KVStoreServer
 
             self.kvstore = KVStoreServer(host).start()
         self.state.ports = ports.reserve(self.store.root, self.name, len(self.reps), self._job_live, host)
@@ -167,7 +167,7 @@ class Supervisor:
         claim = gang_claim(self.spec)
         if claim is None:
             return
-        from ..client.resolve import connect
+        from ....client.resolve import connect
 
         self.client = connect(self.state.servers or None, self.store.state_dir)
         holder = Holder(getpass.getuser(), os.getpid(), socket.gethostname(), f"job/{self.name}")
@@ -188,8 +188,8 @@ class Supervisor:
                 self._interruptible = False
         self.state.lease_id = self.lease.id
         self._save()
-        from ..isolation import isolation_env, shares, write_hook_dir
-        from ..runner.heartbeat import Heartbeat
+        from ....isolation import isolation_env, shares, write_hook_dir
+        from ....runner.heartbeat import Heartbeat
 
         status = self.client.status()
         hook_dir = str(write_hook_dir(self.job_dir / "hook"))
@@ -212,7 +212,7 @@ class Supervisor:
         env.update(extra)
         hook = extra.get(HOOK_DIR_ENV)
         if hook:
-            from ..isolation import child_env
+            from ....isolation import child_env
 
             env = child_env(_base_env(), extra)
         command = expand_command(role_of(self.spec, rep).command, env)
@@ -365,7 +365,7 @@ def _base_env() -> Dict[str, str]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m gpupool.jobs.supervisor STATE_DIR JOB_NAME", file=sys.stderr)
+        print("usage: python -m gpupool.jobs.executors.local.supervisor STATE_DIR JOB_NAME", file=sys.stderr)
         return 2
     store = JobStore(Path(args[0]))
     logging.basicConfig(
