@@ -17,8 +17,19 @@ from gpupool.cli.main import COMMANDS, build_parser
 # Costly imports the embedded pool never needs.
 EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
 # The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
-# nor the embedded pool's SQLite store.
-REMOTE_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "sqlite3", "gpupool.pool")
+# nor the embedded pool's SQLite store, nor placement (one server places its own claims), nor the
+# "idna" codec (an ASCII host name is resolved as bytes).
+REMOTE_NEVER = (
+    "ssl",
+    "urllib.request",
+    "http.client",
+    "email",
+    "logging",
+    "sqlite3",
+    "gpupool.pool",
+    "gpupool.core.placement",
+    "encodings.idna",
+)
 
 PROBE = """\
 import sys
