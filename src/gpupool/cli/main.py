@@ -49,9 +49,9 @@ ALL = "*"
 # Stdlib modules the workload verbs import but do not use, made stand-ins (`defer_import`):
 # `dataclasses` imports `inspect` (a third of its import time) only to describe classes without
 # a docstring, and gpupool's have one; `shutil` (which argparse imports for the terminal width)
-# imports `bz2` and `lzma` only to know which archive formats it could write; `urllib.parse`
-# (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host.
-DEFERRED_IMPORTS = ("inspect", "bz2", "lzma", "ipaddress")
+# imports `zlib`, `bz2` and `lzma` only to know which archive formats it could write;
+# `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host.
+DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress")
 
 
 def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
