@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -35,9 +34,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
 import httpx
+import serverproc  # beside this script
 
 ROOT = Path(__file__).resolve().parent
-URL_RE = re.compile(r"listening on (https?://\S+)")
 DEVICES = "emulated:8x16GiB"
 
 
@@ -53,26 +52,17 @@ class Ledger:
 
 def start_server(state: Path, token_file: Path, log: Path) -> Tuple[subprocess.Popen, str]:
     """A `gpupool server` on 127.0.0.1:0; (process, URL) once it answers /healthz."""
-    args = [sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state)]
-    args += ["--token-file", str(token_file), "--devices", DEVICES, "--ttl", "600"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc, url = serverproc.start_server(state, token_file, log, DEVICES, env, ["--ttl", "600"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        match = URL_RE.search(log.read_text(errors="replace"))
-        if match:
-            url = match.group(1)
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                        return proc, url
-                except httpx.HTTPError:
-                    time.sleep(0.05)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"server did not start:\n{log.read_text(errors='replace')}")
+    raise RuntimeError(f"server did not answer /healthz:\n{log.read_text(errors='replace')}")
 
 
 def client(url: str, headers: Dict[str, str], seed: int, ledger: Ledger, stop: threading.Event) -> None:

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import signal
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
+
+import serverproc  # beside this script
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -64,21 +65,9 @@ def timed(argv: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
 def start_server(state: Path, env: Dict[str, str]) -> Tuple[subprocess.Popen, str, str]:
     """A `gpupool server` subprocess on loopback: (process, URL, admin token)."""
     state.mkdir(parents=True, exist_ok=True)
-    token_file, log = state / "token", state / "server.log"
-    args = [sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state / "pool")]
-    args += ["--token-file", str(token_file), "--devices", DEVICES]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        match = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text())
-        if match:
-            return proc, match.group(1), token_file.read_text().strip()
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{log.read_text()}")
+    token_file = state / "token"
+    proc, url = serverproc.start_server(state / "pool", token_file, state / "server.log", DEVICES, env)
+    return proc, url, token_file.read_text().strip()
 
 
 def build_zipapp(target: Path) -> Path:

@@ -22,7 +22,6 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -31,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+import serverproc  # beside this script
 
 ROOT = Path(__file__).resolve().parent
 CLAIM = json.dumps(
@@ -43,33 +44,8 @@ def start_server(state: Path, fast_path: bool = True) -> Tuple[subprocess.Popen,
     state.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, GPUPOOL_FAST_PATH="1" if fast_path else "0")
     token_file = state / "token"
-    log = state / "server.log"
-    args = [
-        sys.executable,
-        "-m",
-        "gpupool",
-        "server",
-        "--listen",
-        "127.0.0.1:0",
-        "--state",
-        str(state / "pool"),
-        "--token-file",
-        str(token_file),
-        "--devices",
-        "emulated:8x16GiB",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        match = re.search(r"listening on http://([\d.]+:\d+)", log.read_text())
-        if match:
-            return proc, match.group(1), token_file.read_text().strip()
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{log.read_text()}")
+    proc, url = serverproc.start_server(state / "pool", token_file, state / "server.log", "emulated:8x16GiB", env)
+    return proc, url.split("://", 1)[1], token_file.read_text().strip()
 
 
 def _client_process(addr: str, token: str, conns: int, start_at: float, seconds: float, warmup: float, queue) -> None:
