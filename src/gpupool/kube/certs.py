@@ -36,8 +36,10 @@ def write_certs(
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    from ..server.tls import signing_key
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -50,15 +52,7 @@ def write_certs(
         write_ca(out_dir, "ca", "gpupool webhook CA")
         ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
         ca_private = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
-    signers = (
-        rsa.RSAPrivateKey,
-        dsa.DSAPrivateKey,
-        ec.EllipticCurvePrivateKey,
-        ed25519.Ed25519PrivateKey,
-        ed448.Ed448PrivateKey,
-    )
-    if not isinstance(ca_private, signers):  # what CertificateBuilder.sign would reject (with a TypeError)
-        raise TypeError(f"{ca_key}: a {type(ca_private).__name__} cannot sign certificates")
+    ca_signer = signing_key(ca_private, ca_key or out / "ca.key")
     key = ec.generate_private_key(ec.SECP256R1())
     sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
     cert = (
@@ -72,7 +66,7 @@ def write_certs(
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_private, hashes.SHA256())
+        .sign(ca_signer, hashes.SHA256())
     )
     (out / "ca.crt").write_bytes(ca.public_bytes(pem))
     (out / "tls.key").write_bytes(

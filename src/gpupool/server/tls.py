@@ -13,7 +13,18 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Iterable, List, Tuple, Union
+from typing import TYPE_CHECKING, Iterable, List, Tuple, Union
+
+if TYPE_CHECKING:  # cryptography is imported where it is used: the server starts without it when TLS is off
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+
+    SigningKey = Union[
+        rsa.RSAPrivateKey,
+        dsa.DSAPrivateKey,
+        ec.EllipticCurvePrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+    ]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +36,22 @@ def ca_path(state_dir: Union[str, Path]) -> Path:
     return Path(state_dir) / TLS_DIR / CA_CERT
 
 
+def signing_key(key: object, source: object) -> SigningKey:
+    """`key` if it can sign certificates, else the TypeError CertificateBuilder.sign would raise, naming `source`."""
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+
+    signers = (
+        rsa.RSAPrivateKey,
+        dsa.DSAPrivateKey,
+        ec.EllipticCurvePrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+    )
+    if not isinstance(key, signers):
+        raise TypeError(f"{source}: a {type(key).__name__} cannot sign certificates")
+    return key
+
+
 def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -> Tuple[Path, Path, Path]:
     """(ca.crt, server.crt, server.key) under <state>/tls, created when missing.
 
@@ -33,7 +60,7 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     directory = Path(state_dir) / TLS_DIR
@@ -75,15 +102,7 @@ def ensure_self_signed(state_dir: Union[str, Path], names: Iterable[str] = ()) -
     if cert_path.is_file() and key_path.is_file() and _covers(cert_path, wanted):
         return ca_cert_path, cert_path, key_path
 
-    signers = (
-        rsa.RSAPrivateKey,
-        dsa.DSAPrivateKey,
-        ec.EllipticCurvePrivateKey,
-        ed25519.Ed25519PrivateKey,
-        ed448.Ed448PrivateKey,
-    )
-    if not isinstance(ca_key, signers):  # what CertificateBuilder.sign would reject (with a TypeError)
-        raise TypeError(f"{ca_key_path}: a {type(ca_key).__name__} cannot sign certificates")
+    ca_key = signing_key(ca_key, ca_key_path)
     key = ec.generate_private_key(ec.SECP256R1())
     alt: List[x509.GeneralName] = []
     for name in wanted:
