@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -52,7 +51,7 @@ except ImportError:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_trainer import PlainFiles, trainer_run  # noqa: E402
+from bench_trainer import PlainFiles, machine, settings, trainer_run  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from gpupool.train.data import Split  # noqa: E402
@@ -241,27 +240,12 @@ def main() -> int:
     trainer_ips, lightning_ips = max(trainer_rates), max(lightning_rates)
     result: Dict[str, Any] = {
         "benchmark": "trainer_vs_lightning",
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-        },
-        "settings": {
-            "data": str(args.data)
-            if args.data
-            else (f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"),
-            "model": args.model,
-            "image_size": args.image_size,
-            "batch_size": args.batch_size,
-            "epochs": args.epochs,
-            "workers": args.workers,
-            "rounds": args.rounds,
-            "precision": "bf16-mixed + channels_last" if device.type == "cuda" else "fp32",
-            "threads": args.threads if device.type == "cpu" else None,
-        },
+        "machine": dict(machine(device), lightning=L.__version__),
+        "settings": dict(
+            settings(args),
+            precision="bf16-mixed + channels_last" if device.type == "cuda" else "fp32",
+            threads=args.threads if device.type == "cpu" else None,
+        ),
         "trainer_images_per_second": round(trainer_ips, 1),
         "lightning_images_per_second": round(lightning_ips, 1),
         "ratio": round(trainer_ips / lightning_ips, 3),

@@ -170,6 +170,31 @@ def synthetic(args: argparse.Namespace, device: torch.device, num_classes: int) 
     return steps * args.batch_size / (time.perf_counter() - t0)
 
 
+def machine(device: torch.device) -> Dict[str, Any]:
+    """Where a trainer benchmark ran (saved with its figures)."""
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+    }
+
+
+def settings(args: argparse.Namespace) -> Dict[str, Any]:
+    """The data, model and loop settings of a trainer benchmark (saved with its figures)."""
+    generated = f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"
+    return {
+        "data": str(args.data) if args.data else generated,
+        "model": args.model,
+        "image_size": args.image_size,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "workers": args.workers,
+        "rounds": args.rounds,
+    }
+
+
 def main() -> int:
     """Run the comparison and write the JSON result."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,25 +259,8 @@ def main() -> int:
     trainer_ips, hand_ips = max(trainer_rates), max(hand_rates)
     result: Dict[str, Any] = {
         "benchmark": "trainer_overhead",
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "torch": torch.__version__,
-        },
-        "settings": {
-            "data": str(args.data)
-            if args.data
-            else (f"{args.jpegs} generated 500x375 JPEGs" if args.jpegs else "sklearn digits (PNG)"),
-            "model": args.model,
-            "image_size": args.image_size,
-            "batch_size": args.batch_size,
-            "epochs": args.epochs,
-            "workers": args.workers,
-            "rounds": args.rounds,
-            "amp": "bf16 + channels_last" if device.type == "cuda" else "none (fp32)",
-        },
+        "machine": machine(device),
+        "settings": dict(settings(args), amp="bf16 + channels_last" if device.type == "cuda" else "none (fp32)"),
         "trainer_images_per_second": round(trainer_ips, 1),
         "hand_loop_images_per_second": round(hand_ips, 1),
         "ratio": round(trainer_ips / hand_ips, 3),
