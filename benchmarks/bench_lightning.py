@@ -51,7 +51,7 @@ except ImportError:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_trainer import PlainFiles, machine, settings, trainer_run  # noqa: E402
+from bench_trainer import PlainFiles, bench_data, machine, settings, trainer_run  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from gpupool.train.data import Split  # noqa: E402
@@ -201,17 +201,7 @@ def main() -> int:
     args.synthetic_steps = 0
 
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if data is None and args.jpegs:
-            from bench_input_pipeline import make_jpegs
-
-            data = Path(tmp) / "jpegs"
-            make_jpegs(data, args.jpegs, 500, 375, classes=10)
-        elif data is None:
-            from gpupool.train.digits import export_digits
-
-            data = Path(tmp) / "digits"
-            export_digits(data)
+        data = bench_data(args, Path(tmp))
         trainer_rates: List[float] = []
         lightning_rates: List[float] = []
         round_ratios: List[float] = []

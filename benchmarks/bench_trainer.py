@@ -170,6 +170,21 @@ def synthetic(args: argparse.Namespace, device: torch.device, num_classes: int) 
     return steps * args.batch_size / (time.perf_counter() - t0)
 
 
+def bench_data(args: argparse.Namespace, tmp: Path) -> Path:
+    """The data set of a trainer benchmark: --data, else --jpegs generated JPEGs, else digits, under `tmp`."""
+    if args.data is not None:
+        return Path(args.data)
+    if args.jpegs:
+        from bench_input_pipeline import make_jpegs  # ImageNet-like 500x375 JPEGs
+
+        make_jpegs(tmp / "jpegs", args.jpegs, 500, 375, classes=10)
+        return tmp / "jpegs"
+    from gpupool.train.digits import export_digits
+
+    export_digits(tmp / "digits")
+    return tmp / "digits"
+
+
 def machine(device: torch.device) -> Dict[str, Any]:
     """Where a trainer benchmark ran (saved with its figures)."""
     return {
@@ -221,17 +236,7 @@ def main() -> int:
         torch.set_num_threads(os.cpu_count() or 1)
 
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if data is None and args.jpegs:
-            from bench_input_pipeline import make_jpegs  # ImageNet-like 500x375 JPEGs
-
-            data = Path(tmp) / "jpegs"
-            make_jpegs(data, args.jpegs, 500, 375, classes=10)
-        elif data is None:
-            from gpupool.train.digits import export_digits
-
-            data = Path(tmp) / "digits"
-            export_digits(data)
+        data = bench_data(args, Path(tmp))
         trainer_rates: List[float] = []
         hand_rates: List[float] = []
         round_ratios: List[float] = []
