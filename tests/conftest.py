@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -53,6 +53,14 @@ class ServerProcess:
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         return stop_process(self.proc, sig)
+
+    def client_env(self, tmp_path: Path) -> Dict[str, str]:
+        """The env of a `gpupool run` against this server: none of the developer's GPUPOOL_* or
+        ~/.gpupool, no embedded pool of its own, the admin token."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), PYTHONUNBUFFERED="1")
+        env["GPUPOOL_TOKEN"] = self.token or ""
+        return env
 
 
 def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 20.0) -> ServerProcess:

@@ -53,8 +53,7 @@ def write_usage(path: Path, usage: dict) -> None:
 
 def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path):
     server, usage = watched_server
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "none"), GPUPOOL_TOKEN=server.token)
+    env = server.client_env(tmp_path)
     record = tmp_path / "child.json"
     runner = subprocess.Popen(
         CLI
@@ -171,8 +170,7 @@ def test_mps_mode_server_runs_the_daemon_for_its_life(server_factory, fake_mps, 
     (daemon,) = [json.loads(p.read_text()) | {"pid": int(p.stem)} for p in fake_mps.glob("*.json")]
     assert daemon["argv"] == ["-f"] and daemon["env"]["CUDA_MPS_PIPE_DIRECTORY"] == isolation["mps_pipe_dir"]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "none"), GPUPOOL_TOKEN=server.token)
+    env = server.client_env(tmp_path)
     record = tmp_path / "child.json"
     done = subprocess.run(
         CLI + ["run", "-q", "--server", server.url, "-p", "0.5", "--", sys.executable, HOLDER, str(record)],

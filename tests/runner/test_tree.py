@@ -71,13 +71,7 @@ def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):
 
 def test_kill_9_of_the_runner_against_a_real_server(running_server, tmp_path):
     pytest.importorskip("fastapi")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(
-        HOME=str(tmp_path / "home"),
-        GPUPOOL_STATE=str(tmp_path / "no-embedded"),
-        GPUPOOL_TOKEN=running_server.token or "",
-        PYTHONUNBUFFERED="1",
-    )
+    env = running_server.client_env(tmp_path)
     record = tmp_path / "tree.json"
     runner = subprocess.Popen(
         CLI
@@ -202,13 +196,7 @@ def test_lease_loss_in_warn_mode_lets_the_command_finish(pool, tmp_path):
 
 def test_lease_loss_against_a_real_server(running_server, tmp_path):
     pytest.importorskip("fastapi")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(
-        HOME=str(tmp_path / "home"),
-        GPUPOOL_STATE=str(tmp_path / "no-embedded"),
-        GPUPOOL_TOKEN=running_server.token or "",
-        PYTHONUNBUFFERED="1",
-    )
+    env = running_server.client_env(tmp_path)
     record = tmp_path / "tree.json"
     runner = subprocess.Popen(
         CLI
