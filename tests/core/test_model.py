@@ -19,7 +19,7 @@ from gpupool.core.errors import (
     error_for_status,
     error_from_dict,
 )
-from gpupool.core.model import Claim, GpuRequest, Holder, Lease, PoolStatus, Slice
+from gpupool.core.model import Claim, Device, GpuRequest, Holder, Lease, PoolStatus, Slice
 from gpupool.core.quantity import format_mib, parse_fraction, parse_memory_mib
 
 
@@ -91,3 +91,13 @@ def test_status_shape():
     status = PoolStatus((), (), 2, "n")
     assert PoolStatus.from_dict(status.to_dict()) == status
     assert GpuRequest(1, fraction=0.5).describe().startswith("1 GPU")
+
+
+@pytest.mark.parametrize("memory_mib", [81559, 16384, 16383, 24564, 97])
+@pytest.mark.parametrize("k", [2, 3, 4, 7, 8])
+def test_k_shares_of_one_kth_fit_one_gpu_whatever_its_size(memory_mib, k):
+    # NVML reports an H100 as 81,559 MiB: two halves rounded up would not fit it.
+    device = Device(index=0, uuid="GPU-x", name="test", memory_mib=memory_mib)
+    share = GpuRequest(1, fraction=1 / k).memory_on(device)
+    assert k * share <= memory_mib
+    assert share >= memory_mib // k

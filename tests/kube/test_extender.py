@@ -62,7 +62,7 @@ def test_pending_pods_count_before_their_runner_claims():
     state = NodeState(devs, {}, frozenset({"running-uid"}))
     half = Claim.single(1, fraction=0.6)
     busy = state.with_pending([("pending-uid", half), ("running-uid", half)])
-    assert busy.allocated[devs[0].uuid] == 9831  # the running pod's lease is in the agent's state already
+    assert busy.allocated[devs[0].uuid] == 9830  # the running pod's lease is in the agent's state already
     assert filter_nodes(half, ["p"], {"p": busy}).passed == []
 
 

@@ -108,11 +108,15 @@ class GpuRequest:
             raise InvalidClaim(f"memory {self.memory_mib!r} MiB must be a whole number >= 1 (e.g. -m 8192)")
 
     def memory_on(self, device: Device) -> int:
-        """MiB this request takes on `device` (fractions round up to whole MiB, at least MIN_SHARE_MIB)."""
+        """MiB this request takes on `device`: at least MIN_SHARE_MIB, fractions rounded down to whole MiB.
+
+        Down, so that k shares of 1/k always fit one GPU whose MiB count k does not divide
+        (an H100 reports 81,559 MiB: two halves rounded up would need 81,560).
+        """
         if self.memory_mib is not None:
             return self.memory_mib
         assert self.fraction is not None
-        return min(device.memory_mib, max(MIN_SHARE_MIB, math.ceil(self.fraction * device.memory_mib - 1e-9)))
+        return min(device.memory_mib, max(MIN_SHARE_MIB, math.floor(self.fraction * device.memory_mib + 1e-6)))
 
     def accepts(self, device: Device) -> bool:
         """Whether every device filter of this request admits `device`."""
