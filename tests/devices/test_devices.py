@@ -70,3 +70,34 @@ def test_devices_import_with_stdlib_only():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+class _Memory:
+    def __init__(self, total: int, reserved: int = 0) -> None:
+        self.total, self.reserved = total, reserved
+
+
+class _NvmlV2:
+    """The two memory queries of pynvml, as an H100 answers them (81,559 MiB, 0.5 GiB reserved)."""
+
+    nvmlMemory_v2 = 0x02000028
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        if version is None:
+            return _Memory(81559 << 20)
+        assert version == self.nvmlMemory_v2
+        return _Memory(81559 << 20, reserved=512 << 20)
+
+
+class _NvmlV1(_NvmlV2):
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        if version is not None:
+            raise RuntimeError("function not found")  # an old driver
+        return _Memory(81559 << 20)
+
+
+def test_the_pool_shares_what_processes_can_allocate_not_the_driver_reserve():
+    from gpupool.devices.nvml import usable_memory_mib
+
+    assert usable_memory_mib(_NvmlV2(), object()) == 81559 - 512
+    assert usable_memory_mib(_NvmlV1(), object()) == 81559

@@ -178,7 +178,9 @@ def device_used_mib() -> Optional[int]:
         return None
     pynvml.nvmlInit()
     try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used) // MIB
+        # v2: "used" without the driver's own reserve, which CUDA's total already leaves out
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0), version=pynvml.nvmlMemory_v2)
+        return int(info.used) // MIB
     finally:
         pynvml.nvmlShutdown()
 

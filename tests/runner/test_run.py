@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.isolation.env import CONTEXT_RESERVE_MIB
+
 HOLDER = str(Path(__file__).with_name("holder.py"))
 
 
@@ -40,10 +42,11 @@ def test_child_env_carries_the_contract_and_lease_is_released(pool, tmp_path):
     assert env["GPUPOOL_LEASE_ID"]
     assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == "8192"
     assert env["GPUPOOL_MEMORY_FRACTION"] == "0.5"
-    # The hooks mode (an embedded pool's): the allocator gets the grant less the 512 MiB context reserve.
-    assert env["GPUPOOL_ALLOCATOR_LIMIT_MIB"] == "7680"
-    assert env["GPUPOOL_ALLOCATOR_FRACTION"] == "0.4687"
-    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.4687"
+    # The hooks mode (an embedded pool's): the allocator gets the grant less the context reserve.
+    allocator_mib = 8192 - CONTEXT_RESERVE_MIB
+    assert env["GPUPOOL_ALLOCATOR_LIMIT_MIB"] == str(allocator_mib)
+    assert env["GPUPOOL_ALLOCATOR_FRACTION"] == f"{allocator_mib / 16384:.4f}".rstrip("0")
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == env["GPUPOOL_ALLOCATOR_FRACTION"]
     assert not [k for k in env if k.startswith("CUDA_MPS_")], "MPS variables belong to the mps mode only"
     hook_dir = env["GPUPOOL_HOOK_DIR"]
     assert env["PYTHONPATH"].split(os.pathsep)[0] == hook_dir
@@ -69,7 +72,7 @@ def test_memory_claim_on_two_gpus(pool2, tmp_path):
     assert set(env["CUDA_VISIBLE_DEVICES"].split(",")) == uuids
     assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == "4096,4096"
     assert env["GPUPOOL_MEMORY_FRACTION"] == "0.25,0.25"
-    assert env["GPUPOOL_ALLOCATOR_LIMIT_MIB"] == "3584,3584"
+    assert env["GPUPOOL_ALLOCATOR_LIMIT_MIB"] == f"{4096 - CONTEXT_RESERVE_MIB},{4096 - CONTEXT_RESERVE_MIB}"
 
 
 @pytest.mark.parametrize(
@@ -250,7 +253,8 @@ def test_hook_reaches_torch_in_the_child(pool):
     env = dict(pool.env, GPUPOOL_HOOK_DEBUG="1")
     done = pool.run("run", "-p", "0.5", "-q", "--", sys.executable, "-c", "import torch", env=env)
     assert done.returncode == 0, done.stderr
-    assert "gpupool-hook: torch: skipped (no CUDA); would set memory fraction 0.4687" in done.stderr
+    fraction = f"{(8192 - CONTEXT_RESERVE_MIB) / 16384:.4f}".rstrip("0")
+    assert f"gpupool-hook: torch: skipped (no CUDA); would set memory fraction {fraction}" in done.stderr
 
 
 def test_sigterm_while_queued_leaves_no_lease_and_no_ticket(pool, tmp_path):

@@ -52,7 +52,7 @@ def nvml_devices(node: str = "localhost") -> List[Device]:
                     uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                     index=index,
                     name=_text(nvml.nvmlDeviceGetName(handle)),
-                    memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
+                    memory_mib=usable_memory_mib(nvml, handle),
                     node=node,
                     healthy=True,
                 )
@@ -63,6 +63,20 @@ def nvml_devices(node: str = "localhost") -> List[Device]:
         raise NvmlUnavailable("NVML found no NVIDIA GPU on this machine: use --devices emulated:2x16GiB")
     log.info("NVML: %d GPU(s): %s", len(devices), ", ".join(d.name for d in devices))
     return devices
+
+
+def usable_memory_mib(nvml: Any, handle: Any) -> int:
+    """MiB that processes can allocate: the total less what the driver reserves for itself.
+
+    The pool shares this, not the total: on an H100 the driver keeps about 0.5 GiB, so shares
+    of the total would overcommit the card (two halves could not both be filled).
+    Drivers and pynvml releases without the v2 query answer the total.
+    """
+    try:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        return int(info.total - info.reserved) // (1024 * 1024)
+    except Exception:  # NVMLError_FunctionNotFound / NotSupported, AttributeError on old pynvml
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
 
 
 def shutdown_nvml(nvml: Any) -> None:

@@ -36,10 +36,11 @@ MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 # Device memory each process pays for its CUDA context (kernels, handles, workspaces)
-# outside the framework's caching allocator. An ESTIMATE (typical torch/cuDNN
-# contexts take 300-600 MiB on recent GPUs); `make gpu-check` measures the real figure
-# (benchmarks/results/gpu-*.json, "context_overhead_mib") to set it from.
-CONTEXT_RESERVE_MIB = 512
+# outside the framework's caching allocator. Measured by `make gpu-check`
+# (benchmarks/results/gpu-isolation.json, "context_overhead_mib"): about 680 MiB for
+# torch 2.11 + cuBLAS on an H100, so two half shares each filling their allocator cap
+# ran out of memory at their next kernel load with the earlier 512.
+CONTEXT_RESERVE_MIB = 768
 # The allocator keeps at least this share of the grant however large the reserve,
 # so a small share still runs (and may then overrun its grant by the context).
 MIN_ALLOCATOR_SHARE = 0.25
