@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
+import textwrap
 from typing import Any, Dict, List, Mapping, Tuple
 
 import pytest
@@ -330,3 +331,21 @@ def test_the_crd_check_reads_a_folder_of_crds(tmp_path, monkeypatch):
         source.validate({**good, "apiVersion": "example.gpupool.io/v1alpha1"})
     with pytest.raises(AssertionError, match="no CRD"):
         source.validate({**good, "kind": "Cohort"})
+
+
+def test_readme_job_is_the_example():
+    """The README's Kueue Job snippet says what deploy/examples/kueue/job-half-gpu.yaml does."""
+    text = (DEPLOY.parent / "README.md").read_text()
+    section = text.split("### Teams on a cluster: Kueue", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block, "no yaml block in the README's Kueue section"
+    snippet = yaml.safe_load(textwrap.dedent(block.group(1)))
+    job = named("Job", "train-half-gpu", "team-a")
+    assert snippet["metadata"]["labels"] == job["metadata"]["labels"]
+    assert snippet["spec"]["suspend"] is job["spec"]["suspend"] is True
+    template = job["spec"]["template"]
+    assert snippet["spec"]["template"]["metadata"] == template["metadata"]
+    (mine,), (theirs,) = snippet["spec"]["template"]["spec"]["containers"], template["spec"]["containers"]
+    assert {k: v for k, v in theirs["resources"]["limits"].items() if k.startswith("gpupool.io/")} == mine["resources"][
+        "limits"
+    ]
