@@ -125,7 +125,7 @@ def test_missing_or_wrong_token_says_how_to_fix_it(server, token, hint):
 def test_server_closing_idle_connection_is_reconnected(server):
     client = HttpPoolClient(server.url, token="good")
     client.status()
-    client._conn.sock.shutdown(socket.SHUT_RDWR)  # as if the server dropped it while idle
+    client._main.conn.sock.shutdown(socket.SHUT_RDWR)  # as if the server dropped it while idle
     assert client.status().queued == 2
 
 

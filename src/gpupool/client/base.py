@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING, List, Optional
 
 from ..core.model import Claim, Holder, Lease, PoolStatus
+
+if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes
+    from ..core.queues import QueueSpec, QueueStatus, UsageRow
 
 
 class PoolClient(abc.ABC):
@@ -34,6 +38,28 @@ class PoolClient(abc.ABC):
     @abc.abstractmethod
     def status(self) -> PoolStatus:
         """Devices, their allocation, and the live leases."""
+
+    @abc.abstractmethod
+    def watch(self, lease_id: str, timeout_s: float) -> Lease:
+        """The lease as soon as it is preempted (`preempted_at` set), else after `timeout_s`;
+        NotFound when it is gone. A server bounds `timeout_s` to (0, 60]."""
+
+    @abc.abstractmethod
+    def queues(self) -> List[QueueStatus]:
+        """Every queue with its quota, weight, limit and what it holds and waits for now."""
+
+    @abc.abstractmethod
+    def set_queue(self, spec: QueueSpec) -> QueueStatus:
+        """Create or update a queue (admin); InvalidInput when the quotas would sum above the pool."""
+
+    @abc.abstractmethod
+    def delete_queue(self, name: str) -> None:
+        """Remove a queue (admin); NotFound, or InvalidInput while it holds leases or waiting claims."""
+
+    @abc.abstractmethod
+    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+        """GPU-seconds used between epoch seconds `since` and `until` (default now), per queue,
+        holder or label (`core.queues.USAGE_KEYS`)."""
 
     def close(self) -> None:  # noqa: B027  # optional hook: most clients have nothing to free
         """Free connections or files; the default has nothing to free."""

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.usage import IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .base import PoolClient
+
+if TYPE_CHECKING:  # types only: the workload path never needs the queue classes
+    from ..core.queues import QueueSpec, QueueStatus, UsageRow
 
 log = get_logger(__name__)
 
@@ -75,6 +78,21 @@ class EmbeddedPoolClient(PoolClient):
     def get_lease(self, lease_id: str) -> Lease:
         """One lease by id (NotFound when it expired or was released)."""
         return self._pool.lease(lease_id)
+
+    def watch(self, lease_id: str, timeout_s: float) -> Lease:
+        return self._pool.watch(lease_id, timeout_s)
+
+    def queues(self) -> List[QueueStatus]:
+        return self._pool.queues()
+
+    def set_queue(self, spec: QueueSpec) -> QueueStatus:
+        return self._pool.set_queue(spec)
+
+    def delete_queue(self, name: str) -> None:
+        self._pool.delete_queue(name)
+
+    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+        return self._pool.usage(since, until, by)
 
     def close(self) -> None:
         self._pool.close()

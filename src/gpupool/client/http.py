@@ -33,6 +33,8 @@ from .config import normalize_url
 if TYPE_CHECKING:
     import ssl
 
+    from ..core.queues import QueueSpec, QueueStatus, UsageRow
+
 log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -68,8 +70,10 @@ class HttpPoolClient(PoolClient):
         self._token = token
         self._ca = ca
         self._timeout_s = timeout_s
-        self._conn: Optional[_Connection] = None
-        self._lock = threading.Lock()  # http.client connections are not thread-safe
+        self._main = _Channel()
+        # A watch holds its connection for up to a minute: on a connection of its own, so the
+        # heartbeats of the same lease (another thread, the main channel) are never held behind it.
+        self._watching = _Channel()
 
     # -- PoolClient -------------------------------------------------------
 
@@ -92,9 +96,43 @@ class HttpPoolClient(PoolClient):
         """One lease by id (NotFound when it expired or was released)."""
         return Lease.from_dict(self.request("GET", f"/v1/leases/{_quote(lease_id)}"))
 
+    def watch(self, lease_id: str, timeout_s: float) -> Lease:
+        """Long poll: the server answers when the lease is preempted or after `timeout_s` (at most 60)."""
+        query = urllib.parse.urlencode({"watch": f"{timeout_s:g}"})
+        path = f"/v1/leases/{_quote(lease_id)}?{query}"
+        # No resend: a watch cut by close() must end, and the caller's loop watches again anyway.
+        data = self.request("GET", path, timeout_s=timeout_s + self._timeout_s, retry=False, channel=self._watching)
+        return Lease.from_dict(data)
+
+    def queues(self) -> List[QueueStatus]:
+        from ..core.queues import QueueStatus  # lazily: the workload path never lists queues
+
+        return [QueueStatus.from_dict(q) for q in self.request("GET", "/v1/queues").get("queues", [])]
+
+    def set_queue(self, spec: QueueSpec) -> QueueStatus:
+        from ..core.queues import QueueStatus
+
+        body = {k: v for k, v in spec.to_dict().items() if k != "name"}
+        return QueueStatus.from_dict(self.request("PUT", f"/v1/queues/{_quote(spec.name)}", body))
+
+    def delete_queue(self, name: str) -> None:
+        self.request("DELETE", f"/v1/queues/{_quote(name)}")
+
+    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+        from ..core.queues import UsageRow
+
+        params = {"since": repr(float(since)), "by": by}
+        if until is not None:
+            params["until"] = repr(float(until))
+        data = self.request("GET", "/v1/usage?" + urllib.parse.urlencode(params))
+        return [UsageRow.from_dict(row) for row in data.get("usage", [])]
+
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        """Close both connections; a watch in flight in another thread ends at once (ServerUnreachable)."""
+        self._watching.interrupt()
+        for channel in (self._main, self._watching):
+            with channel.lock:
+                channel.drop()
 
     # -- transport --------------------------------------------------------
 
@@ -106,40 +144,43 @@ class HttpPoolClient(PoolClient):
         *,
         timeout_s: Optional[float] = None,
         retry: bool = True,
+        channel: Optional[_Channel] = None,
     ) -> Dict[str, Any]:
         """Send one JSON request; returns the JSON answer or raises the server's error class.
 
         Args:
             retry: resend once on a dropped keep-alive connection; off for
                 requests that must not run twice (a claim).
+            channel: the connection to send it on (default: the main one).
         """
+        channel = channel or self._main
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Accept": "application/json", "User-Agent": "gpupool-client"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        with self._lock:
+        with channel.lock:
             for attempt in (1, 2):
                 try:
-                    conn = self._connection(timeout_s or self._timeout_s)
+                    conn = self._connection(channel, timeout_s or self._timeout_s)
                     status, raw, will_close = conn.exchange(method, self._prefix + path, payload, headers)
                     if will_close:
-                        self._drop()
+                        channel.drop()
                     break
                 except _cert_error(self._https) as err:
-                    self._drop()
+                    channel.drop()
                     raise ServerUnreachable(
                         f"TLS verification of {self.address} failed ({getattr(err, 'verify_message', err)}): "
                         "set 'ca' in the client config to the pool's ca.crt, or check the host name"
                     ) from None
                 except _DROPPED as err:
-                    self._drop()
+                    channel.drop()
                     if attempt == 2 or not retry:
                         raise self._unreachable(err) from None
                     log.debug("connection to %s dropped (%s), reconnecting", self.address, err)
                 except OSError as err:
-                    self._drop()
+                    channel.drop()
                     raise self._unreachable(err) from None
         return self._decode(method, path, status, raw)
 
@@ -166,21 +207,14 @@ class HttpPoolClient(PoolClient):
             )
         raise err
 
-    def _connection(self, timeout_s: float) -> _Connection:
-        if self._conn is not None and _dropped(self._conn):
-            self._drop()
-        if self._conn is None:
+    def _connection(self, channel: _Channel, timeout_s: float) -> _Connection:
+        if channel.conn is not None and _dropped(channel.conn):
+            channel.drop()
+        if channel.conn is None:
             context = _tls_context(self._ca) if self._https else None
-            self._conn = _Connection(self._host, self._port, timeout_s, context)
-        self._conn.sock.settimeout(timeout_s)
-        return self._conn
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+            channel.conn = _Connection(self._host, self._port, timeout_s, context)
+        channel.conn.sock.settimeout(timeout_s)
+        return channel.conn
 
     def _unreachable(self, err: BaseException) -> ServerUnreachable:
         reason = str(err) or type(err).__name__
@@ -188,6 +222,31 @@ class HttpPoolClient(PoolClient):
             f"cannot reach the gpupool server at {self.address} ({reason}): check that "
             "`gpupool server` runs there and the URL/port is right, or pass another --server"
         )
+
+
+class _Channel:
+    """One kept-alive connection (made at first use) and the lock that sends one request at a time on it."""
+
+    def __init__(self) -> None:
+        self.conn: Optional[_Connection] = None
+        self.lock = threading.Lock()
+
+    def interrupt(self) -> None:
+        """Wake a request blocked on this channel's connection (without its lock: the request holds it)."""
+        conn = self.conn
+        if conn is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+
+    def drop(self) -> None:
+        """Close the connection (the caller holds the lock); the next request makes a new one."""
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
 
 
 class _Connection:

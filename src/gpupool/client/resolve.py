@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
@@ -16,6 +16,9 @@ from ..core.usage import IsolationMode, UsageReport
 from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
+
+if TYPE_CHECKING:
+    from ..core.queues import QueueStatus
 
 log = get_logger(__name__)
 
@@ -193,6 +196,7 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
     nodes: List[str] = []
     queued = 0
     usages: List[UsageReport] = []
+    queues: List[QueueStatus] = []  # each pool's own queues, side by side (quotas are per pool)
     errors: List[GpupoolError] = []
     for client in clients:
         try:
@@ -207,7 +211,10 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
         nodes.append(status.node)
         if status.usage is not None:
             usages.append(status.usage)
+        queues.extend(status.queues)
     if len(errors) == len(clients):
         raise errors[0]
     usage = UsageReport.merge(usages) if usages else None
-    return PoolStatus(tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n), usage=usage)
+    return PoolStatus(
+        tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n), usage=usage, queues=tuple(queues)
+    )

@@ -48,7 +48,7 @@ def replicas(spec: JobSpec) -> Tuple[Replica, ...]:
 def gang_claim(spec: JobSpec) -> Optional[Claim]:
     """One claim with a request per GPU-holding replica, or None when no replica wants a GPU."""
     requests = [role.gpu for role in spec.roles for _ in range(role.replicas) if role.gpu is not None]
-    return Claim(tuple(requests), spec.placement) if requests else None
+    return Claim(tuple(requests), spec.placement, queue=spec.queue, priority=spec.priority) if requests else None
 
 
 def role_of(spec: JobSpec, replica: Replica) -> RoleSpec:

@@ -90,6 +90,8 @@ _JOB_KEYS = {
     "image",
     "namespace",
     "annotations",
+    "queue",
+    "priority",
 }
 _ROLE_KEYS = {"replicas", "command", "env", "gpu", "image", "restartPolicy", "resources"}
 _RESOURCE_KEYS = {"cpu", "memory"}
@@ -130,6 +132,8 @@ class JobSpec:
     image: str = ""  # "" = none named: cluster targets run DEFAULT_IMAGE and `submit` warns
     namespace: str = "default"
     annotations: Tuple[Tuple[str, str], ...] = field(default=())
+    queue: str = ""  # the pool queue of the job's gang claim ("" = none)
+    priority: int = 0  # its priority inside that queue
 
     def role(self, name: str) -> Optional[RoleSpec]:
         """The role called `name`, or None."""
@@ -198,6 +202,8 @@ def parse_spec(data: Any) -> JobSpec:
         image=_str(data.get("image", ""), "image"),
         namespace=_str(data.get("namespace", "default"), "namespace"),
         annotations=_env(data.get("annotations"), "annotations", check_names=False),
+        queue=_queue(data.get("queue", "")),
+        priority=_priority(data.get("priority", 0)),
     )
     _check_framework_rules(spec)
     return spec
@@ -366,6 +372,25 @@ def _env(value: Any, path: str, check_names: bool = True) -> Tuple[Tuple[str, st
     return tuple(out)
 
 
+def _queue(value: Any) -> str:
+    from ..core.model import check_queue_name
+
+    if value == "":
+        return ""
+    try:
+        return check_queue_name(value)
+    except GpupoolError as err:
+        raise SpecError("queue", err.message) from None
+
+
+def _priority(value: Any) -> int:
+    from ..core.model import MAX_PRIORITY
+
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise SpecError("priority", f"{value!r} must be a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY}")
+    return value
+
+
 def _placement(value: Any) -> Policy:
     try:
         return Policy.parse(value)
@@ -416,6 +441,10 @@ def spec_to_dict(spec: JobSpec) -> Dict[str, Any]:
         "placement": spec.placement.value,
         "namespace": spec.namespace,
     }
+    if spec.queue:
+        data["queue"] = spec.queue
+    if spec.priority:
+        data["priority"] = spec.priority
     if spec.image:
         data["image"] = spec.image
     if spec.active_deadline_seconds is not None:
