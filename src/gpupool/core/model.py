@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import InvalidClaim
 from .filters import Filter
 from .usage import NodeIsolation, UsageReport
+
+if TYPE_CHECKING:  # core.queues imports this module; PoolStatus converts its queues lazily
+    from .queues import QueueStatus
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -24,6 +28,44 @@ MIN_FRACTION = 1e-6
 MAX_WAIT_S = 7 * 24 * 3600.0
 MIN_TTL_S = 0.05
 MAX_TTL_S = 24 * 3600.0
+# A claim's queue, priority and preemption grace (core/queues.py has the rules that use them).
+QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_PRIORITY = 1_000_000
+DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
+MAX_PREEMPT_GRACE_S = 3600.0
+
+
+def check_queue_name(name: object, error: type = InvalidClaim) -> str:
+    """`name` if it is a queue name (a DNS label), else `error` with a one-line fix."""
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+        raise error(
+            f"queue name {name!r} is not a DNS label: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (e.g. team-a)"
+        )
+    return name
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidClaim(
+            f"priority {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)"
+        )
+    return priority
+
+
+def _check_grace(grace: object) -> Optional[float]:
+    if grace is None:
+        return None
+    if (
+        isinstance(grace, bool)
+        or not isinstance(grace, (int, float))
+        or not math.isfinite(grace)
+        or not 0 <= grace <= MAX_PREEMPT_GRACE_S
+    ):
+        raise InvalidClaim(
+            f"preempt_grace_s {grace!r} must be a number of seconds between 0 and {MAX_PREEMPT_GRACE_S:g} (e.g. 30)"
+        )
+    return float(grace)
 
 
 class Policy(enum.Enum):
@@ -165,10 +207,17 @@ class Claim:
 
     requests: Tuple[GpuRequest, ...]
     policy: Policy = Policy.FRAGAWARE
+    queue: str = ""  # "" = no queue
+    priority: int = 0  # higher first inside a queue
+    preempt_grace_s: Optional[float] = None  # None = the pool's default
 
     def __post_init__(self) -> None:
         if not self.requests:
             raise InvalidClaim("a claim needs at least one GPU request")
+        if self.queue != "":
+            check_queue_name(self.queue)
+        _check_priority(self.priority)
+        _check_grace(self.preempt_grace_s)
 
     @classmethod
     def single(
@@ -178,14 +227,25 @@ class Claim:
         memory_mib: Optional[int] = None,
         filters: Iterable[Filter] = (),
         policy: Policy = Policy.FRAGAWARE,
+        queue: str = "",
+        priority: int = 0,
+        preempt_grace_s: Optional[float] = None,
     ) -> Claim:
-        return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy)
+        return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy, queue, priority, preempt_grace_s)
 
     def describe(self) -> str:
         return " + ".join(r.describe() for r in self.requests)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"requests": [r.to_dict() for r in self.requests], "policy": self.policy.value}
+        # queue, priority and grace only when set: servers and clients before queues read this too
+        data: Dict[str, Any] = {"requests": [r.to_dict() for r in self.requests], "policy": self.policy.value}
+        if self.queue:
+            data["queue"] = self.queue
+        if self.priority:
+            data["priority"] = self.priority
+        if self.preempt_grace_s is not None:
+            data["preempt_grace_s"] = self.preempt_grace_s
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Claim:
@@ -194,9 +254,16 @@ class Claim:
         requests = data.get("requests")
         if not isinstance(requests, list) or not requests:
             raise InvalidClaim("claim.requests must be a non-empty list of GPU requests")
+        queue = data.get("queue") or ""
+        if not isinstance(queue, str):
+            check_queue_name(queue)  # raises with the message
+        grace = data.get("preempt_grace_s")
         return cls(
             requests=tuple(GpuRequest.from_dict(r) for r in requests),
             policy=Policy.parse(data.get("policy", Policy.FRAGAWARE.value)),
+            queue=queue,
+            priority=data.get("priority", 0),
+            preempt_grace_s=float(grace) if isinstance(grace, int) and not isinstance(grace, bool) else grace,
         )
 
 
@@ -281,6 +348,10 @@ class Lease:
     ttl_s: float
     created_at: float
     expires_at: float
+    queue: str = ""
+    priority: int = 0
+    preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S  # between SIGTERM and SIGKILL once preempted
+    preempted_at: Optional[float] = None  # set when the pool told its holder to stop
 
     def group(self, index: int) -> Tuple[Slice, ...]:
         """The slices granted for request number `index` of the claim."""
@@ -294,10 +365,15 @@ class Lease:
             "ttl_s": self.ttl_s,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
+            "queue": self.queue,
+            "priority": self.priority,
+            "preempt_grace_s": self.preempt_grace_s,
+            "preempted_at": self.preempted_at,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Lease:
+        preempted_at = data.get("preempted_at")
         return cls(
             id=str(data["id"]),
             holder=Holder.from_dict(data.get("holder")),
@@ -305,6 +381,10 @@ class Lease:
             ttl_s=float(data["ttl_s"]),
             created_at=float(data["created_at"]),
             expires_at=float(data["expires_at"]),
+            queue=str(data.get("queue", "") or ""),
+            priority=int(data.get("priority", 0) or 0),
+            preempt_grace_s=float(data.get("preempt_grace_s", DEFAULT_PREEMPT_GRACE_S)),
+            preempted_at=float(preempted_at) if preempted_at is not None else None,
         )
 
 
@@ -337,6 +417,7 @@ class PoolStatus:
     node: str = ""
     isolation: NodeIsolation = field(default_factory=NodeIsolation)
     usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
+    queues: Tuple[QueueStatus, ...] = ()
 
     def allocated(self) -> Dict[str, int]:
         return allocated_by_device(self.leases)
@@ -357,10 +438,13 @@ class PoolStatus:
             "isolation": self.isolation.to_dict(),
             "usage": self.usage.to_dict() if self.usage is not None else None,
             "problems": self.problems(),
+            "queues": [q.to_dict() for q in self.queues],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
+        from .queues import QueueStatus  # it imports this module
+
         return cls(
             devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
             leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),
@@ -368,6 +452,7 @@ class PoolStatus:
             node=str(data.get("node", "")),
             isolation=NodeIsolation.from_dict(data.get("isolation")),
             usage=UsageReport.from_dict(data["usage"]) if data.get("usage") else None,
+            queues=tuple(QueueStatus.from_dict(q) for q in data.get("queues") or []),
         )
 
 
@@ -384,4 +469,9 @@ __all__: List[str] = [
     "allocated_by_device",
     "pod_of_label",
     "pod_uid_of_label",
+    "check_queue_name",
+    "QUEUE_NAME_RE",
+    "MAX_PRIORITY",
+    "DEFAULT_PREEMPT_GRACE_S",
+    "MAX_PREEMPT_GRACE_S",
 ]

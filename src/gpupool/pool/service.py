@@ -31,10 +31,20 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from ..core.errors import Forbidden, GpupoolError, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
+from ..core.model import (
+    DEFAULT_PREEMPT_GRACE_S,
+    MAX_PREEMPT_GRACE_S,
+    Claim,
+    Device,
+    Holder,
+    Lease,
+    PoolStatus,
+    QueuedClaim,
+    Slice,
+)
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
-from ..core.model import Claim, Device, Holder, Lease, PoolStatus, QueuedClaim, Slice
 from ..core.placement import could_ever_fit, place
 from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
@@ -97,6 +107,7 @@ class Pool:
             discovers them (env GPUPOOL_DEVICES, else NVML) when none are.
         node: the node name reported by status (default: the host name).
         clock: wall clock in seconds, injectable for tests.
+        preempt_grace_s: the grace of a preempted lease whose claim gives none.
     """
 
     def __init__(
@@ -107,8 +118,11 @@ class Pool:
         clock: Callable[[], float] = time.time,
         synchronous: Optional[str] = None,
         background_checkpoint: bool = False,
+        preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S,
     ) -> None:
         self.state_dir = Path(state_dir)
+        # what a preempted lease's runner waits between SIGTERM and SIGKILL, unless its claim says
+        self.preempt_grace_s = _check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
         # background_checkpoint: for long-lived processes (the server), see store.db.
         self.store = Store(self.state_dir, synchronous=synchronous, background_checkpoint=background_checkpoint)
         self.clock = clock
@@ -364,7 +378,7 @@ class Pool:
             taken = tx.take_lease(lease_id)
             if taken is None:
                 raise NotFound(_gone(lease_id))
-            holder_name, slices = taken
+            (holder_name, *_), slices = taken
             if requester is not None and requester != holder_name:
                 # Raising rolls the delete back.
                 raise Forbidden(

@@ -29,7 +29,7 @@ from typing import Iterator, List, Optional, Union
 
 from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
-from .schema import SCHEMA, SCHEMA_VERSION
+from .schema import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 from .tx import Tx
 
 log = get_logger(__name__)
@@ -215,9 +215,13 @@ class Store:
                 raise StateUnusable(
                     f"state dir {self.state_dir} was written by a newer gpupool (schema {version}); upgrade gpupool"
                 )
-            columns = {row[1] for row in tx.conn.execute("PRAGMA table_info(tokens)")}
-            if "origin" not in columns:  # schema 1: its tokens keep origin 'legacy' (not honoured with auth on)
-                tx.conn.execute("ALTER TABLE tokens ADD COLUMN origin TEXT NOT NULL DEFAULT 'legacy'")
+            # Schema 1's tokens get origin 'legacy' (not honoured with auth on); schema 2's leases,
+            # tickets and tokens no queue.
+            for table, added in ADDED_COLUMNS.items():
+                columns = {row[1] for row in tx.conn.execute(f"PRAGMA table_info({table})")}
+                for column, declaration in added:
+                    if column not in columns:
+                        tx.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             if version is None or int(version) < SCHEMA_VERSION:
                 tx.set_meta("schema_version", str(SCHEMA_VERSION))
 

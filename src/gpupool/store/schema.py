@@ -4,7 +4,7 @@ Leases keep their slices in a table of their own (not a JSON column) so the
 allocation per device is one indexed SUM instead of decoding every lease.
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: queues, lease history, queue/priority/preemption columns
 # Where a token came from (tokens.origin). A token of version 1 has none recorded
 # ("legacy"): it may have been minted by a server running without auth, so an
 # authenticating server does not honour it (see server/auth.py).
@@ -29,7 +29,11 @@ CREATE TABLE IF NOT EXISTS leases (
     holder      TEXT NOT NULL,      -- Holder.to_dict() as JSON
     ttl_s       REAL NOT NULL,
     created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL
+    expires_at  REAL NOT NULL,
+    queue       TEXT NOT NULL DEFAULT '',
+    priority    INTEGER NOT NULL DEFAULT 0,
+    preempt_grace_s REAL NOT NULL DEFAULT 30.0,
+    preempted_at REAL                   -- NULL until the pool tells its holder to stop
 );
 CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
 CREATE TABLE IF NOT EXISTS slices (
@@ -48,13 +52,52 @@ CREATE TABLE IF NOT EXISTS tickets (
     host        TEXT NOT NULL,      -- host and pid of the waiting process, to drop dead waiters
     pid         INTEGER NOT NULL,
     created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL       -- refreshed by the waiter while it polls
+    expires_at  REAL NOT NULL,      -- refreshed by the waiter while it polls
+    queue       TEXT NOT NULL DEFAULT '',
+    priority    INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
     hash       TEXT NOT NULL UNIQUE,  -- sha256 hex of the token; the token itself is never stored
     admin      INTEGER NOT NULL,
     created_at REAL NOT NULL,
-    origin     TEXT NOT NULL DEFAULT 'legacy'  -- api (an admin token over HTTP), local (--state), secret (node agent)
+    origin     TEXT NOT NULL DEFAULT 'legacy',  -- api (an admin token over HTTP), local (--state), secret (node agent)
+    queue      TEXT NOT NULL DEFAULT ''         -- '' = may claim in any queue
 );
+CREATE TABLE IF NOT EXISTS queues (
+    name       TEXT PRIMARY KEY,
+    quota      REAL NOT NULL,       -- GPUs guaranteed
+    weight     REAL NOT NULL,       -- share of idle GPUs lent
+    limit_gpus REAL                 -- NULL: no cap
+);
+-- one row per lease that ended, written in the transaction that ended it: usage accounting
+CREATE TABLE IF NOT EXISTS lease_history (
+    lease_id     TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    holder_name  TEXT NOT NULL,
+    label        TEXT NOT NULL,
+    gpus         REAL NOT NULL,     -- size in GPUs: sum of slice MiB / device MiB
+    started_at   REAL NOT NULL,
+    ended_at     REAL NOT NULL,
+    reason       TEXT NOT NULL,     -- HISTORY_REASONS
+    preempted_at REAL
+);
+CREATE INDEX IF NOT EXISTS history_by_end ON lease_history (ended_at);
 """
+
+# Why a lease ended (lease_history.reason): its holder released it, no heartbeat came within its
+# TTL, or the pool reaped it after a preemption its runner did not act on.
+HISTORY_REASONS = ("released", "expired", "preempted")
+
+# Columns added after schema 1, with their declarations: an older database gets them by
+# ALTER TABLE on open (idempotent: only the missing ones), a new one from SCHEMA above.
+ADDED_COLUMNS = {
+    "tokens": (("origin", "TEXT NOT NULL DEFAULT 'legacy'"), ("queue", "TEXT NOT NULL DEFAULT ''")),
+    "leases": (
+        ("queue", "TEXT NOT NULL DEFAULT ''"),
+        ("priority", "INTEGER NOT NULL DEFAULT 0"),
+        ("preempt_grace_s", "REAL NOT NULL DEFAULT 30.0"),
+        ("preempted_at", "REAL"),
+    ),
+    "tickets": (("queue", "TEXT NOT NULL DEFAULT ''"), ("priority", "INTEGER NOT NULL DEFAULT 0")),
+}

@@ -1,4 +1,4 @@
-"""Typed queries inside one transaction: devices, leases and slices, tickets, tokens.
+"""Typed queries inside one transaction: devices, leases and slices, tickets, tokens, queues, history.
 
 Rows go in and out as core model objects; the pool decides what to do with them.
 """
@@ -10,6 +10,12 @@ import sqlite3
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core.model import Device, Holder, Lease, Slice
+from ..core.queues import QueueSpec
+
+# The lease columns _lease() reads, in its order.
+LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
+# What take_lease returns of a deleted lease: (holder name, holder JSON, queue, created_at, preempted_at).
+TakenLease = Tuple[str, str, str, float, Optional[float]]
 
 
 class Tx:
@@ -66,20 +72,24 @@ class Tx:
         row = self.conn.execute("SELECT MIN(expires_at) FROM leases").fetchone()
         return float("inf") if row is None or row[0] is None else float(row[0])
 
-    def take_lease(self, lease_id: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
-        """Delete a lease and its slices: (holder name, [(device uuid, MiB)]), or None when absent.
+    def take_lease(self, lease_id: str) -> Optional[Tuple[TakenLease, List[Tuple[str, int]]]]:
+        """Delete a lease and its slices: (what the history needs of it, [(device uuid, MiB)]), or None.
 
         Roll the transaction back to undo it (e.g. when the requester may not release it).
         """
         slices = self.conn.execute(
             "DELETE FROM slices WHERE lease_id = ? RETURNING device_uuid, memory_mib", (lease_id,)
         ).fetchall()
-        rows = self.conn.execute("DELETE FROM leases WHERE id = ? RETURNING holder_name", (lease_id,)).fetchall()
-        return (rows[0][0], slices) if rows else None
+        rows = self.conn.execute(
+            "DELETE FROM leases WHERE id = ? RETURNING holder_name, holder, queue, created_at, preempted_at",
+            (lease_id,),
+        ).fetchall()
+        return (rows[0], slices) if rows else None
 
     def insert_lease(self, lease: Lease) -> None:
         self.conn.execute(
-            "INSERT INTO leases (id, holder_name, holder, ttl_s, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO leases (id, holder_name, holder, ttl_s, created_at, expires_at, queue, priority, "
+            "preempt_grace_s, preempted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.id,
                 lease.holder.name,
@@ -87,6 +97,10 @@ class Tx:
                 lease.ttl_s,
                 lease.created_at,
                 lease.expires_at,
+                lease.queue,
+                lease.priority,
+                lease.preempt_grace_s,
+                lease.preempted_at,
             ),
         )
         insert = "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)"
@@ -97,9 +111,7 @@ class Tx:
             self.conn.executemany(insert, [(lease.id, s.device_uuid, s.memory_mib, s.group) for s in lease.slices])
 
     def get_lease(self, lease_id: str) -> Optional[Lease]:
-        row = self.conn.execute(
-            "SELECT id, holder, ttl_s, created_at, expires_at FROM leases WHERE id = ?", (lease_id,)
-        ).fetchone()
+        row = self.conn.execute(f"SELECT {LEASE_COLUMNS} FROM leases WHERE id = ?", (lease_id,)).fetchone()
         if row is None:
             return None
         slices = self.conn.execute(
@@ -110,9 +122,7 @@ class Tx:
     def leases(self, where: str = "", params: Iterable[Any] = ()) -> List[Lease]:
         """Leases in creation order, optionally filtered by a SQL condition on `leases`."""
         rows = self.conn.execute(
-            "SELECT id, holder, ttl_s, created_at, expires_at FROM leases "
-            + (f"WHERE {where} " if where else "")
-            + "ORDER BY created_at, id",
+            f"SELECT {LEASE_COLUMNS} FROM leases " + (f"WHERE {where} " if where else "") + "ORDER BY created_at, id",
             tuple(params),
         ).fetchall()
         if not rows:
@@ -139,13 +149,32 @@ class Tx:
     def set_lease_expiry(self, lease_id: str, expires_at: float) -> None:
         self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
 
+    def set_lease_preempted(self, lease_id: str, preempted_at: float, expires_at: float) -> None:
+        """Mark a lease preempted; it is reaped at `expires_at` unless released before."""
+        self.conn.execute(
+            "UPDATE leases SET preempted_at = ?, expires_at = ? WHERE id = ?", (preempted_at, expires_at, lease_id)
+        )
+
+    def has_queued_leases(self) -> bool:
+        """Whether any live lease names a queue (a queue with leases may not be deleted)."""
+        return self.conn.execute("SELECT 1 FROM leases WHERE queue != '' LIMIT 1").fetchone() is not None
+
     # --- tickets (the FIFO queue) ---------------------------------------------
     def add_ticket(
-        self, claim: Dict[str, Any], holder: Dict[str, Any], host: str, pid: int, now: float, expires_at: float
+        self,
+        claim: Dict[str, Any],
+        holder: Dict[str, Any],
+        host: str,
+        pid: int,
+        now: float,
+        expires_at: float,
+        queue: str = "",
+        priority: int = 0,
     ) -> int:
         cur = self.conn.execute(
-            "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at),
+            "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at, queue, priority) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at, queue, priority),
         )
         ticket_id = cur.lastrowid
         if ticket_id is None:  # never after an INSERT; sqlite3 types it Optional
@@ -153,14 +182,30 @@ class Tx:
         return int(ticket_id)
 
     def head_ticket(self) -> Optional[int]:
-        row = self.conn.execute("SELECT MIN(id) FROM tickets").fetchone()
+        """The next ticket of a pool without queues: highest priority, then first come."""
+        row = self.conn.execute("SELECT id FROM tickets ORDER BY priority DESC, id LIMIT 1").fetchone()
         return row[0] if row else None
 
     def ticket_count(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM tickets").fetchone()[0])
 
     def tickets_before(self, ticket_id: int) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM tickets WHERE id < ?", (ticket_id,)).fetchone()[0])
+        """Tickets ahead of `ticket_id` in a pool without queues (head_ticket's order)."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM tickets t, tickets me WHERE me.id = ? "
+            "AND (t.priority > me.priority OR (t.priority = me.priority AND t.id < me.id))",
+            (ticket_id,),
+        ).fetchone()
+        return int(row[0])
+
+    def waiting(self) -> List[Tuple[int, str, int, str]]:
+        """(id, queue, priority, claim JSON) of every waiting claim, in ticket order."""
+        return self.conn.execute("SELECT id, queue, priority, claim FROM tickets ORDER BY id").fetchall()
+
+    def waiting_by_queue(self, now: float) -> Dict[str, int]:
+        """Live tickets per queue name."""
+        rows = self.conn.execute("SELECT queue, COUNT(*) FROM tickets WHERE expires_at >= ? GROUP BY queue", (now,))
+        return {queue: int(n) for queue, n in rows}
 
     def refresh_ticket(self, ticket_id: int, expires_at: float) -> bool:
         cur = self.conn.execute("UPDATE tickets SET expires_at = ? WHERE id = ?", (expires_at, ticket_id))
@@ -177,15 +222,83 @@ class Tx:
         """(id, claim JSON, holder JSON, created_at, expires_at) of every waiting claim, in queue order."""
         return self.conn.execute("SELECT id, claim, holder, created_at, expires_at FROM tickets ORDER BY id").fetchall()
 
+    # --- queues ---------------------------------------------------------------
+    def queue_specs(self) -> List[QueueSpec]:
+        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus FROM queues ORDER BY name")
+        return [QueueSpec(name, quota, weight, limit) for name, quota, weight, limit in rows]
+
+    def put_queue(self, spec: QueueSpec) -> None:
+        self.conn.execute(
+            "INSERT INTO queues (name, quota, weight, limit_gpus) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
+            "SET quota = excluded.quota, weight = excluded.weight, limit_gpus = excluded.limit_gpus",
+            (spec.name, spec.quota, spec.weight, spec.limit),
+        )
+
+    def delete_queue(self, name: str) -> bool:
+        return self.conn.execute("DELETE FROM queues WHERE name = ?", (name,)).rowcount > 0
+
+    def queue_busy(self, name: str) -> Tuple[int, int]:
+        """(live leases, tickets) naming queue `name`."""
+        leases = self.conn.execute("SELECT COUNT(*) FROM leases WHERE queue = ?", (name,)).fetchone()[0]
+        tickets = self.conn.execute("SELECT COUNT(*) FROM tickets WHERE queue = ?", (name,)).fetchone()[0]
+        return int(leases), int(tickets)
+
+    # --- lease history -----------------------------------------------------------
+    def add_history(
+        self,
+        lease_id: str,
+        queue: str,
+        holder_name: str,
+        label: str,
+        gpus: float,
+        started_at: float,
+        ended_at: float,
+        reason: str,
+        preempted_at: Optional[float],
+    ) -> None:
+        """Record a lease that ended (reason: schema.HISTORY_REASONS), in the transaction that ends it."""
+        self.conn.execute(
+            "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
+            "preempted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, preempted_at),
+        )
+
+    def history(self, since: float, until: float) -> List[Tuple[str, str, str, float, float, float]]:
+        """(queue, holder name, label, gpus, started_at, ended_at) of leases that ended after
+        `since` and started before `until`."""
+        return self.conn.execute(
+            "SELECT queue, holder_name, label, gpus, started_at, ended_at FROM lease_history "
+            "WHERE ended_at >= ? AND started_at <= ? ORDER BY ended_at",
+            (since, until),
+        ).fetchall()
+
+    def preemption_counts(self) -> Dict[str, int]:
+        """Leases ever preempted, per queue: those ended (history) and those still held."""
+        counts: Dict[str, int] = {}
+        for table in ("lease_history", "leases"):
+            rows = self.conn.execute(
+                f"SELECT queue, COUNT(*) FROM {table} WHERE preempted_at IS NOT NULL GROUP BY queue"
+            )
+            for queue, n in rows:
+                counts[queue] = counts.get(queue, 0) + int(n)
+        return counts
+
     # --- tokens ---------------------------------------------------------------
-    def put_token(self, name: str, token_hash: str, admin: bool, now: float, origin: str = "local") -> None:
+    def put_token(
+        self, name: str, token_hash: str, admin: bool, now: float, origin: str = "local", queue: str = ""
+    ) -> None:
         """Create or replace the token called `name` (replacing rotates it); `origin` says who made it
-        (schema.TOKEN_ORIGINS)."""
+        (schema.TOKEN_ORIGINS), `queue` the only queue it may claim in ("" = any)."""
         self.conn.execute("DELETE FROM tokens WHERE name = ? OR hash = ?", (name, token_hash))
         self.conn.execute(
-            "INSERT INTO tokens (name, hash, admin, created_at, origin) VALUES (?, ?, ?, ?, ?)",
-            (name, token_hash, int(admin), now, origin),
+            "INSERT INTO tokens (name, hash, admin, created_at, origin, queue) VALUES (?, ?, ?, ?, ?, ?)",
+            (name, token_hash, int(admin), now, origin, queue),
         )
+
+    def token_queue(self, token_hash: str) -> str:
+        """The queue the token with this hash is bound to ("" = unbound, or no such token)."""
+        row = self.conn.execute("SELECT queue FROM tokens WHERE hash = ?", (token_hash,)).fetchone()
+        return str(row[0]) if row else ""
 
     def token_by_hash(self, token_hash: str) -> Optional[Tuple[str, bool]]:
         """(name, admin) of the token with this hash, or None."""
@@ -203,7 +316,7 @@ class Tx:
 
 
 def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Lease:
-    lease_id, holder, ttl_s, created_at, expires_at = row
+    lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at = row
     return Lease(
         id=lease_id,
         holder=Holder.from_dict(json.loads(holder)),
@@ -211,4 +324,8 @@ def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Leas
         ttl_s=float(ttl_s),
         created_at=float(created_at),
         expires_at=float(expires_at),
+        queue=str(queue),
+        priority=int(priority),
+        preempt_grace_s=float(grace),
+        preempted_at=None if preempted_at is None else float(preempted_at),
     )
