@@ -10,9 +10,13 @@ EXAMPLES = """examples:
   gpupool run -n 1 -p 0.5 -- python train.py
   gpupool run -n 2 -m 8GiB --filter 'device.name=*A100*' --wait 600 -- python train.py
 
+  gpupool run --queue team-a --requeue --preempt-grace 60 -- gpupool train --data d --out runs/a
+
 The command's whole process tree (background jobs and daemons included) ends before the lease is
 released, also when the runner is killed (kill -9). A lost lease ends the command with exit code 6
-unless --on-lease-loss warn.
+unless --on-lease-loss warn. A preempted lease (its queue borrowed GPUs another queue needs back)
+stops the command (SIGTERM, SIGKILL after the grace) and exits 8, or with --requeue claims again
+and reruns it with GPUPOOL_PREEMPTED=1 and GPUPOOL_ATTEMPT=2, 3, ...
 """
 
 
@@ -66,6 +70,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="set the embedded pool's isolation mode (mps starts a detached MPS control daemon for the "
         "state dir); default: the mode it has (hooks on a new pool)",
     )
+    p.add_argument("--queue", default="", metavar="NAME", help="the team queue to claim in (`gpupool queue list`)")
+    p.add_argument("--priority", default="0", metavar="N", help="order inside the queue: higher first (default 0)")
+    p.add_argument(
+        "--requeue",
+        action="store_true",
+        help="when the lease is preempted: claim again, waiting as long as it takes, and rerun the command "
+        "(with GPUPOOL_PREEMPTED=1, GPUPOOL_ATTEMPT=N); without it a preemption exits 8",
+    )
+    p.add_argument(
+        "--preempt-grace",
+        default=None,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when preempted (default: the pool's, 30)",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -76,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.filters import Filter
-    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy
+    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy, check_queue_name
     from ..core.quantity import parse_fraction, parse_memory_mib
     from ..core.usage import IsolationMode
     from ..runner import RunOptions, progress, run
@@ -100,6 +118,9 @@ def handle(args: argparse.Namespace) -> int:
         memory_mib=memory,
         filters=[Filter.parse(f) for f in args.filter],
         policy=Policy.parse(args.policy),
+        queue=check_queue_name(args.queue, InvalidInput) if args.queue else "",
+        priority=_priority(args.priority),
+        preempt_grace_s=_grace(args.preempt_grace),
     )
     say = progress(args.quiet)
     options = RunOptions(
@@ -110,8 +131,44 @@ def handle(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         say=say,
         on_lease_loss=args.on_lease_loss,
+        requeue=args.requeue,
         warn=progress(False),
         isolation=IsolationMode.parse(args.isolation) if args.isolation else None,
         **pool_kwargs(args),
     )
     return run(command, options)
+
+
+def _priority(text: str) -> int:
+    """--priority as a whole number in the pool's bounds, or a one-line InvalidInput."""
+    from ..core.errors import InvalidInput
+    from ..core.model import MAX_PRIORITY
+
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = MAX_PRIORITY + 1
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"--priority {text!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY}, e.g. --priority 10"
+        )
+    return value
+
+
+def _grace(text: str | None) -> float | None:
+    """--preempt-grace as seconds in [0, MAX_PREEMPT_GRACE_S] (None: the pool's default)."""
+    from ..core.errors import InvalidInput
+    from ..core.model import MAX_PREEMPT_GRACE_S
+
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_PREEMPT_GRACE_S:  # also refuses nan and inf
+        raise InvalidInput(
+            f"--preempt-grace {text!r} must be a number of seconds between 0 and {MAX_PREEMPT_GRACE_S:g}, "
+            "e.g. --preempt-grace 30"
+        )
+    return value

@@ -118,6 +118,14 @@ class StateUnusable(GpupoolError):
     exit_code = 7
 
 
+class Preempted(GpupoolError):
+    """The pool preempted the lease (its queue was borrowing) and `gpupool run` had no --requeue."""
+
+    code = "preempted"
+    http_status = 409
+    exit_code = 8
+
+
 # General classes before their subclasses: the first class of an HTTP status is its reading.
 _CLASSES: Tuple[Type[GpupoolError], ...] = (
     GpupoolError,
@@ -133,6 +141,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     ServerUnreachable,
     LeaseLost,
     StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
+    Preempted,  # after Unavailable: a bare 409 reads as a full pool
 )
 _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}

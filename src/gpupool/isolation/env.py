@@ -20,6 +20,10 @@ HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
 # The lease a process belongs to; the runner's guard and the server's watchdog find processes by it.
 LEASE_ID_ENV = "GPUPOOL_LEASE_ID"
 HOOK_DIR_ENV = "GPUPOOL_HOOK_DIR"
+# Set by `gpupool run --requeue` on a rerun after a preemption: "1", and the attempt number (2 on
+# the first rerun), so a command can tell it should resume from its checkpoint.
+PREEMPTED_ENV = "GPUPOOL_PREEMPTED"
+ATTEMPT_ENV = "GPUPOOL_ATTEMPT"
 # The grant, per visible GPU: what the pool accounted for this lease.
 MEMORY_LIMIT_ENV = "GPUPOOL_MEMORY_LIMIT_MIB"
 MEMORY_FRACTION_ENV = "GPUPOOL_MEMORY_FRACTION"

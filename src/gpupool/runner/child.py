@@ -60,6 +60,12 @@ class SignalRelay:
             signal.signal(signum, handler)
         self._previous.clear()
 
+    def resume(self) -> None:
+        """Forward signals again after `quiet` (the next attempt of a requeued command)."""
+        self.received.clear()
+        for signum in FORWARDED:
+            signal.signal(signum, self._handle)
+
     def quiet(self) -> None:
         """Record but ignore signals (while releasing: finish the release first)."""
         self.child = None

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
+from ..core.model import Lease
 from ..logs import get_logger
 
 log = get_logger(__name__)
@@ -24,9 +25,11 @@ class Heartbeat(threading.Thread):
         warn: Callable[[str], None],
         on_lost: Optional[Callable[[], None]] = None,
         on_beat: Optional[Callable[[], object]] = None,
+        on_lease: Optional[Callable[[Lease], None]] = None,
     ) -> None:
         """`on_lost` (on this thread) replaces the loud warning when the lease is gone;
-        `on_beat` runs after every beat, successful or not (housekeeping such as reaping)."""
+        `on_beat` runs after every beat, successful or not (housekeeping such as reaping);
+        `on_lease` gets the lease each successful beat returns (it carries `preempted_at`)."""
         super().__init__(name=f"gpupool-heartbeat-{lease_id[:8]}", daemon=True)
         self.client = client
         self.lease_id = lease_id
@@ -34,6 +37,7 @@ class Heartbeat(threading.Thread):
         self.warn = warn
         self.on_lost = on_lost
         self.on_beat = on_beat
+        self.on_lease = on_lease
         self.lost = False
         self._stop_event = threading.Event()
 
@@ -46,7 +50,9 @@ class Heartbeat(threading.Thread):
         failing = False
         while not self._stop_event.wait(self.interval_s):
             try:
-                self.client.heartbeat(self.lease_id)
+                lease = self.client.heartbeat(self.lease_id)
+                if self.on_lease is not None:
+                    self.on_lease(lease)
                 if failing:
                     self.warn(f"heartbeat to {self.client.address} works again")
                 failing = False

@@ -9,21 +9,25 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set
 
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
-from ..core.errors import GpupoolError, LeaseLost, NotFound
-from ..core.model import Claim, Holder, Lease
+from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted
+from ..core.model import MAX_WAIT_S, Claim, Holder, Lease
 from ..core.quantity import format_mib
 from ..core.usage import IsolationMode
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
+from ..isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
 from ..logs import get_logger
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
 from .guard import Guard
 from .heartbeat import Heartbeat
 from .prctl import become_subreaper, parent_death_signal
 from .tree import end_tree, reap_all, reap_orphans
+
+if TYPE_CHECKING:
+    from .preemption import PreemptionWatch
 
 log = get_logger(__name__)
 
@@ -48,6 +52,8 @@ class RunOptions:
     grace_s: float = 0.5
     # Lines shown even when quiet (the lost-lease notice); None: `say`.
     warn: Optional[Callable[[str], None]] = None
+    # When the lease is preempted: claim again and rerun the command (else exit Preempted.exit_code).
+    requeue: bool = False
 
 
 def progress(quiet: bool) -> Callable[[str], None]:
@@ -76,30 +82,84 @@ def current_holder(label: str = "") -> Holder:
 
 
 def run(command: Sequence[str], options: RunOptions) -> int:
-    """Run `command` on a share of the pool; returns the exit code for the runner to exit with."""
-    say = options.say
-    warn = options.warn or say
-    claim = options.claim
+    """Run `command` on a share of the pool; returns the exit code for the runner to exit with.
+
+    A preempted lease stops the command; with `options.requeue` the same claim queues again and
+    the command reruns (attempt 2, 3, ...) until an attempt ends without a preemption.
+    """
     relay = SignalRelay().install()
     terminal = Terminal()
     clients: List[PoolClient] = []
+    try:
+        clients = connect_all(options.servers, options.state_dir, options.devices_spec, options.isolation)
+        attempt = 1
+        while True:
+            outcome = _run_once(clients, command, options, relay, terminal, attempt)
+            if outcome.preempted is None:
+                return outcome.code
+            if relay.received:  # the user stopped it meanwhile: do not queue again
+                return outcome.code
+            if not options.requeue:
+                (options.warn or options.say)(
+                    f"the command was stopped by the preemption of lease {outcome.preempted.id}; "
+                    f"exit code {Preempted.exit_code} (use --requeue to queue again and rerun it)"
+                )
+                return Preempted.exit_code
+            attempt += 1
+            relay.resume()
+    except Interrupted as interrupt:  # while connecting, before any claim
+        options.say(f"Interrupted by signal {interrupt.signum} before the command started")
+        return exit_code(-interrupt.signum)
+    finally:
+        relay.quiet()
+        for c in clients:
+            try:
+                c.close()
+            except Exception:  # closing must not hide the real outcome
+                log.debug("close failed", exc_info=True)
+        relay.restore()
+
+
+@dataclass
+class _Outcome:
+    """How one attempt ended: the exit code, and the lease if a preemption stopped the command."""
+
+    code: int
+    preempted: Optional[Lease] = None
+
+
+def _run_once(
+    clients: List[PoolClient],
+    command: Sequence[str],
+    options: RunOptions,
+    relay: SignalRelay,
+    terminal: Terminal,
+    attempt: int,
+) -> _Outcome:
+    """Claim, run the command once, release on every exit path."""
+    say = options.say
+    warn = options.warn or say
+    claim = options.claim
     client: Optional[PoolClient] = None
     lease: Optional[Lease] = None
     workdir: Optional[Path] = None
     heartbeat: Optional[Heartbeat] = None
+    watch: Optional[PreemptionWatch] = None
     guard: Optional[Guard] = None
     child = None
     subreaper = False
     try:
-        clients = connect_all(options.servers, options.state_dir, options.devices_spec, options.isolation)
         addresses = ", ".join(c.address for c in clients)
+        # A rerun after a preemption queues as long as it takes: its queue gets the GPUs back in time.
+        wait_s = options.wait_s if attempt == 1 else MAX_WAIT_S
+        queue = f", queue {claim.queue}" if claim.queue else ""
         say(
-            f"Requested resources: {claim.describe()} ({claim.policy.value}); "
-            f"lease TTL {options.ttl_s:g}s, queue wait {options.wait_s:g}s"
+            f"Requested resources: {claim.describe()} ({claim.policy.value}{queue}); "
+            f"lease TTL {options.ttl_s:g}s, queue wait {wait_s:g}s" + (f"; attempt {attempt}" if attempt > 1 else "")
         )
         say(f"Choosing GPUs from server list [{addresses}]")
         client, lease = choose_and_claim(
-            clients, claim, current_holder(options.label), wait_s=options.wait_s, ttl_s=options.ttl_s, progress=say
+            clients, claim, current_holder(options.label), wait_s=wait_s, ttl_s=options.ttl_s, progress=say
         )
         # Before any thread exists (the guard is a fork): orphans of the child re-parent to the
         # runner, and the guard ends the lease's processes if the runner is killed.
@@ -109,6 +169,8 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         gpus = shares(lease, status.devices)
         workdir = _workdir(lease.id)
         contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")), isolation=status.isolation)
+        if attempt > 1:
+            contract = {**contract, PREEMPTED_ENV: "1", ATTEMPT_ENV: str(attempt)}
         config_file = workdir / "lease.json"
         config_file.write_text(
             json.dumps({"server": client.address, "lease": lease.to_dict(), "env": contract}, indent=2)
@@ -127,30 +189,46 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         on_lost = None
         if options.on_lease_loss == "kill":
             on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn)
+        # Imported here, after the command started: `gpupool run`'s start-up stays as light as it was.
+        from .preemption import PreemptionWatch
+
+        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn))
         heartbeat = Heartbeat(
-            client, lease.id, options.ttl_s / 3, say, on_lost=on_lost, on_beat=lambda: reap_orphans(keep)
+            client,
+            lease.id,
+            options.ttl_s / 3,
+            say,
+            on_lost=on_lost,
+            on_beat=lambda: reap_orphans(keep),
+            on_lease=watch.notice,
         )
         heartbeat.start()
+        watch.start()
         terminal.give(child.pid)
         returncode = child.wait()
         terminal.take_back()
+        if watch.preempted is not None:
+            watch.join_stopper(watch.preempted.preempt_grace_s + 5)
+            return _Outcome(exit_code(returncode), watch.preempted)
         if on_lost is not None and heartbeat.lost:
-            return LeaseLost.exit_code
+            return _Outcome(LeaseLost.exit_code)
         if heartbeat.lost:
             say(f"warning: the command finished, but lease {lease.id} had been lost while it ran")
         code = exit_code(returncode)
         if returncode < 0:
             say(f"Client command was killed by signal {-returncode} (exit code {code})")
-        return code
+        return _Outcome(code)
     except Interrupted as interrupt:
         if child is not None and child.poll() is None:  # the signal beat `relay.child = child`
             os.killpg(child.pid, interrupt.signum)
-            return exit_code(child.wait())
+            return _Outcome(exit_code(child.wait()))
         say(f"Interrupted by signal {interrupt.signum} before the command started")
-        return exit_code(-interrupt.signum)  # as if the command had died of it
+        return _Outcome(exit_code(-interrupt.signum))  # as if the command had died of it
     finally:
         relay.quiet()
         terminal.take_back()
+        if watch is not None:
+            watch.stop()
         if heartbeat is not None:
             heartbeat.stop()
         if child is not None:
@@ -160,12 +238,27 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         _release(client, lease, workdir, say)
         if guard is not None:
             guard.collect()
-        for c in clients:
-            try:
-                c.close()
-            except Exception:  # closing must not hide the real outcome
-                log.debug("close failed", exc_info=True)
-        relay.restore()
+        if watch is not None and watch.is_alive():
+            # The watch ends once the lease is gone: no thread of this attempt outlives it into
+            # the next one's guard fork.
+            watch.join(timeout=2.0)
+
+
+def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> Callable[[Lease], None]:
+    """What the watch does when the lease is preempted: say so, SIGTERM the command's tree,
+    SIGKILL what is left after the lease's grace. The main thread's child.wait() then returns."""
+
+    def stop(lease: Lease) -> None:
+        grace = lease.preempt_grace_s
+        by = f" of queue {lease.queue}" if lease.queue else ""
+        warn(
+            f"lease {lease.id}{by} was preempted (another queue needs its quota back): "
+            f"stopping the command (SIGTERM, SIGKILL after {grace:g}s)"
+        )
+        # Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours.
+        end_tree(pgid, grace, exclude=keep - {pgid})
+
+    return stop
 
 
 def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None]) -> Callable[[], None]:

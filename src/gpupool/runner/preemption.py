@@ -1,0 +1,89 @@
+"""Hear at once that the pool preempted the lease, and stop the command for it.
+
+A daemon thread long-polls `client.watch(lease_id, WATCH_S)` while the command runs; the
+heartbeat's answer carries `preempted_at` too (the fallback when a watch is cut). The first
+notice of a preemption, from either, stops the command's tree: SIGTERM, SIGKILL after the
+lease's grace. The main thread, whose `child.wait()` then returns, releases the lease.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional
+
+from ..client.base import PoolClient
+from ..core.errors import GpupoolError, NotFound
+from ..core.model import Lease
+from ..logs import get_logger
+
+log = get_logger(__name__)
+
+# One long poll's length: a server answers at once on a preemption, so this only bounds idle requests.
+WATCH_S = 30.0
+# After a failed watch (server restarting, network), the next try waits this long.
+RETRY_S = 2.0
+
+
+class PreemptionWatch(threading.Thread):
+    """Calls `stop_command(lease)` once, on a thread of its own, when `lease_id` is seen preempted."""
+
+    def __init__(self, client: PoolClient, lease_id: str, stop_command: Callable[[Lease], None]) -> None:
+        super().__init__(name=f"gpupool-watch-{lease_id[:8]}", daemon=True)
+        self.client = client
+        self.lease_id = lease_id
+        self.stop_command = stop_command
+        self.preempted: Optional[Lease] = None
+        self._stopper: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def notice(self, lease: Lease) -> None:
+        """Act on a lease seen by anyone (the heartbeat too): the first preempted sighting stops the
+        command, on a thread of its own, so neither the heartbeat nor a watch in flight holds it up."""
+        if lease.preempted_at is None:
+            return
+        with self._lock:
+            if self.preempted is not None or self._stop_event.is_set():
+                return
+            self.preempted = lease
+            self._stop_event.set()
+            self._stopper = threading.Thread(
+                target=self._stop_command, args=(lease,), name=f"gpupool-preempt-{self.lease_id[:8]}", daemon=True
+            )
+            self._stopper.start()
+
+    def stop(self) -> None:
+        """End the loop; a watch in flight ends when the lease is released or the client closed."""
+        with self._lock:
+            self._stop_event.set()
+
+    def join_stopper(self, timeout_s: float) -> None:
+        """Wait for the stopping (SIGTERM, grace, SIGKILL) to finish, if one began."""
+        stopper = self._stopper
+        if stopper is not None:
+            stopper.join(timeout=timeout_s)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            started = time.monotonic()
+            try:
+                lease = self.client.watch(self.lease_id, WATCH_S)
+            except NotFound:  # released or expired: the heartbeat reports a loss, not this thread
+                return
+            except Exception as err:  # a transport error: keep watching, the heartbeat is the fallback
+                message = err.message if isinstance(err, GpupoolError) else repr(err)
+                log.debug("watch of %s failed: %s", self.lease_id, message)
+                self._stop_event.wait(RETRY_S)
+                continue
+            if lease.preempted_at is not None:
+                self.notice(lease)
+                return
+            # A server without long polls answers at once: do not turn that into a busy loop.
+            self._stop_event.wait(max(0.0, WATCH_S - (time.monotonic() - started)))
+
+    def _stop_command(self, lease: Lease) -> None:
+        try:
+            self.stop_command(lease)
+        except Exception:  # the main thread's release path ends the tree anyway
+            log.exception("stopping the command after a preemption")
