@@ -59,8 +59,10 @@ def live_metrics(tmp_path_factory) -> str:
     server = start_server(tmp_path_factory.mktemp("metrics") / "state")
     try:
         h = server.headers()
-        for label in ("pod:team-a/train-0:0d5c0d5c-uid", ""):
-            body = {"claim": {"requests": [{"count": 1, "fraction": 0.25}]}, "holder": {"pid": 1, "label": label}}
+        assert httpx.put(server.url + "/v1/queues/team-a", json={"quota": 1}, headers=h).status_code == 200
+        for label, queue in (("pod:team-a/train-0:0d5c0d5c-uid", "team-a"), ("", "")):
+            claim = {"requests": [{"count": 1, "fraction": 0.25}], "queue": queue}
+            body = {"claim": claim, "holder": {"pid": 1, "label": label}}
             assert httpx.post(server.url + "/v1/leases", json=body, headers=h).status_code == 201
         time.sleep(1.2)  # one watchdog sample
         text = httpx.get(server.url + "/metrics").text
@@ -105,6 +107,14 @@ def test_base_units_labels_and_no_created_series(live_metrics):
     # the old names, one more release, marked as such
     for old in ("gpupool_device_memory_total_mib", "gpupool_device_memory_allocated_mib"):
         assert old in names and re.search(rf"# HELP {old} Deprecated", text)
+
+
+def test_per_queue_series(live_metrics):
+    for name in ("quota_gpus", "allocated_gpus", "borrowed_gpus", "waiting_claims"):
+        assert f'gpupool_queue_{name}{{queue="team-a"}}' in live_metrics, name
+    assert 'gpupool_queue_allocated_gpus{queue="team-a"} 0.25' in live_metrics
+    assert "# TYPE gpupool_queue_preemptions_total counter" in live_metrics
+    assert 'gpupool_queue_preemptions_total{queue="team-a"} 0.0' in live_metrics
 
 
 def test_grafana_dashboard_queries_only_exported_metrics(live_metrics):

@@ -15,6 +15,7 @@ from gpupool.server.app import create_app
 from gpupool.server.auth import Authenticator, create_token, install_token, token_hash
 from gpupool.server.fastpath import FastPath
 from gpupool.store import Store
+from gpupool.store.schema import SCHEMA_VERSION
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -70,7 +71,7 @@ def test_tokens_of_unknown_origin_are_not_honoured_with_auth_on(tmp_path, caplog
     store = Store(state)
     try:
         with store.read() as tx:
-            assert tx.meta("schema_version") == "2"
+            assert tx.meta("schema_version") == str(SCHEMA_VERSION)  # migrated to the current schema
             assert tx.legacy_tokens() == ["m"]
         auth = Authenticator(ADMIN, store)
         with pytest.raises(Exception, match="not valid for this pool"):

@@ -28,6 +28,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "status": ("status", "devices, their allocation and the live leases"),
     "list-gpus": ("status", "the pool's GPUs"),
     "release": ("status", "release a lease now (yours, or any as admin)"),
+    "queue": ("queue", "team queues: quotas in GPUs, borrowing weights, limits"),
+    "usage": ("usage", "GPU-hours per queue, holder or label since a time"),
     "train": ("train", "train an image classifier on DIR/<class>/*.jpg"),
     "predict": ("predict", "classify images with a trained model"),
     "data": ("data", "prepare image data sets as DIR/<class>/*.jpg"),

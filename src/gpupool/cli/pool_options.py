@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, List, Optional
 if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
     from typing import TypedDict
 
+    from ..client.base import PoolClient
+
     class PoolKwargs(TypedDict):
         """What `pool_kwargs` returns: the pool-choosing keywords of `connect_all` and `RunOptions`."""
 
@@ -47,3 +49,20 @@ def pool_kwargs(args: argparse.Namespace) -> PoolKwargs:
         "state_dir": Path(args.state).expanduser() if args.state else None,
         "devices_spec": args.devices,
     }
+
+
+def connect_one(args: argparse.Namespace, verb: str) -> PoolClient:
+    """The one pool the flags choose, for verbs that change or report one pool (queues, usage of one
+    pool's history): InvalidInput when they name several."""
+    from ..client.resolve import connect_all
+    from ..core.errors import InvalidInput
+
+    clients = connect_all(**pool_kwargs(args))
+    if len(clients) > 1:
+        addresses = ", ".join(c.address for c in clients)
+        for c in clients:
+            c.close()
+        raise InvalidInput(
+            f"{verb} acts on one pool, and {len(clients)} are configured ({addresses}): pick one with --server URL"
+        )
+    return clients[0]

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ..core.model import DEFAULT_PREEMPT_GRACE_S
+
     p = subparsers.add_parser(
         "server",
         help="serve this machine's GPUs to clients over HTTP(S)",
@@ -36,6 +38,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--tls", choices=["auto", "off"], default="off", help="auto: self-signed CA + cert in STATE/tls")
     p.add_argument("--tls-name", action="append", default=[], metavar="NAME", help="extra host name for --tls auto")
     p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="default lease TTL in seconds (default 30)")
+    p.add_argument(
+        "--preempt-grace",
+        type=float,
+        default=DEFAULT_PREEMPT_GRACE_S,
+        metavar="S",
+        help="seconds a preempted job gets between SIGTERM and SIGKILL, unless its claim names its own "
+        f"(default {DEFAULT_PREEMPT_GRACE_S:g})",
+    )
     add_enforcement_arguments(p)
     p.set_defaults(func=handle)
 
@@ -97,6 +107,7 @@ def handle(args: argparse.Namespace) -> int:
             tls_auto=args.tls == "auto",
             tls_names=args.tls_name,
             ttl_s=args.ttl,
+            preempt_grace_s=args.preempt_grace,
             log_level="info" if args.verbose else "warning",
             enforcement=node_enforcement(args),
             jobs=reader(args.state),  # jobs submitted into this state dir show on the dashboard

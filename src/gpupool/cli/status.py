@@ -74,6 +74,9 @@ def handle_status(args: argparse.Namespace) -> int:
     else:
         print("no leases")
     print(f"queued claims: {data['queued']}")
+    if data.get("queues"):
+        print()
+        print(queue_table(data["queues"]))
     _print_enforcement(data.get("isolation") or {}, usage)
     return 0
 
@@ -164,6 +167,29 @@ def _device_table(devices: Sequence[Dict[str, Any]], usage: Optional[Dict[str, A
             ]
         )
     return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE", "USED"], rows)
+
+
+def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
+    """Queues as `QueueStatus.to_dict()` writes them, as the table of `status` and `queue list`."""
+    rows = [
+        [
+            q["name"],
+            gpus(q["quota"]),
+            gpus(q["weight"]),
+            "-" if q.get("limit") is None else gpus(q["limit"]),
+            gpus(q["allocated"]),
+            gpus(q["borrowed"]),
+            str(q["waiting"]),
+            str(q.get("preemptions", 0)),
+        ]
+        for q in queues
+    ]
+    return _table(["QUEUE", "QUOTA", "WEIGHT", "LIMIT", "ALLOCATED", "BORROWED", "WAITING", "PREEMPTED"], rows)
+
+
+def gpus(value: float) -> str:
+    """GPUs (or any quantity of them) to two decimals at most: 1.5, 0.33, 2."""
+    return f"{round(float(value), 2):g}"
 
 
 def _mib(mib: int) -> str:

@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--name", default=None, help="token name = lease holder name (default: your user name)")
     c.add_argument("--admin", action="store_true", help="an admin token (may release any lease, create tokens)")
     c.add_argument(
+        "--queue",
+        default="",
+        metavar="QUEUE",
+        help="bind the token to this queue (gpupool queue set): its claims go there, and into no other",
+    )
+    c.add_argument(
         "--admin-token-file", default="/etc/gpupool/token", metavar="FILE", help="admin token to ask the server with"
     )
     c.add_argument("--state", metavar="DIR", help="create the token directly in this state dir (no server call)")
@@ -53,23 +59,26 @@ def handle_create(args: argparse.Namespace) -> int:
     name = args.name or getpass.getuser()
     ca_pem = _ca_pem(args.ca, args.state)
     if args.state:
-        from ..server.auth import create_token
-        from ..store import Store
+        from ..pool import Pool
+        from ..server.auth import create_token, require_queue
 
-        store = Store(Path(args.state).expanduser())
+        pool = Pool(Path(args.state).expanduser())
         try:
-            token = create_token(store, name, args.admin)
+            if args.queue:
+                require_queue(pool, args.queue)
+            token = create_token(pool.store, name, args.admin, queue=args.queue)
         finally:
-            store.close()
+            pool.close()
     else:
-        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem)
+        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem, args.queue)
     if any(u.startswith("https://") for u in urls) and not ca_pem:
         print(
             "gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr
         )
     files = client_bundle(urls, token, ca_pem)
     _write_tar(Path(args.out), files)
-    print(f"token {name!r} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)
+    bound = f" (queue {args.queue!r})" if args.queue else ""
+    print(f"token {name!r}{bound} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)
     print(f"install: mkdir -p ~/.gpupool && tar -xf {args.out} -C ~/.gpupool", file=sys.stderr)
     return 0
 
@@ -107,8 +116,11 @@ def _admin_token(path: str) -> str:
     return token
 
 
-def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_pem: Optional[str]) -> str:
-    body = json.dumps({"name": name, "admin": admin}).encode()
+def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_pem: Optional[str], queue: str = "") -> str:
+    request_body: Dict[str, object] = {"name": name, "admin": admin}
+    if queue:  # only when bound: a server older than queues refuses the field
+        request_body["queue"] = queue
+    body = json.dumps(request_body).encode()
     request = urllib.request.Request(
         url + "/v1/tokens",
         data=body,

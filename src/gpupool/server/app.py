@@ -29,6 +29,7 @@ from .dashboard import install as install_dashboard
 from .dashboard.routes import JobsReader
 from .handlers import LeaseApi
 from .metrics import Metrics
+from .queue_routes import queue_routes
 from .routes import ROUTERS
 from .schemas import OPERATIONS, REQUEST_BODIES, component_schemas, request_body, responses
 from .wire import internal_error
@@ -55,7 +56,7 @@ def create_app(
         lifespan=_expiry(pool, metrics, expire_interval_s),
     )
     app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s)  # what the routes' dependencies hand out
-    for router in ROUTERS:
+    for router in (*ROUTERS, queue_routes):
         app.include_router(router)
     install_dashboard(app, jobs=jobs)  # the web dashboard at /: the same tokens, the same status record
     _add_error_handlers(app)

@@ -17,10 +17,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..store import Store
+
+if TYPE_CHECKING:
+    from ..pool import Pool
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,12 @@ CACHE_S = 5.0
 
 @dataclass(frozen=True)
 class Identity:
-    """Who sent a request: a token name, and whether it may act on every lease."""
+    """Who sent a request: a token name, whether it may act on every lease, and the queue its
+    claims go to ("" = any queue it names)."""
 
     name: str
     admin: bool
+    queue: str = ""
 
     @property
     def requester(self) -> Optional[str]:
@@ -85,17 +90,22 @@ def load_or_create_token_file(path: Union[str, Path]) -> str:
     return token
 
 
-def create_token(store: Store, name: str, admin: bool = False, origin: str = "local") -> str:
+def create_token(store: Store, name: str, admin: bool = False, origin: str = "local", queue: str = "") -> str:
     """Create (or rotate) the named token; returns the token, whose hash alone is stored.
 
     `origin`: "api" when an admin token asked over HTTP, "local" when made in the state dir
     (`gpupool token create --state`: whoever may write pool.db is its admin already).
+    `queue`: the one queue its claims may use ("" = any); the caller checks that it exists.
     """
     check_name(name)
+    if queue and admin:
+        raise InvalidInput(
+            f"an admin token cannot be bound to queue {queue!r}: it may act on every lease; drop --admin or --queue"
+        )
     token = new_token()
     with store.write() as tx:
-        tx.put_token(name, token_hash(token), admin, time.time(), origin)
-    log.info("created %stoken %r", "admin " if admin else "", name)
+        tx.put_token(name, token_hash(token), admin, time.time(), origin, queue=queue)
+    log.info("created %stoken %r%s", "admin " if admin else "", name, f" for queue {queue!r}" if queue else "")
     return token
 
 
@@ -166,13 +176,24 @@ class Authenticator:
         if self._store is not None:
             with self._store.read() as tx:
                 row = tx.token_row(digest)
+                queue = tx.token_queue(digest) if row else ""
             # A legacy token may come from a server that ran without auth, where anyone could mint one.
-            identity = Identity(row[0], row[1]) if row and row[2] != LEGACY else None
+            identity = Identity(row[0], row[1], queue) if row and row[2] != LEGACY else None
         with self._lock:
             if len(self._cache) > 10000:  # bounded: random bad tokens must not grow memory
                 self._cache.clear()
             self._cache[digest] = (identity, now)
         return identity
+
+
+def require_queue(pool: Pool, name: str) -> None:
+    """InvalidInput unless `pool` has a queue called `name` (a token is bound to an existing one)."""
+    known = [q.spec.name for q in pool.queues()]
+    if name not in known:
+        raise InvalidInput(
+            f"queue {name!r} does not exist: create it first (gpupool queue set {name} --quota GPUS); "
+            f"queues: {', '.join(known) or 'none'}"
+        )
 
 
 def require_admin(identity: Identity, what: str) -> None:

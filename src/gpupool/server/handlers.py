@@ -10,12 +10,14 @@ never held for the length of a wait.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 
 from ..core.errors import (
+    Forbidden,
     GpupoolError,
     InvalidClaim,
     InvalidInput,
@@ -72,6 +74,9 @@ class LeaseApi:
             raise
         except InvalidInput:
             result = "invalid"
+            raise
+        except Forbidden:  # a queue its token may not claim in
+            result = "denied"
             raise
         finally:
             self._claims_by_result[result].inc()
@@ -133,6 +138,7 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise InvalidClaim(f"the claim is malformed: {err}") from None
+    claim = bind_queue(claim, identity)
     if auth_on:
         # The token decides who holds the lease: nobody can claim as someone else.
         holder = Holder(identity.name, holder.pid, holder.host, holder.label)
@@ -141,6 +147,19 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
     wait_s = body.get("wait_s")
     ttl_s = body.get("ttl_s")
     return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s
+
+
+def bind_queue(claim: Claim, identity: Identity) -> Claim:
+    """The claim in its token's queue: a token bound to a queue claims in that one only (403 for
+    another), and a claim that names none goes to it."""
+    if not identity.queue or claim.queue == identity.queue:
+        return claim
+    if claim.queue:
+        raise Forbidden(
+            f"token {identity.name!r} may claim in queue {identity.queue!r} only, not {claim.queue!r}: "
+            f"drop --queue or use a token of queue {claim.queue!r}"
+        )
+    return dataclasses.replace(claim, queue=identity.queue)
 
 
 def _check_kinds(claim: Any, holder: Dict[str, Any]) -> None:
@@ -157,6 +176,7 @@ def _check_kinds(claim: Any, holder: Dict[str, Any]) -> None:
     policy = claim.get("policy")
     if policy is not None and policy not in POLICIES:
         raise InvalidClaim(f"policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
+
     requests = claim.get("requests")
     for request in requests if isinstance(requests, list) else ():
         filters = request.get("filters") if isinstance(request, dict) else None

@@ -54,6 +54,7 @@ class PoolCollector(Collector):
         yield from _device_metrics(status)
         yield from _lease_metrics(status)
         yield from _queue_metrics(status, queue, time.time())
+        yield from _team_queue_metrics(status)
         yield from _usage_metrics(status)
         info = GaugeMetricFamily("gpupool_build_info", "The gpupool version serving these metrics", labels=["version"])
         info.add_metric([__version__], 1)
@@ -138,6 +139,30 @@ def _queue_metrics(status: PoolStatus, queue: Sequence[QueuedClaim], now: float)
         "How long the oldest claim in the queue has waited (0 when none waits)",
         value=0.0 if oldest is None else max(0.0, now - oldest),
     )
+
+
+def _team_queue_metrics(status: PoolStatus) -> Iterator[Metric]:
+    """Per team queue (gpupool queue set): quota, what it holds and borrows, claims waiting, preemptions."""
+    labels = ["queue"]
+    quota = GaugeMetricFamily("gpupool_queue_quota_gpus", "GPUs guaranteed to each queue", labels=labels)
+    allocated = GaugeMetricFamily(
+        "gpupool_queue_allocated_gpus", "GPUs (whole-GPU worth of shares) held by each queue's leases", labels=labels
+    )
+    borrowed = GaugeMetricFamily(
+        "gpupool_queue_borrowed_gpus", "The part of each queue's allocation beyond its quota", labels=labels
+    )
+    waiting = GaugeMetricFamily("gpupool_queue_waiting_claims", "Claims of each queue waiting", labels=labels)
+    preemptions = CounterMetricFamily(
+        "gpupool_queue_preemptions", "Leases of each queue preempted to give another its quota", labels=labels
+    )
+    for q in status.queues:
+        name = [q.spec.name]
+        quota.add_metric(name, q.spec.quota)
+        allocated.add_metric(name, q.allocated)
+        borrowed.add_metric(name, q.borrowed)
+        waiting.add_metric(name, q.waiting)
+        preemptions.add_metric(name, q.preemptions)
+    yield from (quota, allocated, borrowed, waiting, preemptions)
 
 
 def _usage_metrics(status: PoolStatus) -> Iterator[Metric]:

@@ -8,17 +8,27 @@ dependency in a worker thread, which would cost more than the token lookup.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, Union
+import asyncio
+import math
+import time
+from typing import Annotated, Any, Dict, Optional, Union
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
-from .auth import Identity, check_name, create_token, require_admin
+from ..core.model import Lease
+from .auth import Identity, check_name, create_token, require_admin, require_queue
 from .handlers import LeaseApi, dumps
 from .schemas import ClaimRequest, ErrorBody, LeaseBody, TokenRequest, body_schema
 from .wire import check_size, json_object
+
+# A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
+MAX_WATCH_S = 60.0
+WATCH_POLL_S = 0.1
+# How often a watch asks whether its client has gone (each ask reads the connection).
+WATCH_DISCONNECT_CHECK_S = 1.0
 
 ERRORS: Dict[Union[int, str], Dict[str, Any]] = {
     str(code): {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
@@ -78,7 +88,7 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _json(data: Any, status: int = 200) -> Response:
+def json_response(data: Any, status: int = 200) -> Response:
     # A ready Response skips FastAPI's response validation and encoder: the
     # payloads are already plain dicts in the one wire format (to_dict()).
     return Response(dumps(data), status_code=status, media_type="application/json")
@@ -98,31 +108,72 @@ lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"], responses=ERRORS)
 async def claim(request: Request, api: Api, identity: Claimer) -> Response:
     """POST /v1/leases; a waiting claim polls with asyncio and gives up when the client leaves."""
     lease = await api.claim(identity, await read_body(request), request.is_disconnected)
-    return _json(lease, 201)
+    return json_response(lease, 201)
 
 
 @lease_routes.get("", summary="Live leases")
 async def list_leases(api: Api, _identity: Caller) -> Response:
     status = await run_in_threadpool(api.pool.status)
-    return _json({"leases": [lease.to_dict() for lease in status.leases]})
+    return json_response({"leases": [lease.to_dict() for lease in status.leases]})
 
 
-@lease_routes.get("/{lease_id}", responses={200: {"model": LeaseBody}}, summary="One live lease")
-async def get_lease(lease_id: str, api: Api, _identity: Caller) -> Response:
-    lease = await run_in_threadpool(api.pool.lease, lease_id)
-    return _json(lease.to_dict())
+@lease_routes.get(
+    "/{lease_id}",
+    responses={200: {"model": LeaseBody}},
+    summary="One live lease; with ?watch=S, answers when it is preempted or after S seconds (0 < S <= 60)",
+)
+async def get_lease(
+    lease_id: str, request: Request, api: Api, _identity: Caller, watch: Optional[str] = None
+) -> Response:
+    if watch is None:
+        lease = await run_in_threadpool(api.pool.lease, lease_id)
+    else:
+        lease = await watch_lease(api, lease_id, parse_watch(watch), request.is_disconnected)
+    return json_response(lease.to_dict())
+
+
+def parse_watch(text: str) -> float:
+    """The seconds of `?watch=S`: a finite number in (0, MAX_WATCH_S]."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds <= MAX_WATCH_S):  # also refuses NaN
+        raise InvalidInput(f"watch {text!r} must be seconds in (0, {MAX_WATCH_S:g}], e.g. ?watch=30")
+    return seconds
+
+
+async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected: Any) -> Lease:
+    """The lease once preempted, or as it is after `seconds`; NotFound once it is gone.
+
+    A watcher is a coroutine that reads the lease (one small SQLite read, inline) every
+    WATCH_POLL_S: no thread is held per watcher, and a preemption by any process on the
+    state dir is seen within that time.
+    """
+    deadline = time.monotonic() + seconds
+    next_check = time.monotonic() + WATCH_DISCONNECT_CHECK_S
+    while True:
+        lease = api.pool.lease(lease_id)
+        now = time.monotonic()
+        if lease.preempted_at is not None or now >= deadline:
+            return lease
+        if now >= next_check:
+            if await disconnected():
+                return lease  # nobody reads the answer
+            next_check = now + WATCH_DISCONNECT_CHECK_S
+        await asyncio.sleep(min(WATCH_POLL_S, max(deadline - now, 0.0)))
 
 
 @lease_routes.post(
     "/{lease_id}/heartbeat", responses={200: {"model": LeaseBody}}, summary="Renew a lease by its TTL (holder or admin)"
 )
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
-    return _json(api.heartbeat(identity, lease_id))
+    return json_response(api.heartbeat(identity, lease_id))
 
 
 @lease_routes.delete("/{lease_id}", summary="Release a lease (holder or admin)")
 async def release(lease_id: str, api: Api, identity: Caller) -> Response:
-    return _json(api.release(identity, lease_id))
+    return json_response(api.release(identity, lease_id))
 
 
 # --- pool -------------------------------------------------------------------------
@@ -131,12 +182,12 @@ pool_routes = APIRouter(prefix="/v1", tags=["pool"], responses=ERRORS)
 
 @pool_routes.get("/status", summary="Devices with their allocation, live leases, queue length")
 async def status(api: Api, _identity: Caller) -> Response:
-    return _json((await run_in_threadpool(api.pool.status)).to_dict())
+    return json_response((await run_in_threadpool(api.pool.status)).to_dict())
 
 
 @pool_routes.get("/devices", summary="Devices with their allocated MiB")
 async def devices(api: Api, _identity: Caller) -> Response:
-    return _json({"devices": (await run_in_threadpool(api.pool.status)).to_dict()["devices"]})
+    return json_response({"devices": (await run_in_threadpool(api.pool.status)).to_dict()["devices"]})
 
 
 @pool_routes.post(
@@ -153,23 +204,28 @@ async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
             "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
         )
     body = json_object(await read_body(request))
-    unknown = set(body) - {"name", "admin"}
+    unknown = set(body) - {"name", "admin", "queue"}
     if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name' and 'admin'")
+        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name', 'admin' and 'queue'")
     is_admin = body.get("admin", False)
     if not isinstance(is_admin, bool):
         raise InvalidInput(f"admin {is_admin!r} must be true or false")
     name = check_name(body.get("name"))
-    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api")
+    queue = body.get("queue") or ""
+    if not isinstance(queue, str):
+        raise InvalidInput(f"queue {queue!r} must be a queue name (gpupool queue list)")
+    if queue:
+        await run_in_threadpool(require_queue, api.pool, queue)
+    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api", queue)
     api.auth.forget()  # this process must see the rotation now, not after the lookup cache expires
-    return _json({"name": name, "token": token}, 201)
+    return json_response({"name": name, "token": token}, 201)
 
 
 @pool_routes.get("/doctor", summary="Check the pool's invariants and its database (admin only)")
 async def doctor(api: Api, _admin: Admin) -> Response:
     from ..pool.doctor import check_state
 
-    return _json((await run_in_threadpool(check_state, api.pool.state_dir)).to_dict())
+    return json_response((await run_in_threadpool(check_state, api.pool.state_dir)).to_dict())
 
 
 # --- operations (no auth: probes and scrapers carry no token) ---------------------
@@ -178,7 +234,7 @@ operation_routes = APIRouter(tags=["operations"])
 
 @operation_routes.get("/healthz", summary="Liveness (no auth)")
 async def healthz() -> Response:
-    return _json({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @operation_routes.get("/metrics", summary="Prometheus metrics (no auth)")

@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Tuple
 
 from pydantic import BaseModel
 
-from ..core.model import MIN_FRACTION, Claim, Policy
+from ..core.model import MAX_PREEMPT_GRACE_S, MAX_PRIORITY, MIN_FRACTION, QUEUE_NAME_RE, Claim, Policy
+from ..core.queues import USAGE_KEYS
 from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
 from .auth import ADMIN_NAME, NAME_PATTERN
 
@@ -25,6 +26,10 @@ class ClaimRequest(BaseModel):
 
 class TokenRequest(BaseModel):
     """Name of the token request body."""
+
+
+class QueueRequest(BaseModel):
+    """Name of the queue request body (PUT /v1/queues/{name})."""
 
 
 class LeaseBody(BaseModel):
@@ -100,6 +105,25 @@ def component_schemas() -> Dict[str, Any]:
             {
                 "requests": {"type": "array", "minItems": 1, "items": ref("GpuRequestBody")},
                 "policy": {"type": "string", "enum": [p.value for p in Policy], "default": DEFAULT_POLICY},
+                "queue": {
+                    "type": "string",
+                    "pattern": f"^({QUEUE_NAME_RE.pattern})?$",
+                    "default": "",
+                    "description": "the queue (GET /v1/queues); a token bound to a queue claims in it only",
+                },
+                "priority": {
+                    "type": "integer",
+                    "minimum": -MAX_PRIORITY,
+                    "maximum": MAX_PRIORITY,
+                    "default": 0,
+                    "description": "higher first inside the queue",
+                },
+                "preempt_grace_s": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "maximum": MAX_PREEMPT_GRACE_S,
+                    "description": "seconds between SIGTERM and SIGKILL when preempted (default: the server's)",
+                },
             },
             ("requests",),
         ),
@@ -133,6 +157,7 @@ def component_schemas() -> Dict[str, Any]:
             {
                 "name": {"type": "string", "pattern": NAME_PATTERN, "not": {"const": ADMIN_NAME}},
                 "admin": {"type": "boolean", "default": False},
+                "queue": {"type": ["string", "null"], "description": "the one queue its claims may use"},
             },
             ("name",),
             closed=True,
@@ -147,6 +172,10 @@ def component_schemas() -> Dict[str, Any]:
                 "ttl_s": _NUM,
                 "created_at": _NUM,
                 "expires_at": _NUM,
+                "queue": _STR,
+                "priority": _INT,
+                "preempt_grace_s": _NUM,
+                "preempted_at": {"type": ["number", "null"], "description": "when the pool told it to stop"},
             },
             ("id", "holder", "devices", "ttl_s", "created_at", "expires_at"),
         ),
@@ -163,8 +192,48 @@ def component_schemas() -> Dict[str, Any]:
                 "isolation": _object({"mode": _STR, "mps_pipe_dir": _STR, "mps_log_dir": _STR}, ("mode",)),
                 "usage": {"type": ["object", "null"], "description": "the watchdog's last sample"},
                 "problems": {"type": "array", "items": _STR, "description": "leases on GPUs gone or too small"},
+                "queues": {"type": "array", "items": ref("QueueBody")},
             },
             ("devices", "leases", "queued", "node", "isolation", "usage", "problems"),
+        ),
+        "QueueRequest": _object(
+            {
+                "quota": {"type": "number", "minimum": 0, "description": "GPUs guaranteed (1.5 = 1.5 GPUs' worth)"},
+                "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1},
+                "limit": {"type": ["number", "null"], "minimum": 0, "description": "GPUs at most, borrowing included"},
+            },
+            ("quota",),
+            closed=True,
+        ),
+        "QueueBody": _object(
+            {
+                "name": _STR,
+                "quota": _NUM,
+                "weight": _NUM,
+                "limit": {"type": ["number", "null"]},
+                "allocated": _NUM,
+                "borrowed": _NUM,
+                "waiting": _INT,
+                "preemptions": _INT,
+            },
+            ("name", "quota", "weight", "limit", "allocated", "borrowed", "waiting", "preemptions"),
+        ),
+        "QueueList": _object({"queues": {"type": "array", "items": ref("QueueBody")}}, ("queues",)),
+        "QueueDeleted": _object({"deleted": _STR}, ("deleted",)),
+        "UsageBody": _object(
+            {
+                "since": _NUM,
+                "until": _NUM,
+                "by": {"type": "string", "enum": list(USAGE_KEYS)},
+                "usage": {
+                    "type": "array",
+                    "items": _object(
+                        {"key": _STR, "gpu_seconds": _NUM, "gpu_hours": _NUM, "leases": _INT},
+                        ("key", "gpu_seconds", "gpu_hours", "leases"),
+                    ),
+                },
+            },
+            ("since", "until", "by", "usage"),
         ),
         "TokenBody": _object({"name": _STR, "token": _STR}, ("name", "token")),
         "DoctorReport": _object(
@@ -192,26 +261,34 @@ TEXT = "text"  # the Prometheus text format instead of a JSON schema
 # (path, method) -> (success status, its schema, error statuses it may answer). Errors 401 and
 # the 403s of auth are dropped when the server runs without auth (see `responses`).
 OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
-    ("/v1/leases", "post"): (201, "LeaseBody", (400, 401, 409, 413, 422, 503)),
+    ("/v1/leases", "post"): (201, "LeaseBody", (400, 401, 403, 409, 413, 422, 503)),
     ("/v1/leases", "get"): (200, "LeaseList", (401, 503)),
-    ("/v1/leases/{lease_id}", "get"): (200, "LeaseBody", (401, 404, 503)),
+    ("/v1/leases/{lease_id}", "get"): (200, "LeaseBody", (400, 401, 404, 503)),
     ("/v1/leases/{lease_id}", "delete"): (200, "Released", (401, 403, 404, 503)),
     ("/v1/leases/{lease_id}/heartbeat", "post"): (200, "LeaseBody", (401, 403, 404, 503)),
     ("/v1/status", "get"): (200, "PoolStatusBody", (401, 503)),
     ("/v1/devices", "get"): (200, "DeviceList", (401, 503)),
     ("/v1/tokens", "post"): (201, "TokenBody", (400, 401, 403, 413, 503)),
     ("/v1/doctor", "get"): (200, "DoctorReport", (401, 403, 503)),
+    ("/v1/queues", "get"): (200, "QueueList", (401, 503)),
+    ("/v1/queues/{name}", "put"): (200, "QueueBody", (400, 401, 403, 413, 503)),
+    ("/v1/queues/{name}", "delete"): (200, "QueueDeleted", (400, 401, 403, 404, 503)),
+    ("/v1/usage", "get"): (200, "UsageBody", (400, 401, 503)),
     ("/healthz", "get"): (200, "Health", ()),
     ("/metrics", "get"): (200, TEXT, ()),
 }
 # Operations that answer 403 without auth too (a server without auth mints no tokens).
 _FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post")}
-REQUEST_BODIES = {("/v1/leases", "post"): "ClaimRequest", ("/v1/tokens", "post"): "TokenRequest"}
+REQUEST_BODIES = {
+    ("/v1/leases", "post"): "ClaimRequest",
+    ("/v1/tokens", "post"): "TokenRequest",
+    ("/v1/queues/{name}", "put"): "QueueRequest",
+}
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",
     401: "no token, or one this pool does not honour",
-    403: "the token may not do this",
-    404: "no such lease",
+    403: "the token may not do this (an admin's call, a lease of another, a queue its token is not bound to)",
+    404: "no such lease or queue",
     409: "no room now, and the wait ran out",
     413: "the body is over 1 MiB",
     422: "a claim that can never be valid or never fit",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import signal
 import socket
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput, StateUnusable
-from ..core.model import Device
+from ..core.model import DEFAULT_PREEMPT_GRACE_S, MAX_PREEMPT_GRACE_S, Device
 from ..core.usage import EnforceMode, IsolationMode, NodeIsolation
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
@@ -69,6 +70,8 @@ class ServerConfig:
     tls_auto: bool = False
     tls_names: List[str] = field(default_factory=list)
     ttl_s: float = DEFAULT_TTL_S
+    # Seconds a preempted lease's runner waits between SIGTERM and SIGKILL (a claim may name its own).
+    preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S
     expire_interval_s: float = 1.0
     log_level: str = "warning"
     enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
@@ -169,6 +172,10 @@ def prepare(config: ServerConfig) -> Prepared:
         raise InvalidInput("--tls auto and --tls-cert/--tls-key exclude each other: pick one")
     if not MIN_TTL_S <= config.ttl_s <= MAX_TTL_S:  # else every claim without its own ttl_s is refused
         raise InvalidInput(f"--ttl {config.ttl_s:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds")
+    if not (math.isfinite(config.preempt_grace_s) and 0 <= config.preempt_grace_s <= MAX_PREEMPT_GRACE_S):
+        raise InvalidInput(
+            f"--preempt-grace {config.preempt_grace_s:g} must be between 0 and {MAX_PREEMPT_GRACE_S:g} seconds"
+        )
     isolation, watch = config.enforcement.parse()
     state = Path(config.state_dir).expanduser()
     lock = StateLock(state).acquire()
@@ -179,7 +186,13 @@ def prepare(config: ServerConfig) -> Prepared:
             from ..devices import discover
 
             devices = discover(config.devices, config.node or None)
-        pool = Pool(state, devices=devices, node=config.node, background_checkpoint=True)
+        pool = Pool(
+            state,
+            devices=devices,
+            node=config.node,
+            background_checkpoint=True,
+            preempt_grace_s=config.preempt_grace_s,
+        )
         _doctor(state)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None
         authenticator = Authenticator(admin_token, pool.store) if admin_token else None

@@ -87,6 +87,8 @@ def live(view: DashboardView, history: Sequence[Point]) -> str:
         out.append(_nodes(view))
     out.append(_gpus(view))
     out.append(_leases(view))
+    if view.teams:
+        out.append(_teams(view))
     out.append(_queue(view))
     if view.jobs:
         out.append(_jobs(view))
@@ -273,6 +275,22 @@ def _lease_row(r: LeaseRow) -> str:
         f'<td title="{_e(r.lease.holder.describe())}">{_e(r.holder)}</td><td>{_e(r.namespace) or "–"}</td>'
         f"<td>{_e(r.share)}</td><td>{mib(r.allocated_mib)}</td><td>{used}</td>"
         f"<td>{duration(r.age_s)}</td><td>{expires}</td></tr>"
+    )
+
+
+def _teams(view: DashboardView) -> str:
+    """The team queues: quota, weight and limit, what each holds and borrows, claims waiting, preemptions."""
+    rows = "".join(
+        f"<tr><td>{_e(q.spec.name)}</td><td>{q.spec.quota:g}</td><td>{q.spec.weight:g}</td>"
+        f"<td>{'–' if q.spec.limit is None else f'{q.spec.limit:g}'}</td><td>{q.allocated:.2f}</td>"
+        f"<td>{q.borrowed:.2f}</td><td>{q.waiting}</td>"
+        f"<td>{q.preemptions}</td></tr>"
+        for q in view.teams
+    )
+    return (
+        '<section id="teams"><h2>Team queues <small>GPUs; borrowing beyond the quota may be preempted</small></h2>'
+        "<table><thead><tr><th>queue</th><th>quota</th><th>weight</th><th>limit</th><th>allocated</th>"
+        f"<th>borrowed</th><th>waiting</th><th>preempted</th></tr></thead><tbody>{rows}</tbody></table></section>"
     )
 
 

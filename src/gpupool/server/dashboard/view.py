@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...core.model import Device, Holder, Lease, PoolStatus, QueuedClaim, pod_of_label
 from ...core.placement import place
+from ...core.queues import QueueStatus
 from ...core.usage import EnforcementAction, ProcessUsage
 
 LEASE_LIMIT = 500  # lease rows on one page; the rest is counted, and found with the filter
@@ -112,6 +113,7 @@ class DashboardView:
     unleased: Tuple[ProcessUsage, ...]
     query: str
     jobs: Tuple[JobRow, ...] = ()  # newest first
+    teams: Tuple[QueueStatus, ...] = ()  # the team queues (gpupool queue set), by name
 
     @property
     def total_mib(self) -> int:
@@ -207,6 +209,7 @@ def build(
         unleased=tuple(usage.unleased()) if usage is not None else (),
         query=query,
         jobs=tuple(sorted(jobs, key=lambda j: j.submitted_at, reverse=True)),
+        teams=tuple(sorted(status.queues, key=lambda q: q.spec.name)),
     )
 
 

@@ -1,0 +1,103 @@
+"""`gpupool queue set|list|delete`: the team queues of one pool, with their quotas in GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Optional
+
+from .pool_options import add_pool_arguments, connect_one
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `queue` with its subcommands set, list and delete."""
+    p = subparsers.add_parser(
+        "queue",
+        help="team queues: quotas in GPUs, borrowing weights, limits",
+        description="Each queue is guaranteed its quota of GPUs, borrows idle GPUs beyond it in proportion to "
+        "its weight (up to its limit), and gets its quota back by preempting borrowers. Changing or deleting a "
+        "queue on a server needs an admin token.",
+    )
+    sub = p.add_subparsers(dest="queue_command", metavar="SUBCOMMAND")
+
+    s = sub.add_parser("set", help="create or change a queue")
+    s.add_argument("name", metavar="NAME", help="queue name: lowercase letters, digits and '-' (a DNS label)")
+    s.add_argument("--quota", required=True, metavar="GPUS", help="GPUs guaranteed; fractions allowed (1.5)")
+    s.add_argument("--weight", default="1", metavar="W", help="share of idle GPUs it may borrow (default 1)")
+    s.add_argument("--limit", default=None, metavar="GPUS", help="GPUs at most, borrowing included (default none)")
+    add_pool_arguments(s)
+    s.set_defaults(func=handle_set)
+
+    s = sub.add_parser("list", help="queues with quota, weight, limit, allocated, borrowed, waiting")
+    s.add_argument("--json", action="store_true", help='one JSON object {"queues": [...]}')
+    add_pool_arguments(s)
+    s.set_defaults(func=handle_list)
+
+    s = sub.add_parser("delete", help="delete a queue that holds no leases and has no waiting claims")
+    s.add_argument("name", metavar="NAME")
+    add_pool_arguments(s)
+    s.set_defaults(func=handle_delete)
+
+    def handle_bare(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+
+    p.set_defaults(func=handle_bare)
+
+
+def handle_set(args: argparse.Namespace) -> int:
+    from ..core.queues import QueueSpec
+
+    spec = QueueSpec.from_dict(
+        {
+            "name": args.name,
+            "quota": gpus_flag("--quota", args.quota),
+            "weight": gpus_flag("--weight", args.weight),
+            "limit": None if args.limit is None else gpus_flag("--limit", args.limit),
+        }
+    )
+    with connect_one(args, "gpupool queue set") as client:
+        status = client.set_queue(spec)
+    limit = "" if status.spec.limit is None else f", limit {status.spec.limit:g}"
+    print(
+        f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit} "
+        f"on {client.address}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def handle_list(args: argparse.Namespace) -> int:
+    from .status import queue_table
+
+    with connect_one(args, "gpupool queue list") as client:
+        queues = [q.to_dict() for q in client.queues()]
+    if args.json:
+        print(json.dumps({"queues": queues}))
+    elif queues:
+        print(queue_table(queues))
+    else:
+        print("no queues: every claim is first come, first served (gpupool queue set NAME --quota GPUS)")
+    return 0
+
+
+def handle_delete(args: argparse.Namespace) -> int:
+    with connect_one(args, "gpupool queue delete") as client:
+        client.delete_queue(args.name)
+    print(f"queue {args.name} deleted on {client.address}", file=sys.stderr)
+    return 0
+
+
+def gpus_flag(flag: str, text: Optional[str]) -> float:
+    """A flag's finite, non-negative number; InvalidInput names the flag and the value."""
+    from ..core.errors import InvalidInput
+
+    try:
+        value = float(str(text))
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{flag} {text!r} must be a finite number >= 0, e.g. {flag} 1.5")
+    return value

@@ -1,0 +1,106 @@
+"""`gpupool usage`: GPU-hours (share x time) per queue, holder or label, from the pool's lease history."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+import time
+from typing import TYPE_CHECKING, Dict, List, Tuple
+
+from .pool_options import add_pool_arguments, pool_kwargs
+
+if TYPE_CHECKING:
+    from ..core.queues import UsageRow
+
+DEFAULT_SINCE = "24h"
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+BY_HEADERS = {"queue": "QUEUE", "holder": "HOLDER", "label": "LABEL"}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "usage",
+        help="GPU-hours per queue, holder or label since a time",
+        description="GPU-hours used (the share of each GPU a lease held, times how long), from ended leases "
+        "and the live ones up to now. With several pools, their hours are added up per key.",
+    )
+    p.add_argument(
+        "--since",
+        default=DEFAULT_SINCE,
+        metavar="WHEN",
+        help=f"a duration back from now (90m, 24h, 7d, 3600 seconds) or an ISO date/time (default {DEFAULT_SINCE})",
+    )
+    p.add_argument("--by", choices=tuple(BY_HEADERS), default="queue", help="group by (default queue)")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help='one JSON object {"since", "until", "by", "usage": [...]}')
+    shown.add_argument("--csv", action="store_true", help="CSV with a header: key,gpu_hours,gpu_seconds,leases")
+    add_pool_arguments(p)
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..client.resolve import connect_all
+
+    now = time.time()
+    since = parse_since(args.since, now)
+    clients = connect_all(**pool_kwargs(args))
+    try:
+        rows = merge([row for client in clients for row in client.usage(since, now, args.by)])
+    finally:
+        for c in clients:
+            c.close()
+    if args.json:
+        print(json.dumps({"since": since, "until": now, "by": args.by, "usage": [r.to_dict() for r in rows]}))
+    elif args.csv:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(["key", "gpu_hours", "gpu_seconds", "leases"])
+        for r in rows:
+            out.writerow([r.key, f"{r.gpu_seconds / 3600:.6f}", f"{r.gpu_seconds:.3f}", r.leases])
+    else:
+        from .status import _table
+
+        table = [[r.key or "-", f"{r.gpu_seconds / 3600:.3f}", str(r.leases)] for r in rows]
+        print(_table([BY_HEADERS[args.by], "GPU-HOURS", "LEASES"], table))
+        total = sum(r.gpu_seconds for r in rows) / 3600
+        print(f"total {total:.3f} GPU-hours since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}")
+    return 0
+
+
+def merge(rows: List[UsageRow]) -> List[UsageRow]:
+    """Rows of several pools added up per key, most GPU-hours first."""
+    from ..core.queues import UsageRow
+
+    totals: Dict[str, Tuple[float, int]] = {}
+    for r in rows:
+        seconds, leases = totals.get(r.key, (0.0, 0))
+        totals[r.key] = (seconds + r.gpu_seconds, leases + r.leases)
+    merged = [UsageRow(key, seconds, leases) for key, (seconds, leases) in totals.items()]
+    return sorted(merged, key=lambda r: (-r.gpu_seconds, r.key))
+
+
+def parse_since(text: str, now: float) -> float:
+    """--since as epoch seconds: 90m, 24h, 7d, 3600 (seconds) back from `now`, or an ISO date/time
+    (local time unless it names its zone); InvalidInput names the value and the forms."""
+    from ..core.errors import InvalidInput
+
+    hint = "use a duration such as 90m, 24h, 7d or 3600 (seconds), or an ISO date such as 2026-11-01T08:00"
+    match = _DURATION_RE.match(text.strip().lower())
+    if match:
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+        if not math.isfinite(seconds) or seconds > now:
+            raise InvalidInput(f"--since {text!r} reaches back before 1970: {hint}")
+        return now - seconds
+    from datetime import datetime
+
+    try:
+        when = datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise InvalidInput(f"--since {text!r} is not a time: {hint}") from None
+    if when >= now:
+        raise InvalidInput(f"--since {text!r} is in the future: {hint}")
+    return when

@@ -1,0 +1,93 @@
+"""The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`.
+
+Listing queues and usage needs any valid token; creating, changing and deleting a queue needs
+an admin token. Bodies and query values are checked here for their JSON kind and range (a
+quota "1" or NaN is a 400, never a 500); the pool checks the rest (`QueueSpec`, quota sums).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ..core.errors import InvalidInput
+from ..core.queues import QueueSpec, check_usage_key
+from .routes import ERRORS, Admin, Api, Caller, json_response, read_body
+from .schemas import QueueRequest, body_schema
+from .wire import json_object
+
+QUEUE_FIELDS = ("quota", "weight", "limit")
+# `since` below this is "seconds ago", at or above it epoch seconds (2001-09-09: no pool is older).
+EPOCH_SINCE = 1e9
+
+queue_routes = APIRouter(prefix="/v1", tags=["queues"], responses=ERRORS)
+
+
+@queue_routes.get("/queues", summary="Queues with their quota, weight, limit, allocated, borrowed, waiting")
+async def list_queues(api: Api, _identity: Caller) -> Response:
+    queues = await run_in_threadpool(api.pool.queues)
+    return json_response({"queues": [q.to_dict() for q in queues]})
+
+
+@queue_routes.put(
+    "/queues/{name}",
+    openapi_extra=body_schema(QueueRequest),
+    summary="Create or change a queue (admin only)",
+)
+async def put_queue(name: str, request: Request, api: Api, _admin: Admin) -> Response:
+    spec = parse_queue(name, json_object(await read_body(request)))
+    status = await run_in_threadpool(api.pool.set_queue, spec)
+    return json_response(status.to_dict())
+
+
+@queue_routes.delete("/queues/{name}", summary="Delete a queue without leases or waiting claims (admin only)")
+async def delete_queue(name: str, api: Api, _admin: Admin) -> Response:
+    await run_in_threadpool(api.pool.delete_queue, name)
+    return json_response({"deleted": name})
+
+
+@queue_routes.get("/usage", summary="GPU-seconds per queue, holder or label since a time")
+async def usage(
+    api: Api, _identity: Caller, since: str = "86400", until: Optional[str] = None, by: str = "queue"
+) -> Response:
+    now = time.time()
+    start = parse_since(since, now)
+    end = None if until is None else _finite("until", until)
+    if end is not None and end <= start:
+        raise InvalidInput(f"until {until!r} must be after since ({start:.0f}): give epoch seconds")
+    rows = await run_in_threadpool(api.pool.usage, start, end, check_usage_key(by))
+    return json_response(
+        {"since": start, "until": now if end is None else end, "by": by, "usage": [r.to_dict() for r in rows]}
+    )
+
+
+def parse_queue(name: str, body: Dict[str, Any]) -> QueueSpec:
+    """The QueueSpec of a PUT body {quota, weight?, limit?} for the queue of the path; QueueSpec
+    checks the name and numbers (a "1", NaN or -1 is InvalidInput naming the field)."""
+    unknown = set(body) - set(QUEUE_FIELDS)
+    if unknown:  # "name" too: the path names the queue
+        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a queue has {', '.join(QUEUE_FIELDS)}")
+    return QueueSpec.from_dict({**body, "name": name})
+
+
+def parse_since(text: str, now: float) -> float:
+    """`since` as epoch seconds: a value under EPOCH_SINCE counts back from now."""
+    value = _finite("since", text)
+    if value < 0:
+        raise InvalidInput(f"since {text!r} must be seconds ago (e.g. 86400) or epoch seconds, not negative")
+    return now - value if value < EPOCH_SINCE else value
+
+
+def _finite(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InvalidInput(f"{name} {text!r} must be a finite number of seconds")
+    return value
