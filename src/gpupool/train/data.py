@@ -17,7 +17,7 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
@@ -411,16 +411,16 @@ def make_loader(
     rank: int,
     world_size: int,
     persistent: bool = True,
-) -> Tuple[DataLoader[Sample], Optional[DistributedSampler[int]]]:
+) -> Tuple[DataLoader[Sample], Optional[ResumableSampler]]:
     """A DataLoader over the rank's shard.
 
     Training uses DistributedSampler even for one process: its shuffle is a pure function
     of (seed, epoch), so a resumed run sees exactly the batches the unbroken run would.
     Evaluation shards by striding without padding, so no image is counted twice.
     """
-    sampler: Optional[DistributedSampler[int]] = None
+    sampler: Optional[ResumableSampler] = None
     if shuffle:
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
         source: Dataset[Sample] = dataset
     else:
         source = torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world_size)))
@@ -435,5 +435,34 @@ def make_loader(
         prefetch_factor=4 if workers > 0 else None,
         collate_fn=collate,
         drop_last=False,
+        worker_init_fn=_ignore_sigterm if workers > 0 else None,
     )
     return loader, sampler
+
+
+class ResumableSampler(DistributedSampler[int]):
+    """DistributedSampler whose next pass can start some batches in, for a run resumed in the
+    middle of an epoch: the order is still a pure function of (seed, epoch), so the resumed pass
+    sees exactly the samples the unbroken one had left."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+
+    def skip_next(self, samples: int) -> None:
+        """Leave out the first `samples` indices of the next pass only."""
+        self._skip = max(0, samples)
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self._skip = self._skip, 0
+        indices = list(super().__iter__())
+        return iter(indices[skip:])
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    """Loader workers share the trainer's process group: a preemption's SIGTERM reaches them
+    too, and a worker dying of it would fail the step the trainer finishes before it stops.
+    They end with the trainer (torch shuts them down, and watches for its death)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

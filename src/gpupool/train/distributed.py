@@ -102,6 +102,11 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def is_initialized() -> bool:
+    """Whether this process is in a process group (more than one rank)."""
+    return bool(dist.is_available() and dist.is_initialized())
+
+
 def barrier() -> None:
     """Wait for every rank (no-op for one process)."""
     if dist.is_available() and dist.is_initialized():

@@ -11,7 +11,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,11 +58,50 @@ class EpochResult:
     steady_seconds: float = 0.0
     bad_indices: Set[int] = field(default_factory=set)
     confusion: Optional[List[List[int]]] = None
+    # Set when a stop request ended the epoch early: what a checkpoint needs to finish it later.
+    partial: Optional[PartialEpoch] = None
 
     @property
     def images_per_second(self) -> float:
         """Steady-state throughput (after the epoch's first batch)."""
         return self.steady_images / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+
+@dataclass
+class PartialEpoch:
+    """An epoch stopped after `steps` optimizer steps: this rank's running sums so far, so the
+    resumed epoch reports the same metrics as an unbroken one (as far as the data order allows)."""
+
+    steps: int
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    valid: int = 0
+    steady_images: int = 0
+    steady_seconds: float = 0.0
+    bad_indices: List[int] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "loss_sum": self.loss_sum,
+            "correct": self.correct,
+            "valid": self.valid,
+            "steady_images": self.steady_images,
+            "steady_seconds": self.steady_seconds,
+            "bad_indices": list(self.bad_indices),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> PartialEpoch:
+        return cls(
+            steps=int(data["steps"]),
+            loss_sum=float(data.get("loss_sum", 0.0)),
+            correct=float(data.get("correct", 0.0)),
+            valid=int(data.get("valid", 0)),
+            steady_images=int(data.get("steady_images", 0)),
+            steady_seconds=float(data.get("steady_seconds", 0.0)),
+            bad_indices=[int(i) for i in data.get("bad_indices", [])],
+        )
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -80,31 +119,63 @@ def train_epoch(
     desc: str,
     show_progress: bool,
     max_steps: Optional[int] = None,
+    resume: Optional[PartialEpoch] = None,
+    stop: Optional[Callable[[], bool]] = None,
 ) -> EpochResult:
     """Train for one pass over this rank's shard; returns metrics summed over all ranks.
 
     Throughput is timed from the end of the first step (worker start-up, autotuning and
     compilation excluded) to the end of the epoch, images counted over that span.
+
+    `resume`: the epoch was stopped after `resume.steps` steps, and `loader` starts where it
+    stopped; its sums carry on. `stop`: asked after every step; True ends the epoch there, and
+    the result's `partial` says how far it got (its metrics are not reduced over ranks then).
     """
     eng.model.train()
     dev = eng.device
     sums = _Sums(dev)
     bad: Set[int] = set()
+    first = 0
+    carried_images, carried_seconds = 0, 0.0
+    if resume is not None:
+        first = resume.steps
+        sums.carry(resume.loss_sum, resume.correct, resume.valid)
+        bad.update(resume.bad_indices)
+        carried_images, carried_seconds = resume.steady_images, resume.steady_seconds
     bar = _progress(min(steps, max_steps or steps), desc, show_progress)
+    if bar is not None and first:
+        bar.update(first)
     t0 = last_refresh = time.perf_counter()
     t_steady: Optional[float] = None
     steady_images = 0
-    for step, (images, labels, index) in enumerate(loader):
+    done = first
+    for step, (images, labels, index) in enumerate(loader, start=first):
         if max_steps is not None and step >= max_steps:
             break
         logits, y, loss_sum, valid = train_step(eng, images, labels, index, bad)
+        done = step + 1
         with torch.no_grad():
             sums.add(loss_sum.detach(), (logits.argmax(1) == y).sum(), valid)
-        if step == 0:
+        if t_steady is None:
             eng.sync()
             t_steady = time.perf_counter()
         else:
             steady_images += images.shape[0]
+        if stop is not None and stop():
+            eng.sync()
+            s = sums.total().tolist()
+            if bar is not None:
+                bar.close()
+            partial = PartialEpoch(
+                steps=done,
+                loss_sum=s[0],
+                correct=s[1],
+                valid=int(s[2]),
+                steady_images=carried_images + steady_images,
+                steady_seconds=carried_seconds + (time.perf_counter() - t_steady),
+                bad_indices=sorted(bad),
+            )
+            return EpochResult(loss=0.0, accuracy=0.0, images=int(s[2]), bad_indices=bad, partial=partial)
         if bar is not None:
             bar.update(1)
             now = time.perf_counter()
@@ -122,12 +193,12 @@ def train_epoch(
     if bar is not None:
         bar.close()
     totals = sums.total()
-    if steady_images == 0:  # a one-batch epoch: no steady state to speak of, use it all
+    if steady_images == 0 and not carried_images:  # a one-batch epoch: no steady state, use it all
         steady_images = sums.valid + len(bad)
         t_steady = t0
     distributed.all_reduce_sum(totals)
-    images = torch.tensor([float(steady_images)], dtype=torch.float64, device=dev)
-    seconds = torch.tensor([t_end - (t_steady or t0)], dtype=torch.float64, device=dev)
+    images = torch.tensor([float(carried_images + steady_images)], dtype=torch.float64, device=dev)
+    seconds = torch.tensor([carried_seconds + t_end - (t_steady or t0)], dtype=torch.float64, device=dev)
     distributed.all_reduce_sum(images)
     distributed.all_reduce_max(seconds)  # the slowest rank sets the pace
     s = totals.tolist()
@@ -168,6 +239,11 @@ class _Sums:
         self.losses: List[torch.Tensor] = []
         self.corrects: List[torch.Tensor] = []
         self.valid = 0
+
+    def carry(self, loss_sum: float, correct: float, valid: int) -> None:
+        """Start from the sums of a stopped part of this epoch."""
+        self.acc += torch.tensor([loss_sum, correct], dtype=torch.float64, device=self.acc.device)
+        self.valid += valid
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, valid: int) -> None:
         self.losses.append(loss_sum)

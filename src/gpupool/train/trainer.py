@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Set, cast
 import torch
 
 from gpupool.core.errors import InvalidInput
-from gpupool.train import checkpoint, distributed, report
+from gpupool.train import checkpoint, distributed, preempt, report
 from gpupool.train.config import TrainConfig, save_config
 from gpupool.train.data import (
     ImageFiles,
@@ -30,7 +30,7 @@ from gpupool.train.data import (
     make_loader,
 )
 from gpupool.train.export import save_serving
-from gpupool.train.loop import Engine, epoch_row, evaluate, train_epoch
+from gpupool.train.loop import Engine, PartialEpoch, epoch_row, evaluate, train_epoch
 from gpupool.train.models import build_model, count_parameters
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,9 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     torch.manual_seed(cfg.seed)
     _set_threads(denv, device)
 
-    ckpt = checkpoint.load(out) if cfg.resume else None
+    # A rerun after a preemption resumes even under --no-resume: the checkpoint there is the one
+    # this same command saved when it was stopped.
+    ckpt = checkpoint.load(out) if cfg.resume or preempt.rerun_after_preemption() else None
     if ckpt is not None and ckpt["config"]["structural"] != cfg.structural():
         raise InvalidInput(
             f"{out} holds a checkpoint of a different run ({ckpt['config']['structural']}); "
@@ -116,9 +118,17 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
 
     distributed.init(denv, device)
     try:
-        return _fit(cfg, denv, device, out, data_dir, split, model, arch, ckpt)
+        with preempt.StopRequest(device) as stop:
+            return _fit(cfg, denv, device, out, data_dir, split, model, arch, ckpt, stop)
+    except _Stopped:
+        pass
     finally:
         distributed.shutdown()
+    raise SystemExit(preempt.STOPPED_EXIT_CODE)
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived: the checkpoint is saved, the trainer exits with STOPPED_EXIT_CODE."""
 
 
 def _fit(
@@ -131,6 +141,7 @@ def _fit(
     model: Any,
     arch: Dict[str, Any],
     ckpt: Optional[Dict[str, Any]],
+    stop: preempt.StopRequest,
 ) -> Dict[str, Any]:
     """The part of train() that runs inside the process group."""
     t_start = time.perf_counter()
@@ -151,6 +162,7 @@ def _fit(
 
     start_epoch, history = 0, []  # type: int, List[Dict[str, Any]]
     best: Dict[str, Any] = {"val_loss": float("inf"), "epoch": 0, "bad_epochs": 0, "stopped": False, "state": None}
+    partial: Optional[PartialEpoch] = None
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -158,7 +170,13 @@ def _fit(
         scheduler.load_state_dict(ckpt["scheduler"])
         checkpoint.set_rng_state(ckpt["rng"])
         start_epoch, history, best = int(ckpt["epoch"]), list(ckpt["history"]), dict(ckpt["early_stopping"])
-        _say(denv, f"resuming {out} after epoch {start_epoch}")
+        if ckpt.get("partial"):
+            partial = PartialEpoch.from_dict(ckpt["partial"])
+            _say(denv, f"resuming {out} in epoch {start_epoch + 1} after step {partial.steps}")
+        else:
+            _say(denv, f"resuming {out} after epoch {start_epoch}")
+    elif preempt.rerun_after_preemption():
+        _say(denv, f"attempt {preempt.attempt()} after a preemption, but {out} holds no checkpoint: starting over")
     if denv.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.json")
@@ -208,9 +226,28 @@ def _fit(
         t_epoch = time.perf_counter()
         assert sampler is not None
         sampler.set_epoch(epoch)
+        resume, partial = partial, None
+        if resume is not None:
+            sampler.skip_next(resume.steps * cfg.batch_size)
         tr = train_epoch(
-            eng, train_loader, len(train_loader), f"epoch {epoch}/{cfg.epochs}", show_progress, cfg.max_steps_per_epoch
+            eng,
+            train_loader,
+            len(train_loader),
+            f"epoch {epoch}/{cfg.epochs}",
+            show_progress,
+            cfg.max_steps_per_epoch,
+            resume=resume,
+            stop=stop.requested,
         )
+        if tr.partial is not None:
+            if denv.is_main:
+                _save(out, cfg, model, optimizer, scaler, scheduler, epoch - 1, best, history, tr.partial)
+            _say(
+                denv,
+                f"stopped by SIGTERM after step {tr.partial.steps} of epoch {epoch}: checkpoint saved in {out}; "
+                "run the same command again to resume there",
+            )
+            raise _Stopped()
         va = evaluate(eng, val_loader, len(split.classes), cfg.max_steps_per_epoch)
         bad["train"] |= tr.bad_indices
         bad["val"] |= va.bad_indices
@@ -226,20 +263,7 @@ def _fit(
         row = epoch_row(epoch, tr, va, lr, time.perf_counter() - t_epoch)
         history.append(row)
         if denv.is_main:
-            checkpoint.atomic_save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "epoch": epoch,
-                    "rng": checkpoint.rng_state(),
-                    "early_stopping": best,
-                    "history": history,
-                    "config": {"structural": cfg.structural(), "full": cfg.to_json()},
-                },
-                out / checkpoint.CHECKPOINT_FILE,
-            )
+            _save(out, cfg, model, optimizer, scaler, scheduler, epoch, best, history, None)
             report.append_metrics(out / report.METRICS_FILE, row)
         _say(
             denv,
@@ -248,6 +272,9 @@ def _fit(
             + (" *" if best["epoch"] == epoch else "")
             + (f" (early stop: no val_loss improvement in {cfg.patience} epochs)" if best["stopped"] else ""),
         )
+        if epoch < cfg.epochs and not best["stopped"] and stop.requested():
+            _say(denv, f"stopped by SIGTERM after epoch {epoch}: checkpoint saved in {out}; run again to resume")
+            raise _Stopped()
 
     # Restore the best weights (restore_best_weights=True), then test once.
     if best["state"] is not None:
@@ -269,6 +296,37 @@ def _fit(
         report.write_json_atomic(result, out / report.REPORT_FILE)
     distributed.barrier()  # nobody leaves before rank 0 has written the report
     return result
+
+
+def _save(
+    out: Path,
+    cfg: TrainConfig,
+    model: Any,
+    optimizer: Any,
+    scaler: Any,
+    scheduler: Any,
+    epoch: int,
+    best: Dict[str, Any],
+    history: List[Dict[str, Any]],
+    partial: Optional[PartialEpoch],
+) -> None:
+    """The one checkpoint format: after `epoch` finished epochs, plus `partial` steps of the next
+    one when a SIGTERM stopped it there."""
+    checkpoint.atomic_save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch,
+            "partial": partial.to_dict() if partial is not None else None,
+            "rng": checkpoint.rng_state(),
+            "early_stopping": best,
+            "history": history,
+            "config": {"structural": cfg.structural(), "full": cfg.to_json()},
+        },
+        out / checkpoint.CHECKPOINT_FILE,
+    )
 
 
 def _gather_bad(bad: Dict[str, Set[int]], datasets: Dict[str, ImageFiles]) -> List[str]:

@@ -1,0 +1,79 @@
+"""A preempted training: SIGTERM to the trainer's process group in the middle of an epoch (what
+`gpupool run` sends on a preemption), then the rerun `gpupool run --requeue` starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytestmark = pytest.mark.torch
+
+from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
+from gpupool.train.checkpoint import CHECKPOINT_FILE  # noqa: E402
+from gpupool.train.preempt import STOPPED_EXIT_CODE  # noqa: E402
+
+from .conftest import gpupool_cmd, run_env, run_gpupool  # noqa: E402
+
+# One loader worker: it shares the trainer's process group, so it gets the SIGTERM too.
+ARGS = ["--model", "convnet", "--image-size", "32", "--workers", "1", "--epochs", "3", "--batch-size", "4"]
+
+
+def _rows(run: Path) -> List[Dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _report(run: Path) -> Dict[str, Any]:
+    return json.loads((run / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_saves_and_the_rerun_ends_like_an_unbroken_run(digits_dir: Path, tmp_path: Path) -> None:
+    args = ["--data", str(digits_dir), *ARGS, "--patience", "50"]
+    unbroken = run_gpupool("train", *args, "--out", str(tmp_path / "unbroken"))
+    assert unbroken.returncode == 0, unbroken.stderr
+
+    out = tmp_path / "preempted"
+    proc = subprocess.Popen(
+        gpupool_cmd("train", *args, "--out", str(out)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=run_env(),
+        start_new_session=True,  # its own process group, as `gpupool run` starts a command
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not _rows(out) and proc.poll() is None:
+        time.sleep(0.02)
+    assert _rows(out), "the first epoch never finished"
+    time.sleep(0.3)  # into epoch 2's steps (an epoch is several hundred of them)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == STOPPED_EXIT_CODE, stderr
+    assert "stopped by SIGTERM after step" in stderr and "of epoch 2" in stderr, stderr
+    assert not (out / "report.json").exists()
+    saved = torch.load(out / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    assert saved["epoch"] == 1 and saved["partial"]["steps"] > 0
+    steps_done = saved["partial"]["steps"]
+
+    # --no-resume would start over; the rerun of a preempted command resumes all the same.
+    rerun = run_gpupool("train", *args, "--out", str(out), "--no-resume", env={PREEMPTED_ENV: "1", ATTEMPT_ENV: "2"})
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming {out} in epoch 2 after step {steps_done}" in rerun.stderr
+    report, reference = _report(out), _report(tmp_path / "unbroken")
+    assert report["epochs_run"] == reference["epochs_run"] == 3
+    assert [r["epoch"] for r in _rows(out)] == [1, 2, 3]
+    # Same samples in the same order, same RNG and optimizer state: CPU training lands on the same model.
+    assert report["test_accuracy"] == reference["test_accuracy"]
+    assert abs(_rows(out)[1]["train_loss"] - _rows(tmp_path / "unbroken")[1]["train_loss"]) < 1e-4
