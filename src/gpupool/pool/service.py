@@ -13,8 +13,16 @@ this connection's commits, and rebuilt from the database when either moved,
 so a claim is BEGIN IMMEDIATE + two INSERTs + COMMIT, never a stale answer.
 
 Fairness: a claim that cannot be granted at once and may wait takes a ticket.
-While tickets exist only the oldest one (the head) may be granted, so a
-stream of small claims cannot starve a big one waiting for whole GPUs.
+While tickets exist only the next one (the head: highest priority, then the
+oldest) may be granted, so a stream of small claims cannot starve a big one
+waiting for whole GPUs.
+
+Queues (pool/admission.py, core/queues.py): once any queue is defined, every
+claim takes a ticket and admission picks the head by quota and weight, and may
+preempt borrowers. The view holds the queue definitions, so a pool without
+queues pays nothing for them per claim: its claims never leave the path above.
+Every lease that ends is written to the lease history in the same transaction
+(pool/accounting.py).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..core.errors import Forbidden, GpupoolError, InvalidClaim, NotFound, Unavailable, Unsatisfiable
+from ..core.errors import Forbidden, GpupoolError, InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
 from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
@@ -46,11 +54,14 @@ from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; impo
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.placement import could_ever_fit, place
+from ..core.queues import QueueSpec, QueueStatus, UsageRow, check_quotas_fit, check_usage_key, reap_at
 from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
+from . import accounting
+from .admission import Decision, admit, check_claim_queue, unknown_queue
 
 log = get_logger(__name__)
 
@@ -67,17 +78,23 @@ POLL_MAX_S = 0.1
 # meta keys of the node-wide records every view reads
 ISOLATION_KEY = "isolation"
 USAGE_KEY = "usage"
+# Pool.watch reads the lease this often.
+WATCH_POLL_S = 0.1
+MAX_WATCH_S = 3600.0
 
 
 @dataclass
 class Waiter:
-    """A claim waiting in the FIFO queue under ticket `ticket`."""
+    """A claim waiting in the queue under ticket `ticket`."""
 
     ticket: int
     claim: Claim
     holder: Holder
     ttl_s: float
     reason: str = ""
+    # The wait it gets: the wait asked, or longer while it waits for leases it preempted.
+    wait_s: float = 0.0
+    started: float = 0.0  # pool clock when it was queued
 
 
 @dataclass
@@ -91,6 +108,8 @@ class _View:
     allocated: Dict[str, int]
     tickets: Optional[int]  # queue length; None: ask the database
     next_expiry: float  # no lease expires before this (a lower bound: may be early, never late)
+    queues: Dict[str, QueueSpec]  # the queues defined; empty: the FIFO path, as before queues
+    memory_of: Dict[str, int]  # MiB of each device, for sizes in GPUs
     valid: bool = True  # False: dropped at commit, so the next transaction rebuilds it
 
     def invalidate(self) -> None:
@@ -179,7 +198,18 @@ class Pool:
                 or view.version != version
                 or view.commits != self.store.commits()
             ):
-                view = _View(tx.conn, version, -1, list(self._devices(tx)), tx.allocated(), None, tx.next_expiry())
+                devices = list(self._devices(tx))
+                view = _View(
+                    tx.conn,
+                    version,
+                    -1,
+                    devices,
+                    tx.allocated(),
+                    None,
+                    tx.next_expiry(),
+                    {spec.name: spec for spec in tx.queue_specs()},
+                    {d.uuid: d.memory_mib for d in devices},
+                )
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
         view.commits = self.store.commits()
@@ -191,7 +221,7 @@ class Pool:
             view.tickets = tx.ticket_count()
         if now < view.next_expiry and view.tickets == 0:
             return []
-        expired = self._expire(tx, now)
+        expired = self._expire(tx, now, view.memory_of)
         for lease in expired:
             for sl in lease.slices:
                 view.allocated[sl.device_uuid] = view.allocated.get(sl.device_uuid, 0) - sl.memory_mib
@@ -207,20 +237,26 @@ class Pool:
         Unavailable (with the placement reason) when the wait runs out.
         """
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
-        pauses = poll_delays(wait_s)  # the wait counts from here, before the first transaction
+        begun = time.monotonic()  # the wait counts from here, before the first transaction
         started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
         if isinstance(started, Lease):
             return started
         waiter = started
         granted = False
         try:
-            for pause in pauses:
-                time.sleep(pause)
+            delay = POLL_MIN_S
+            while True:
+                # waiter.wait_s grows when the claim preempts leases and waits for them
+                remaining = begun + waiter.wait_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 1.5, POLL_MAX_S)
                 lease = self.try_grant(waiter)
                 if lease is not None:
                     granted = True
                     return lease
-            raise self.timed_out(waiter, wait_s)
+            raise self.timed_out(waiter, waiter.wait_s)
         finally:
             if not granted:
                 self.cancel(waiter)
@@ -246,12 +282,14 @@ class Pool:
             reason = ""
             outcome: Union[Lease, Waiter, Exception, None] = None
             queued = view.tickets if view.tickets is not None else tx.ticket_count()
-            if queued == 0:
+            if view.queues or claim.queue:
+                outcome = self._begin_in_queue(tx, view, claim, holder, wait_s, ttl_s, now)
+            elif queued == 0:
                 # Fits now: it could ever fit, and could_ever_fit need not be asked.
                 placement = place(devices, view.allocated, claim, self.mix.frag)
                 if placement.fits:
                     assert placement.slices is not None
-                    outcome = self._grant(tx, view, placement.slices, holder, ttl_s, now)
+                    outcome = self._grant(tx, view, placement.slices, claim, holder, ttl_s, now)
                 else:
                     reason = placement.reason
             else:
@@ -267,15 +305,63 @@ class Pool:
                     )
                 else:
                     ticket = tx.add_ticket(
-                        claim.to_dict(), holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
+                        claim.to_dict(),
+                        holder.to_dict(),
+                        self._host,
+                        os.getpid(),
+                        now,
+                        now + TICKET_TTL_S,
+                        priority=claim.priority,
                     )
                     view.tickets = None
-                    outcome = Waiter(ticket, claim, holder, ttl_s, reason)
+                    outcome = Waiter(ticket, claim, holder, ttl_s, reason, wait_s, now)
                     log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
         # Raised after COMMIT so the expiry done above is kept.
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    def _begin_in_queue(
+        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float
+    ) -> Union[Lease, Waiter, Exception]:
+        """begin_claim in a pool with queues: take a ticket, and let admission decide at once."""
+        try:
+            check_claim_queue(claim, view.queues, view.devices)
+        except GpupoolError as err:
+            return err
+        ever = could_ever_fit(view.devices, claim)
+        if not ever.fits:
+            return Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
+        ticket = tx.add_ticket(
+            claim.to_dict(),
+            holder.to_dict(),
+            self._host,
+            os.getpid(),
+            now,
+            now + TICKET_TTL_S,
+            queue=claim.queue,
+            priority=claim.priority,
+        )
+        view.tickets = None
+        decision = self._admit(tx, view, ticket, claim, now)
+        if decision.slices is not None:
+            tx.delete_ticket(ticket)
+            return self._grant(tx, view, decision.slices, claim, holder, ttl_s, now)
+        wait = max(wait_s, decision.wait_at_least_s)
+        if wait <= 0:
+            tx.delete_ticket(ticket)
+            return Unavailable(
+                f"no room now for {claim.describe()}: {decision.reason}; "
+                "wait for it with a wait time (e.g. --wait 600) or ask for less"
+            )
+        log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, decision.reason)
+        return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now)
+
+    def _admit(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Decision:
+        decision = admit(tx, ticket, claim, view.queues, view.devices, view.allocated, self.mix.frag, now)
+        for lease in decision.preempted:  # they now expire (are reaped) sooner
+            view.next_expiry = min(view.next_expiry, lease.expires_at)
+        return decision
 
     def _load_histogram(self) -> Optional[ShapeHistogram]:
         with self.store.read() as tx:
@@ -314,6 +400,8 @@ class Pool:
                     waiter.claim.to_dict(), waiter.holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
                 )
                 log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
+            if view.queues or waiter.claim.queue:
+                return self._grant_in_queue(tx, view, waiter, now)
             head = tx.head_ticket()
             if head != waiter.ticket:
                 waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
@@ -324,7 +412,20 @@ class Pool:
                 return None
             assert placement.slices is not None
             tx.delete_ticket(waiter.ticket)
-            return self._grant(tx, view, placement.slices, waiter.holder, waiter.ttl_s, now)
+            return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now)
+
+    def _grant_in_queue(self, tx: Tx, view: _View, waiter: Waiter, now: float) -> Optional[Lease]:
+        if waiter.claim.queue and waiter.claim.queue not in view.queues:
+            waiter.reason = str(unknown_queue(waiter.claim.queue, view.queues))  # deleted while it waited
+            return None
+        decision = self._admit(tx, view, waiter.ticket, waiter.claim, now)
+        if decision.slices is None:
+            waiter.reason = decision.reason
+            if decision.wait_at_least_s > 0:
+                waiter.wait_s = max(waiter.wait_s, now - waiter.started + decision.wait_at_least_s)
+            return None
+        tx.delete_ticket(waiter.ticket)
+        return self._grant(tx, view, decision.slices, waiter.claim, waiter.holder, waiter.ttl_s, now)
 
     def cancel(self, waiter: Waiter) -> None:
         """Leave the queue (timeout, client gone)."""
@@ -338,7 +439,9 @@ class Pool:
             "wait longer or ask for less"
         )
 
-    def _grant(self, tx: Tx, view: _View, slices: Iterable[Slice], holder: Holder, ttl_s: float, now: float) -> Lease:
+    def _grant(
+        self, tx: Tx, view: _View, slices: Iterable[Slice], claim: Claim, holder: Holder, ttl_s: float, now: float
+    ) -> Lease:
         lease = Lease(
             id=os.urandom(8).hex(),  # secrets.token_hex(8), without importing secrets
             holder=holder,
@@ -346,6 +449,9 @@ class Pool:
             ttl_s=ttl_s,
             created_at=now,
             expires_at=now + ttl_s,
+            queue=claim.queue,
+            priority=claim.priority,
+            preempt_grace_s=self.preempt_grace_s if claim.preempt_grace_s is None else claim.preempt_grace_s,
         )
         tx.insert_lease(lease)
         allocated = view.allocated
@@ -364,7 +470,8 @@ class Pool:
             now = self.clock()
             self._due(tx, view, now)
             lease = self._owned(tx, lease_id, requester, "renew")
-            lease = replace(lease, expires_at=now + lease.ttl_s)
+            # A preempted lease lives on until it is reaped, not longer.
+            lease = replace(lease, expires_at=min(now + lease.ttl_s, reap_at(lease) or math.inf))
             tx.set_lease_expiry(lease.id, lease.expires_at)
             if lease.expires_at < view.next_expiry:  # only if the clock went back
                 view.next_expiry = lease.expires_at
@@ -374,11 +481,13 @@ class Pool:
         """Give the lease's memory back; `requester` None acts as admin."""
         lease_id = str(lease_id)
         with self._write() as (tx, view):
-            self._due(tx, view, self.clock())
+            now = self.clock()
+            self._due(tx, view, now)
             taken = tx.take_lease(lease_id)
             if taken is None:
                 raise NotFound(_gone(lease_id))
-            (holder_name, *_), slices = taken
+            row, slices = taken
+            holder_name = row[0]
             if requester is not None and requester != holder_name:
                 # Raising rolls the delete back.
                 raise Forbidden(
@@ -388,6 +497,7 @@ class Pool:
             allocated = view.allocated
             for uuid, mib in slices:
                 allocated[uuid] = allocated.get(uuid, 0) - mib
+            accounting.record_taken(tx, lease_id, row, [Slice(u, m) for u, m in slices], view.memory_of, now)
         if log.isEnabledFor(INFO):
             log.info("lease %s released", lease_id)
 
@@ -404,7 +514,7 @@ class Pool:
         # Not through the view: the sweep runs in threads that serve no claims, where
         # rebuilding a view (a SUM over every slice) under the write lock would be wasted.
         with self.store.write() as tx:
-            return self._expire(tx, self.clock())
+            return self._expire(tx, self.clock(), {d.uuid: d.memory_mib for d in self._devices(tx)})
 
     def status(self) -> PoolStatus:
         """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""
@@ -415,6 +525,7 @@ class Pool:
             queued = sum(1 for _, _, _, exp in tx.tickets() if exp >= now)
             isolation = tx.meta(ISOLATION_KEY)
             usage = tx.meta(USAGE_KEY)
+            queues = accounting.statuses(tx, devices, now)
         return PoolStatus(
             tuple(devices),
             tuple(leases),
@@ -422,7 +533,69 @@ class Pool:
             self.node,
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
             UsageReport.from_dict(json.loads(usage)) if usage else None,
+            tuple(queues),
         )
+
+    # --- queues and accounting ---------------------------------------------------
+    def queues(self) -> List[QueueStatus]:
+        """Every queue with what it holds, borrows and waits for."""
+        now = self.clock()
+        with self.store.read() as tx:
+            return accounting.statuses(tx, self._devices(tx), now)
+
+    def set_queue(self, spec: QueueSpec) -> QueueStatus:
+        """Create or update a queue; InvalidInput when the quotas would sum above the pool's GPUs."""
+        if not isinstance(spec, QueueSpec):
+            raise InvalidInput(f"a queue must be a QueueSpec, got {type(spec).__name__}")
+        with self._write() as (tx, view):
+            view.invalidate()  # its queue definitions changed
+            others = [s for s in tx.queue_specs() if s.name != spec.name]
+            check_quotas_fit(others + [spec], float(len(self._devices(tx))))
+            tx.put_queue(spec)
+        log.info("queue %s set: quota %g, weight %g, limit %s", spec.name, spec.quota, spec.weight, spec.limit)
+        return next(q for q in self.queues() if q.spec.name == spec.name)
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue; NotFound when there is none, InvalidInput while it has leases or waiting claims."""
+        with self._write() as (tx, view):
+            view.invalidate()
+            known = {s.name for s in tx.queue_specs()}
+            if name not in known:
+                raise NotFound(
+                    f"queue {name!r} does not exist (queues: {', '.join(sorted(known)) or 'none'}): "
+                    "`gpupool queue list` shows them"
+                )
+            leases, tickets = tx.queue_busy(name)
+            if leases or tickets:
+                raise InvalidInput(
+                    f"queue {name!r} still has {leases} lease(s) and {tickets} waiting claim(s): "
+                    "delete it once they have ended"
+                )
+            tx.delete_queue(name)
+        log.info("queue %s deleted", name)
+
+    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+        """GPU-seconds per queue, holder or label (`by`) over [since, until or now], most used first."""
+        check_usage_key(by)
+        now = self.clock()
+        since = _check_time(since, "since")
+        end = now if until is None else _check_time(until, "until")
+        if end < since:
+            raise InvalidInput(f"until {end!r} is before since {since!r}: give a window that ends after it starts")
+        with self.store.read() as tx:
+            memory_of = {d.uuid: d.memory_mib for d in self._devices(tx)}
+            return accounting.usage(tx, memory_of, since, end, by, now)
+
+    def watch(self, lease_id: str, timeout_s: float) -> Lease:
+        """The lease as soon as it is preempted, else after `timeout_s`; NotFound once it is gone."""
+        timeout_s = _check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lease = self.lease(lease_id)
+            remaining = deadline - time.monotonic()
+            if lease.preempted_at is not None or remaining <= 0:
+                return lease
+            time.sleep(min(WATCH_POLL_S, remaining))
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
@@ -484,12 +657,21 @@ class Pool:
             )
         return lease
 
-    def _expire(self, tx: Tx, now: float) -> List[Lease]:
+    def _expire(self, tx: Tx, now: float, memory_of: Dict[str, int]) -> List[Lease]:
         expired: List[Lease] = []
         if tx.has_expired_leases(now):
             expired = tx.leases("expires_at < ?", (now,))
             for lease in expired:
                 tx.delete_lease(lease.id)
+                accounting.record_ended(tx, lease, memory_of, lease.expires_at)
+                if lease.preempted_at is not None:
+                    log.warning(
+                        "lease %s of %s preempted and not released within %g s; reaped",
+                        lease.id,
+                        lease.holder.describe(),
+                        lease.preempt_grace_s,
+                    )
+                    continue
                 log.warning(
                     "lease %s of %s expired (no heartbeat for %g s); memory reclaimed",
                     lease.id,
@@ -526,6 +708,12 @@ def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
 
 def _gone(lease_id: object) -> str:
     return f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat came within its TTL"
+
+
+def _check_time(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{what} {value!r} must be a time in seconds since the epoch (e.g. time.time() - 86400)")
+    return float(value)
 
 
 def _check_seconds(value: object, what: str, low: float, high: float) -> float:

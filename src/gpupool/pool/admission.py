@@ -1,0 +1,183 @@
+"""Admission in a pool with queues: which waiting claim goes next, and whom it preempts.
+
+The rules are core.queues' pure functions; this module reads what they need from
+the store inside the caller's transaction and writes the preemptions back. A pool
+without queues never comes here (Pool keeps its FIFO fast path).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..core.errors import GpupoolError, InvalidClaim, Unsatisfiable
+from ..core.fragmentation import Fragmentation
+from ..core.model import Claim, Device, Lease, Slice
+from ..core.placement import place
+from ..core.queues import (
+    NO_QUEUE,
+    PREEMPT_REAP_MARGIN_S,
+    QueueLoad,
+    QueueSpec,
+    Waiting,
+    admission_order,
+    borrowers,
+    choose_victims,
+    claim_gpus,
+    lease_gpus,
+    memory_by_uuid,
+    next_ticket,
+    reap_at,
+    slices_gpus,
+)
+from ..logs import get_logger
+from ..store.tx import Tx
+
+log = get_logger(__name__)
+
+# A claim waiting for leases it preempted polls this long past their reaping, so it sees them gone.
+REAP_POLL_MARGIN_S = 1.0
+
+
+@dataclass
+class Decision:
+    """What admission decided for one ticket: grant `slices`, or wait for `reason`."""
+
+    slices: Optional[Tuple[Slice, ...]] = None
+    reason: str = ""
+    preempted: List[Lease] = field(default_factory=list)  # leases this decision preempted
+    wait_at_least_s: float = 0.0  # > 0: it waits for preempted leases this long (from now)
+
+
+def unknown_queue(name: str, specs: Mapping[str, QueueSpec]) -> InvalidClaim:
+    known = ", ".join(sorted(specs)) or "none yet"
+    return InvalidClaim(
+        f"queue {name!r} does not exist (queues: {known}): create it with `gpupool queue set {name} --quota GPUS` "
+        "or claim in an existing one"
+    )
+
+
+def check_claim_queue(claim: Claim, specs: Mapping[str, QueueSpec], devices: Sequence[Device]) -> None:
+    """InvalidClaim for an unknown queue; Unsatisfiable-like InvalidClaim for a claim over its queue's limit."""
+    if claim.queue == NO_QUEUE:
+        return
+    spec = specs.get(claim.queue)
+    if spec is None:
+        raise unknown_queue(claim.queue, specs)
+    least = claim_gpus(claim, devices)
+    if spec.limit is not None and least > spec.limit + 1e-9:
+        raise Unsatisfiable(
+            f"queue {spec.name!r} may hold at most {spec.limit:g} GPUs, and {claim.describe()} takes {least:g}: "
+            f"ask for less, or raise its limit (gpupool queue set {spec.name} --limit GPUS)"
+        )
+
+
+def _loads(specs: Mapping[str, QueueSpec], leases: Sequence[Lease], sizes: Mapping[str, float]) -> Dict[str, QueueLoad]:
+    held: Dict[str, float] = {}
+    for lease in leases:
+        held[lease.queue] = held.get(lease.queue, 0.0) + sizes[lease.id]
+    loads = {name: QueueLoad.of(spec, held.get(name, 0.0)) for name, spec in specs.items()}
+    loads[NO_QUEUE] = QueueLoad(allocated=held.get(NO_QUEUE, 0.0))
+    return loads
+
+
+def _waiting(tx: Tx, devices: Sequence[Device]) -> List[Waiting]:
+    waiting: List[Waiting] = []
+    for ticket, queue, priority, claim_json in tx.waiting():
+        try:
+            gpus = claim_gpus(Claim.from_dict(json.loads(claim_json)), devices)
+        except (ValueError, TypeError, KeyError, GpupoolError):
+            gpus = 0.0  # a ticket this version cannot read: it still keeps its place
+        waiting.append(Waiting(ticket, queue, priority, gpus))
+    return waiting
+
+
+def admit(
+    tx: Tx,
+    ticket: int,
+    claim: Claim,
+    specs: Mapping[str, QueueSpec],
+    devices: Sequence[Device],
+    allocated: Mapping[str, int],
+    frag: Optional[Fragmentation],
+    now: float,
+) -> Decision:
+    """Decide for `ticket` (already in the table): grant it if it goes next and fits, else say why.
+
+    Going next and within its queue's quota but short of room, it preempts borrowing
+    leases of other queues (core.queues.choose_victims) and waits for them.
+    """
+    leases = tx.leases()
+    memory_of = memory_by_uuid(devices)
+    sizes = {x.id: lease_gpus(x, memory_of) for x in leases}
+    loads = _loads(specs, leases, sizes)
+    waiting = _waiting(tx, devices)
+    head = next_ticket(waiting, loads)
+    if head is None or head.ticket != ticket:
+        return Decision(reason=_behind(ticket, waiting, loads, claim))
+    load = loads[claim.queue]
+    placement = place(devices, allocated, claim, frag)
+    if placement.fits:
+        assert placement.slices is not None
+        gpus = slices_gpus(placement.slices, memory_of)
+        if load.within_limit(gpus):
+            return Decision(slices=placement.slices)
+        return Decision(reason=_at_limit(claim.queue, load, gpus))
+    if claim.queue == NO_QUEUE or not load.within_quota(head.gpus):
+        return Decision(reason=placement.reason)
+    quotas = {name: spec.quota for name, spec in specs.items()}
+    found = choose_victims(
+        lambda alloc: place(devices, alloc, claim, frag),
+        allocated,
+        leases,
+        claim.queue,
+        borrowers(leases, quotas, sizes),
+    )
+    if found is None:
+        return Decision(reason=placement.reason + "; no borrowed lease of another queue would make room")
+    victims, room = found
+    assert room.slices is not None
+    if not load.within_quota(slices_gpus(room.slices, memory_of)):
+        return Decision(reason=placement.reason)  # where it would fit, it would take more than its quota
+    preempted = [_preempt(tx, lease, now, claim.queue) for lease in victims]
+    # It waits for every preempted lease it needs gone, those preempted before it too.
+    gone_by = max(
+        (reap_at(x) or now for x in list(leases) + preempted if x.preempted_at is not None),
+        default=now,
+    )
+    return Decision(
+        reason=f"waiting for {len(preempted) or 'earlier'} preempted lease(s) of other queues to stop",
+        preempted=preempted,
+        wait_at_least_s=max(0.0, gone_by - now) + REAP_POLL_MARGIN_S,
+    )
+
+
+def _preempt(tx: Tx, lease: Lease, now: float, for_queue: str) -> Lease:
+    """Mark `lease` preempted: it is reaped at its grace + PREEMPT_REAP_MARGIN_S unless released first."""
+    expires_at = min(lease.expires_at, now + lease.preempt_grace_s + PREEMPT_REAP_MARGIN_S)
+    tx.set_lease_preempted(lease.id, now, expires_at)
+    log.warning(
+        "lease %s of %s (queue %r, priority %d) preempted for queue %r: %g s to stop",
+        lease.id,
+        lease.holder.describe(),
+        lease.queue,
+        lease.priority,
+        for_queue,
+        lease.preempt_grace_s,
+    )
+    return replace(lease, preempted_at=now, expires_at=expires_at)
+
+
+def _behind(ticket: int, waiting: List[Waiting], loads: Mapping[str, QueueLoad], claim: Claim) -> str:
+    order = [w.ticket for w in admission_order(waiting, loads)]
+    ahead = order.index(ticket) if ticket in order else len(order)
+    load = loads.get(claim.queue)
+    mine = next((w for w in waiting if w.ticket == ticket), None)
+    if load is not None and mine is not None and not load.within_limit(mine.gpus):
+        return _at_limit(claim.queue, load, mine.gpus)
+    return f"{ahead} earlier claim(s) are waiting in the queue"
+
+
+def _at_limit(queue: str, load: QueueLoad, gpus: float) -> str:
+    return f"queue {queue!r} holds {load.allocated:g} of its limit {load.limit:g} GPUs and this claim takes {gpus:g}"

@@ -1,0 +1,218 @@
+"""Queues in the pool: quotas, borrowing, preemption of borrowers, reaping, accounting, validation."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from gpupool.core.errors import InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
+from gpupool.core.model import Claim, Holder, Lease
+from gpupool.core.queues import PREEMPT_REAP_MARGIN_S, QueueSpec
+from gpupool.devices import emulated_devices
+from gpupool.pool import Pool, Waiter
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def whole(queue: str, grace: float = 0.5, priority: int = 0) -> Claim:
+    return Claim.single(1, fraction=1.0, queue=queue, priority=priority, preempt_grace_s=grace)
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n")
+    p.set_queue(QueueSpec("a", 1))
+    p.set_queue(QueueSpec("b", 1))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def clocked(tmp_path):
+    clock = FakeClock()
+    p = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n", clock=clock)
+    p.set_queue(QueueSpec("a", 1))
+    p.set_queue(QueueSpec("b", 1))
+    yield p, clock
+    p.close()
+
+
+def by_name(pool: Pool) -> dict:
+    return {q.spec.name: q for q in pool.queues()}
+
+
+def test_a_borrows_b_preempts_the_borrowed_lease_and_is_granted_when_it_ends(pool):
+    kept = pool.claim(whole("a"), Holder("alice"))
+    borrowed = pool.claim(whole("a"), Holder("alice"))
+    queues = by_name(pool)
+    assert queues["a"].allocated == pytest.approx(2.0) and queues["a"].borrowed == pytest.approx(1.0)
+
+    got: list = []
+    claimer = threading.Thread(target=lambda: got.append(pool.claim(whole("b"), Holder("bob"), wait_s=0)))
+    claimer.start()
+    watched = pool.watch(borrowed.id, 10)  # returns as soon as it is preempted
+    assert watched.preempted_at is not None and watched.preempt_grace_s == 0.5
+    assert pool.lease(kept.id).preempted_at is None  # within a's quota: never preempted for b
+    assert got == []  # b waits for the borrower to stop
+    pool.release(borrowed.id, "alice")
+    claimer.join(10)
+    assert len(got) == 1 and got[0].queue == "b"
+    assert got[0].slices[0].device_uuid == borrowed.slices[0].device_uuid
+    queues = by_name(pool)
+    assert queues["a"].preemptions == 1 and queues["b"].preemptions == 0
+    assert queues["a"].borrowed == 0 and queues["b"].allocated == pytest.approx(1.0)
+
+
+def test_the_youngest_lowest_priority_borrower_is_the_victim(pool):
+    pool.set_queue(QueueSpec("a", 0))
+    pool.set_queue(QueueSpec("b", 2))
+    high = pool.claim(whole("a", priority=5), Holder("alice"))
+    low = pool.claim(whole("a"), Holder("alice"))
+    started = pool.begin_claim(whole("b"), Holder("bob"))
+    assert isinstance(started, Waiter) and started.wait_s >= 0.5 + PREEMPT_REAP_MARGIN_S
+    assert pool.lease(low.id).preempted_at is not None
+    assert pool.lease(high.id).preempted_at is None  # one victim is all placement needs
+    pool.cancel(started)
+
+
+def test_a_claim_beyond_its_quota_preempts_nobody(pool):
+    pool.claim(whole("a"), Holder("alice"))
+    pool.claim(whole("b"), Holder("bob"))
+    with pytest.raises(Unavailable):
+        pool.claim(whole("b"), Holder("bob"))
+    assert all(lease.preempted_at is None for lease in pool.status().leases)
+
+
+def test_a_preempted_lease_nobody_releases_is_reaped_after_grace(clocked):
+    pool, clock = clocked
+    pool.claim(whole("a", grace=2), Holder("alice"), ttl_s=3600)
+    clock.now += 0.5  # the younger one borrows
+    victim = pool.claim(whole("a", grace=2), Holder("alice"), ttl_s=3600)
+    clock.now += 0.5
+    waiter = pool.begin_claim(whole("b"), Holder("bob"))
+    assert isinstance(waiter, Waiter)
+    assert pool.try_grant(waiter) is None
+    # its runner still heartbeats, but that does not keep it past the reaping
+    clock.now += 1
+    assert pool.heartbeat(victim.id).expires_at == pytest.approx(1001 + 2 + PREEMPT_REAP_MARGIN_S)
+    clock.now = 1001 + 2 + PREEMPT_REAP_MARGIN_S + 0.01
+    lease = pool.try_grant(waiter)
+    assert isinstance(lease, Lease) and lease.queue == "b"
+    with pytest.raises(NotFound):
+        pool.lease(victim.id)
+    assert by_name(pool)["a"].preemptions == 1
+    rows = pool.store.connection().execute("SELECT reason, lease_id FROM lease_history").fetchall()
+    assert ("preempted", victim.id) in rows
+
+
+def test_idle_capacity_goes_to_the_queue_holding_least_per_weight(clocked):
+    pool, clock = clocked
+    pool.set_queue(QueueSpec("a", 0, weight=1))
+    pool.set_queue(QueueSpec("b", 0, weight=3))
+    quarter = {q: Claim.single(1, fraction=0.25, queue=q) for q in "ab"}
+    blocker = pool.claim(Claim.single(2, fraction=1.0), Holder("x"))
+    waiters = [pool.begin_claim(quarter[q], Holder(q), wait_s=60) for q in "aabbbb"]
+    pool.release(blocker.id)
+    granted = []
+    for _ in range(6):
+        for w in waiters:
+            if w not in granted and isinstance(pool.try_grant(w), Lease):
+                granted.append(w)
+                break
+    # weighted max-min: the next quarter goes to the queue with the least held per weight (ties: first come)
+    assert [w.claim.queue for w in granted] == ["a", "b", "b", "b", "a", "b"]
+
+
+def test_limit_caps_what_a_queue_holds(pool):
+    pool.set_queue(QueueSpec("a", 1, limit=1))
+    pool.claim(whole("a"), Holder("alice"))
+    with pytest.raises(Unavailable, match="limit 1"):
+        pool.claim(whole("a"), Holder("alice"))
+    with pytest.raises(Unsatisfiable, match="at most 1"):
+        pool.claim(Claim.single(2, fraction=1.0, queue="a"), Holder("alice"))
+
+
+def test_usage_accounts_gpu_seconds(clocked):
+    pool, clock = clocked
+    a = pool.claim(whole("a"), Holder("alice", label="job-1"), ttl_s=3600)
+    clock.now += 50
+    pool.claim(Claim.single(1, fraction=0.5, queue="b"), Holder("bob"), ttl_s=3600)
+    clock.now += 50
+    pool.release(a.id)
+    clock.now += 100
+    rows = {r.key: r for r in pool.usage(since=900)}
+    assert rows["a"].gpu_seconds == pytest.approx(100.0, rel=0.02) and rows["a"].leases == 1
+    assert rows["b"].gpu_seconds == pytest.approx(75.0, rel=0.02)
+    window = {r.key: r.gpu_seconds for r in pool.usage(since=1025, until=1075, by="holder")}
+    assert window == pytest.approx({"alice": 50.0, "bob": 12.5})
+    assert {r.key for r in pool.usage(since=900, by="label")} == {"job-1", ""}
+    with pytest.raises(InvalidInput, match="usage by 'pod'"):
+        pool.usage(since=0, by="pod")
+    with pytest.raises(InvalidInput, match="since"):
+        pool.usage(since=math.nan)
+
+
+def test_usage_is_near_wall_clock_truth(pool):
+    started = time.time()
+    lease = pool.claim(Claim.single(1, fraction=0.5, queue="a"), Holder("alice"))
+    time.sleep(0.5)
+    pool.release(lease.id)
+    truth = (time.time() - started) * 0.5
+    (row,) = pool.usage(since=started - 1)
+    assert row.gpu_seconds == pytest.approx(truth, rel=0.05)
+
+
+def test_queue_validation_and_lifecycle(pool):
+    for bad in (math.nan, math.inf, -1, 1e9):
+        with pytest.raises(InvalidInput, match="quota"):
+            QueueSpec("c", bad)
+    with pytest.raises(InvalidInput, match="weight"):
+        QueueSpec("c", 0, weight=0)
+    with pytest.raises(InvalidInput, match="limit"):
+        QueueSpec("c", 1, limit=0.5)
+    with pytest.raises(InvalidInput, match="DNS label"):
+        QueueSpec("Team A", 1)
+    with pytest.raises(InvalidInput, match="sum to 2.5 GPUs"):
+        pool.set_queue(QueueSpec("c", 0.5))
+    with pytest.raises(InvalidClaim, match="queue 'zzz' does not exist"):
+        pool.claim(whole("zzz"), Holder("x"))
+    lease = pool.claim(whole("a"), Holder("alice"))
+    with pytest.raises(InvalidInput, match="still has 1 lease"):
+        pool.delete_queue("a")
+    pool.release(lease.id)
+    pool.delete_queue("a")
+    with pytest.raises(NotFound):
+        pool.delete_queue("a")
+    assert [q.spec.name for q in pool.queues()] == ["b"]
+    assert [q.spec.name for q in pool.status().queues] == ["b"]
+
+
+def test_a_pool_without_queues_refuses_a_queue_name(tmp_path):
+    pool = Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n")
+    try:
+        with pytest.raises(InvalidClaim, match="none yet"):
+            pool.claim(whole("a"), Holder("x"))
+        assert pool.queues() == [] and pool.status().queues == ()
+        lease = pool.claim(Claim.single(1, fraction=0.5, priority=3), Holder("x"))
+        assert lease.priority == 3 and lease.queue == ""
+    finally:
+        pool.close()
+
+
+def test_watch_times_out_and_says_when_the_lease_is_gone(pool):
+    lease = pool.claim(whole("a"), Holder("alice"))
+    t = time.monotonic()
+    assert pool.watch(lease.id, 0.2).preempted_at is None
+    assert time.monotonic() - t >= 0.15
+    pool.release(lease.id)
+    with pytest.raises(NotFound):
+        pool.watch(lease.id, 1)
