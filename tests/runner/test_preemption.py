@@ -78,7 +78,6 @@ def pool2q(pool2: Pool) -> Pool:
     return pool2
 
 
-@pytest.mark.slow
 def test_a_preempted_command_gets_sigterm_and_the_runner_exits_8(pool2q: Pool, tmp_path: Path) -> None:
     a = fill_with_team_a(pool2q, tmp_path)
     started = time.time()
@@ -102,7 +101,6 @@ def test_a_preempted_command_gets_sigterm_and_the_runner_exits_8(pool2q: Pool, t
     assert pool2q.status()["leases"] == []
 
 
-@pytest.mark.slow
 def test_requeue_reruns_the_command_with_the_attempt_env_once_b_is_done(pool2q: Pool, tmp_path: Path) -> None:
     a = fill_with_team_a(pool2q, tmp_path, "--requeue")
     b_log, b_stop = tmp_path / "b.jsonl", tmp_path / "stop-b"
@@ -129,7 +127,6 @@ def test_requeue_reruns_the_command_with_the_attempt_env_once_b_is_done(pool2q: 
     assert pool2q.status()["leases"] == []
 
 
-@pytest.mark.slow
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(pool2q: Pool, tmp_path: Path) -> None:
     a = fill_with_team_a(pool2q, tmp_path, mode="ignore-term")
     b = pool2q.run("run", "--queue", "b", "--", sys.executable, "-c", "pass", timeout=60)
