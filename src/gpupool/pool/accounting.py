@@ -1,43 +1,16 @@
 """The lease history and what is read from it: usage in GPU-seconds, queue status, preemption counts.
 
-A lease's row is written in the transaction that ends it (release, expiry, reap),
-so the history is exactly as crash-safe as the leases themselves.
+A lease's row is written (Tx.record_end) in the transaction that ends it (release,
+expiry, reap), so the history is exactly as crash-safe as the leases themselves.
 """
 
 from __future__ import annotations
 
-import json
 from typing import List, Mapping, Optional, Sequence
 
-from ..core.model import Device, Lease, Slice
-from ..core.queues import QueueStatus, UsageRow, UsageSpan, lease_gpus, queue_statuses, slices_gpus, usage_rows
-from ..store.tx import TakenLease, Tx
-
-
-def record_taken(
-    tx: Tx, lease_id: str, taken: TakenLease, slices: Sequence[Slice], memory_of: Mapping[str, int], now: float
-) -> None:
-    """History row of a lease its holder released (`taken`: what Tx.take_lease returned of it)."""
-    holder_name, holder_json, queue, created_at, preempted_at = taken
-    label = str(json.loads(holder_json).get("label", "") or "")
-    gpus = slices_gpus(slices, memory_of)
-    tx.add_history(lease_id, queue, holder_name, label, gpus, created_at, now, "released", preempted_at)
-
-
-def record_ended(tx: Tx, lease: Lease, memory_of: Mapping[str, int], ended_at: float) -> None:
-    """History row of a lease the pool reclaimed: reaped after a preemption, or expired."""
-    reason = "preempted" if lease.preempted_at is not None else "expired"
-    tx.add_history(
-        lease.id,
-        lease.queue,
-        lease.holder.name,
-        lease.holder.label,
-        lease_gpus(lease, memory_of),
-        lease.created_at,
-        ended_at,
-        reason,
-        lease.preempted_at,
-    )
+from ..core.model import Device
+from ..core.queues import QueueStatus, UsageRow, UsageSpan, lease_gpus, queue_statuses, usage_rows
+from ..store.tx import Tx
 
 
 def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: str, now: float) -> List[UsageRow]:

@@ -109,7 +109,6 @@ class _View:
     tickets: Optional[int]  # queue length; None: ask the database
     next_expiry: float  # no lease expires before this (a lower bound: may be early, never late)
     queues: Dict[str, QueueSpec]  # the queues defined; empty: the FIFO path, as before queues
-    memory_of: Dict[str, int]  # MiB of each device, for sizes in GPUs
     valid: bool = True  # False: dropped at commit, so the next transaction rebuilds it
 
     def invalidate(self) -> None:
@@ -150,6 +149,7 @@ class Pool:
         self._host = os.uname().nodename
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
         self._local = threading.local()  # this thread's _View
+        self._closed = threading.Event()  # set by close(): ends the watches of other threads
         # fragaware's mix: the claims seen, kept in the store's meta table across processes and restarts
         self.mix = LearnedMix()
         self._claims_seen = 0
@@ -179,6 +179,7 @@ class Pool:
         return cls(state_dir, **kwargs)
 
     def close(self) -> None:
+        self._closed.set()
         self.store.close()
 
     # --- the per-connection view ------------------------------------------------
@@ -208,7 +209,6 @@ class Pool:
                     None,
                     tx.next_expiry(),
                     {spec.name: spec for spec in tx.queue_specs()},
-                    {d.uuid: d.memory_mib for d in devices},
                 )
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
@@ -221,7 +221,7 @@ class Pool:
             view.tickets = tx.ticket_count()
         if now < view.next_expiry and view.tickets == 0:
             return []
-        expired = self._expire(tx, now, view.memory_of)
+        expired = self._expire(tx, now)
         for lease in expired:
             for sl in lease.slices:
                 view.allocated[sl.device_uuid] = view.allocated.get(sl.device_uuid, 0) - sl.memory_mib
@@ -483,11 +483,11 @@ class Pool:
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
+            tx.record_end(lease_id, now, "released")  # rolled back with the rest when it fails below
             taken = tx.take_lease(lease_id)
             if taken is None:
                 raise NotFound(_gone(lease_id))
-            row, slices = taken
-            holder_name = row[0]
+            holder_name, slices = taken
             if requester is not None and requester != holder_name:
                 # Raising rolls the delete back.
                 raise Forbidden(
@@ -497,7 +497,6 @@ class Pool:
             allocated = view.allocated
             for uuid, mib in slices:
                 allocated[uuid] = allocated.get(uuid, 0) - mib
-            accounting.record_taken(tx, lease_id, row, [Slice(u, m) for u, m in slices], view.memory_of, now)
         if log.isEnabledFor(INFO):
             log.info("lease %s released", lease_id)
 
@@ -514,7 +513,7 @@ class Pool:
         # Not through the view: the sweep runs in threads that serve no claims, where
         # rebuilding a view (a SUM over every slice) under the write lock would be wasted.
         with self.store.write() as tx:
-            return self._expire(tx, self.clock(), {d.uuid: d.memory_mib for d in self._devices(tx)})
+            return self._expire(tx, self.clock())
 
     def status(self) -> PoolStatus:
         """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""
@@ -587,7 +586,8 @@ class Pool:
             return accounting.usage(tx, memory_of, since, end, by, now)
 
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
-        """The lease as soon as it is preempted, else after `timeout_s`; NotFound once it is gone."""
+        """The lease as soon as it is preempted, else after `timeout_s`; NotFound once it is gone,
+        Unavailable once the pool is closed (by another thread: the runner does not wait for its watch)."""
         timeout_s = _check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -595,7 +595,8 @@ class Pool:
             remaining = deadline - time.monotonic()
             if lease.preempted_at is not None or remaining <= 0:
                 return lease
-            time.sleep(min(WATCH_POLL_S, remaining))
+            if self._closed.wait(min(WATCH_POLL_S, remaining)):
+                raise Unavailable(f"the pool was closed while lease {lease_id} was watched")
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
@@ -657,13 +658,14 @@ class Pool:
             )
         return lease
 
-    def _expire(self, tx: Tx, now: float, memory_of: Dict[str, int]) -> List[Lease]:
+    def _expire(self, tx: Tx, now: float) -> List[Lease]:
         expired: List[Lease] = []
         if tx.has_expired_leases(now):
             expired = tx.leases("expires_at < ?", (now,))
             for lease in expired:
+                # ended when its expiry (or reaping) came, not when a transaction noticed
+                tx.record_end(lease.id, lease.expires_at, "expired" if lease.preempted_at is None else "preempted")
                 tx.delete_lease(lease.id)
-                accounting.record_ended(tx, lease, memory_of, lease.expires_at)
                 if lease.preempted_at is not None:
                     log.warning(
                         "lease %s of %s preempted and not released within %g s; reaped",

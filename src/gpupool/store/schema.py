@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS queues (
     weight     REAL NOT NULL,       -- share of idle GPUs lent
     limit_gpus REAL                 -- NULL: no cap
 );
--- one row per lease that ended, written in the transaction that ended it: usage accounting
+-- one row per lease that ended, written in the transaction that ended it: usage accounting.
+-- No index: one would cost every release another page written; `gpupool usage` scans instead.
 CREATE TABLE IF NOT EXISTS lease_history (
     lease_id     TEXT NOT NULL,
     queue        TEXT NOT NULL,
@@ -82,7 +83,6 @@ CREATE TABLE IF NOT EXISTS lease_history (
     reason       TEXT NOT NULL,     -- HISTORY_REASONS
     preempted_at REAL
 );
-CREATE INDEX IF NOT EXISTS history_by_end ON lease_history (ended_at);
 """
 
 # Why a lease ended (lease_history.reason): its holder released it, no heartbeat came within its

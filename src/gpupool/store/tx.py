@@ -14,8 +14,6 @@ from ..core.queues import QueueSpec
 
 # The lease columns _lease() reads, in its order.
 LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
-# What take_lease returns of a deleted lease: (holder name, holder JSON, queue, created_at, preempted_at).
-TakenLease = Tuple[str, str, str, float, Optional[float]]
 
 
 class Tx:
@@ -72,19 +70,16 @@ class Tx:
         row = self.conn.execute("SELECT MIN(expires_at) FROM leases").fetchone()
         return float("inf") if row is None or row[0] is None else float(row[0])
 
-    def take_lease(self, lease_id: str) -> Optional[Tuple[TakenLease, List[Tuple[str, int]]]]:
-        """Delete a lease and its slices: (what the history needs of it, [(device uuid, MiB)]), or None.
+    def take_lease(self, lease_id: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
+        """Delete a lease and its slices: (holder name, [(device uuid, MiB)]), or None when absent.
 
         Roll the transaction back to undo it (e.g. when the requester may not release it).
         """
         slices = self.conn.execute(
             "DELETE FROM slices WHERE lease_id = ? RETURNING device_uuid, memory_mib", (lease_id,)
         ).fetchall()
-        rows = self.conn.execute(
-            "DELETE FROM leases WHERE id = ? RETURNING holder_name, holder, queue, created_at, preempted_at",
-            (lease_id,),
-        ).fetchall()
-        return (rows[0], slices) if rows else None
+        rows = self.conn.execute("DELETE FROM leases WHERE id = ? RETURNING holder_name", (lease_id,)).fetchall()
+        return (rows[0][0], slices) if rows else None
 
     def insert_lease(self, lease: Lease) -> None:
         self.conn.execute(
@@ -244,23 +239,18 @@ class Tx:
         return int(leases), int(tickets)
 
     # --- lease history -----------------------------------------------------------
-    def add_history(
-        self,
-        lease_id: str,
-        queue: str,
-        holder_name: str,
-        label: str,
-        gpus: float,
-        started_at: float,
-        ended_at: float,
-        reason: str,
-        preempted_at: Optional[float],
-    ) -> None:
-        """Record a lease that ended (reason: schema.HISTORY_REASONS), in the transaction that ends it."""
+    def record_end(self, lease_id: str, ended_at: float, reason: str) -> None:
+        """Copy a lease that ends into the history (reason: schema.HISTORY_REASONS); call it before
+        deleting the lease, in the same transaction. Its size in GPUs is its slices' MiB over their
+        devices' (a device that is gone counts whole), computed by SQLite: a release stays one
+        statement longer, with no rows coming back to Python."""
         self.conn.execute(
             "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
-            "preempted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, preempted_at),
+            "preempted_at) SELECT l.id, l.queue, l.holder_name, COALESCE(json_extract(l.holder, '$.label'), ''), "
+            "(SELECT COALESCE(SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END), 0) "
+            "FROM slices s LEFT JOIN devices d ON d.uuid = s.device_uuid WHERE s.lease_id = l.id), "
+            "l.created_at, ?, ?, l.preempted_at FROM leases l WHERE l.id = ?",
+            (ended_at, reason, lease_id),
         )
 
     def history(self, since: float, until: float) -> List[Tuple[str, str, str, float, float, float]]:
