@@ -7,13 +7,14 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set, Tuple
 
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
-from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted
+from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease
 from ..core.quantity import format_mib
 from ..core.usage import IsolationMode
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from .preemption import PreemptionWatch
 
 log = get_logger(__name__)
+
+# A rerun's claim against a pool server that does not answer is tried again this often.
+RECLAIM_RETRY_S = 2.0
 
 
 @dataclass
@@ -158,9 +162,12 @@ def _run_once(
             f"lease TTL {options.ttl_s:g}s, queue wait {wait_s:g}s" + (f"; attempt {attempt}" if attempt > 1 else "")
         )
         say(f"Choosing GPUs from server list [{addresses}]")
-        client, lease = choose_and_claim(
-            clients, claim, current_holder(options.label), wait_s=wait_s, ttl_s=options.ttl_s, progress=say
-        )
+        if attempt == 1:
+            client, lease = choose_and_claim(
+                clients, claim, current_holder(options.label), wait_s=wait_s, ttl_s=options.ttl_s, progress=say
+            )
+        else:
+            client, lease = _claim_again(clients, claim, options, say)
         # Before any thread exists (the guard is a fork): orphans of the child re-parent to the
         # runner, and the guard ends the lease's processes if the runner is killed.
         subreaper = become_subreaper()
@@ -238,10 +245,30 @@ def _run_once(
         _release(client, lease, workdir, say)
         if guard is not None:
             guard.collect()
-        if watch is not None and watch.is_alive():
-            # The watch ends once the lease is gone: no thread of this attempt outlives it into
-            # the next one's guard fork.
+        if watch is not None and watch.preempted is not None and watch.is_alive():
+            # A rerun follows only a preemption, after which the watch ends at once: no thread of
+            # this attempt outlives it into the next one's guard fork. Otherwise it is not waited
+            # for (it would notice the release only at its next poll, up to 0.1 s on every run):
+            # closing the client ends it.
             watch.join(timeout=2.0)
+
+
+def _claim_again(
+    clients: List[PoolClient], claim: Claim, options: RunOptions, say: Callable[[str], None]
+) -> Tuple[PoolClient, Lease]:
+    """The rerun's claim: queue as long as it takes, and ride out a pool server that is down for a
+    while (restarting after a crash): the work must not be dropped for that."""
+    told = False
+    while True:
+        try:
+            return choose_and_claim(
+                clients, claim, current_holder(options.label), wait_s=MAX_WAIT_S, ttl_s=options.ttl_s, progress=say
+            )
+        except ServerUnreachable as err:
+            if not told:
+                say(f"warning: {err.message}; trying again every {RECLAIM_RETRY_S:g}s")
+                told = True
+            time.sleep(RECLAIM_RETRY_S)
 
 
 def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> Callable[[Lease], None]:

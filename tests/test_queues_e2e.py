@@ -1,0 +1,236 @@
+"""Issue 17 end to end: two teams share two emulated GPUs through a real server.
+
+Queues a and b have quota 1 each. Team A fills both GPUs (the second on loan); team B's job
+preempts the loan and starts within the grace + 2 s; A's preempted job (`--requeue`) runs again,
+with GPUPOOL_ATTEMPT=2, as soon as B's job ends; `gpupool usage --json` accounts both teams'
+GPU-seconds within 2 % of what the runners' own progress lines show; kill -9 of a runner or of
+the server in the middle of a preemption loses no lease and leaves no process running.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+from tests.conftest import ServerProcess, start_server
+
+PREEMPTEE = str(Path(__file__).parent / "runner" / "preemptee.py")
+CLI = [sys.executable, "-m", "gpupool.cli.main"]
+GRACE_S = 1.0
+# B claims without --wait: a claim within its quota waits for the borrowers it preempts anyway.
+B_FLAGS: Tuple[str, ...] = ()
+
+pytestmark = pytest.mark.slow
+
+
+class Runner:
+    """A `gpupool run` child whose stderr lines are timestamped as they come (the wall-clock
+    truth of when it locked and released its GPUs)."""
+
+    def __init__(self, args: List[str], env: Dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            CLI + ["run", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: List[Tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def held_seconds(self) -> float:
+        """GPU-seconds of its leases (one whole GPU each), from "Locked" to the middle of
+        "Releasing ... / Released ..." (the release call happens between the two)."""
+        total = 0.0
+        locked: Optional[float] = None
+        releasing: Optional[float] = None
+        for at, line in self.lines:
+            if "Locked " in line:
+                locked = at
+            elif "Releasing GPUs" in line:
+                releasing = at
+            elif "Released GPUs" in line and locked is not None and releasing is not None:
+                total += (releasing + at) / 2 - locked
+                locked = releasing = None
+        return total
+
+
+def events(log: Path) -> List[Dict[str, object]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 30.0) -> List[Dict[str, object]]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        seen = [e for e in events(log) if e["event"] == event]
+        if len(seen) >= count:
+            return seen
+        time.sleep(0.01)
+    raise AssertionError(f"no {count} {event!r} events in {log}: {events(log)}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_dead(pid: int, timeout: float = 15.0) -> None:
+    deadline = time.time() + timeout
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), f"process {pid} still runs"
+
+
+def cli(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(CLI + list(args), env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def leases(env: Dict[str, str]) -> List[Dict[str, object]]:
+    return list(json.loads(cli(env, "status", "--json").stdout)["leases"])
+
+
+class Teams:
+    """A server with queues a and b (quota 1 each), and the env of a runner against it."""
+
+    def __init__(self, server: ServerProcess, tmp_path: Path) -> None:
+        self.server = server
+        self.tmp = tmp_path
+        self.env = server.client_env(tmp_path)
+        self.env["GPUPOOL_SERVER"] = server.url
+        for name in ("a", "b"):
+            cli(self.env, "queue", "set", name, "--quota", "1")
+
+    def job(self, name: str, queue: str, *flags: str, mode: str = "") -> Tuple[Runner, Path, Path]:
+        """A runner of the preemptee in `queue`; its event log and stop file."""
+        log, stop = self.tmp / f"{name}.jsonl", self.tmp / f"{name}.stop"
+        args = ["--queue", queue, *flags, "--", sys.executable, PREEMPTEE, str(log), str(stop)]
+        return Runner(args + ([mode] if mode else []), self.env), log, stop
+
+
+@pytest.fixture
+def teams(server_factory, tmp_path: Path) -> Teams:
+    return Teams(server_factory(), tmp_path)
+
+
+def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Teams) -> None:
+    first, first_log, first_stop = teams.job("a1", "a")
+    wait_for_event(first_log, "start")
+    loan, loan_log, loan_stop = teams.job("a2", "a", "--requeue", "--preempt-grace", f"{GRACE_S:g}")
+    wait_for_event(loan_log, "start")
+    time.sleep(1.0)  # A holds both GPUs a while
+
+    b_launched = time.time()
+    b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
+    b_start = wait_for_event(b_log, "start")[0]
+    assert float(b_start["time"]) - b_launched <= GRACE_S + 2, b.stderr
+    term = wait_for_event(loan_log, "sigterm")[0]
+    assert float(term["time"]) <= float(b_start["time"])  # A's loan was stopped first
+    assert "was preempted" in loan.stderr or wait_for_event(loan_log, "sigterm")
+
+    time.sleep(1.5)  # B holds its GPU: A's rerun waits
+    assert [e["event"] for e in events(loan_log)] == ["start", "sigterm"]
+    b_stop.touch()
+    assert b.wait() == 0, b.stderr
+    b_ended = time.time()
+    rerun = wait_for_event(loan_log, "start", count=2)[1]
+    assert rerun["attempt"] == "2" and rerun["preempted"] == "1"
+    assert float(rerun["time"]) - b_ended <= 3.0, "A's rerun must start as soon as B's job ends"
+    assert [e["event"] for e in events(first_log)] == ["start"], "A's job within quota is never preempted"
+    time.sleep(1.0)
+    loan_stop.touch()
+    first_stop.touch()
+    assert loan.wait() == 0, loan.stderr
+    assert first.wait() == 0, first.stderr
+    assert leases(teams.env) == []
+
+    usage = json.loads(cli(teams.env, "usage", "--since", "1h", "--json").stdout)
+    measured = {row["key"]: float(row["gpu_seconds"]) for row in usage["usage"]}
+    truth = {"a": first.held_seconds() + loan.held_seconds(), "b": b.held_seconds()}
+    for team in ("a", "b"):
+        assert truth[team] > 1.0
+        assert abs(measured[team] - truth[team]) <= 0.02 * truth[team], (team, measured, truth)
+
+
+def test_kill_9_of_a_runner_while_it_is_being_preempted(teams: Teams) -> None:
+    first, first_log, first_stop = teams.job("a1", "a")
+    wait_for_event(first_log, "start")
+    # Ignores SIGTERM: the preemption is still in its grace when the runner dies.
+    loan, loan_log, _ = teams.job("a2", "a", "--preempt-grace", "3", mode="ignore-term")
+    loan_pid = int(wait_for_event(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
+    b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
+    wait_for_event(loan_log, "sigterm")
+    loan.proc.send_signal(signal.SIGKILL)
+    loan.wait()
+    wait_dead(loan_pid)  # the runner's guard ended it
+    wait_for_event(b_log, "start", timeout=3 + 5 + 10)  # the pool reaps the loan after grace + margin
+    held = leases(teams.env)
+    assert sorted(str(x["queue"]) for x in held) == ["a", "b"]  # A's job within quota kept its lease
+    for stop, runner in ((b_stop, b), (first_stop, first)):
+        stop.touch()
+        assert runner.wait() == 0, runner.stderr
+    assert leases(teams.env) == []
+
+
+def test_kill_9_of_the_server_while_a_lease_is_being_preempted(teams: Teams, tmp_path: Path) -> None:
+    first, first_log, first_stop = teams.job("a1", "a")
+    wait_for_event(first_log, "start")
+    loan, loan_log, loan_stop = teams.job("a2", "a", "--requeue", "--preempt-grace", "2", mode="ignore-term")
+    loan_pid = int(wait_for_event(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
+    b, b_log, b_stop = teams.job("b", "b", "--wait", "60")
+    wait_for_event(loan_log, "sigterm")
+    held_before = {str(x["id"]) for x in leases(teams.env)}
+    teams.server.stop(signal.SIGKILL)
+    # The runner's own timer SIGKILLs the command after the grace, server or not.
+    wait_dead(loan_pid, timeout=2 + 5)
+    port = teams.server.url.rsplit(":", 1)[1]
+    restarted = start_server(teams.server.state, "--listen", f"127.0.0.1:{port}")
+    try:
+        assert restarted.url == teams.server.url
+        env = dict(teams.env, GPUPOOL_TOKEN=restarted.token or "")
+        # A's lease within quota survived the crash; the preempted loan is released or reaped.
+        after = {str(x["id"]) for x in leases(env)}
+        first_lease = str(events(first_log)[0]["lease"])
+        assert first_lease in held_before and first_lease in after
+        if b.proc.poll() is not None:  # its claim was cut by the crash: B claims again
+            b = Runner(["--queue", "b", "--wait", "60", "--", sys.executable, PREEMPTEE, str(b_log), str(b_stop)], env)
+        wait_for_event(b_log, "start", timeout=2 + 5 + 20)
+        b_stop.touch()
+        assert b.wait() == 0, b.stderr
+        rerun = wait_for_event(loan_log, "start", count=2, timeout=30)[1]
+        assert rerun["attempt"] == "2"
+        loan_stop.touch()
+        first_stop.touch()
+        # ignore-term only matters for a SIGTERM: the rerun ends at its stop file.
+        assert loan.wait() == 0, loan.stderr
+        assert first.wait() == 0, first.stderr
+        assert leases(env) == []
+        for entry in events(loan_log) + events(first_log) + events(b_log):
+            wait_dead(int(entry["pid"]))  # type: ignore[arg-type]
+    finally:
+        restarted.stop(signal.SIGKILL)
