@@ -91,13 +91,13 @@ def test_hostile_queue_flags_are_exit_2_one_liners(tmp_path, args, words):
 
 @pytest.mark.parametrize("since", ["yesterday", "-5h", "nan", "1e400", "2999-01-01", "24x"])
 def test_a_bad_since_is_an_exit_2_one_liner(tmp_path, since):
-    one_line_exit_2(gpupool("usage", "--since", since, env=embedded_env(tmp_path)), "--since", since)
+    one_line_exit_2(gpupool("usage", f"--since={since}", env=embedded_env(tmp_path)), "--since", since)
 
 
 def test_usage_on_the_embedded_pool_as_table_json_and_csv(tmp_path):
     env = embedded_env(tmp_path)
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
-    done = gpupool("run", "-n", "1", "--fraction", "0.5", "--queue", "team-a", "--", "sleep", "1", env=env)
+    done = gpupool("run", "-n", "1", "-p", "0.5", "--queue", "team-a", "--", "sleep", "1", env=env)
     if done.returncode != 0 and "--queue" in done.stderr:
         pytest.skip("gpupool run --queue is not there yet (RUNNER)")
     assert done.returncode == 0, done.stderr
@@ -134,8 +134,7 @@ def test_queues_usage_and_bound_tokens_against_a_server(running_server, tmp_path
     done = gpupool(*args, "--queue", "team-a", "--out", str(out), env=env)
     assert done.returncode == 0, done.stderr
     with tarfile.open(out) as tar:
-        config = tar.extractfile("client.yaml").read().decode()
-    alice_token = next(line.split(":", 1)[1].strip() for line in config.splitlines() if "token:" in line)
+        alice_token = json.loads(tar.extractfile("client.yaml").read())["servers"][0]["token"]
 
     alice_env = dict(env, GPUPOOL_TOKEN=alice_token)
     done = gpupool("queue", "set", "team-b", "--quota", "1", "--server", s.url, env=alice_env)

@@ -23,8 +23,8 @@ def put_queue(s, name: str, body, token=None) -> httpx.Response:
     return httpx.put(f"{s.url}/v1/queues/{name}", content=content, headers=headers)
 
 
-def claim(s, token=None, wait_s: float = 0.0, **fields) -> httpx.Response:
-    body = {"claim": {**WHOLE, **fields}, "holder": {"pid": 1}, "wait_s": wait_s}
+def claim(s, token=None, wait_s: float = 0.0, ttl_s: float = 60.0, **fields) -> httpx.Response:
+    body = {"claim": {**WHOLE, **fields}, "holder": {"pid": 1}, "wait_s": wait_s, "ttl_s": ttl_s}
     return httpx.post(s.url + "/v1/leases", json=body, headers=s.headers(token), timeout=wait_s + 30)
 
 
@@ -229,7 +229,7 @@ def test_usage_reports_gpu_seconds_by_queue_and_refuses_bad_queries(running_serv
     assert r.status_code == 200, r.text
     rows = {row["key"]: row for row in r.json()["usage"]}
     assert 0.9 <= rows["a"]["gpu_seconds"] < 10 and rows["a"]["leases"] == 1
-    assert rows["a"]["gpu_hours"] == pytest.approx(rows["a"]["gpu_seconds"] / 3600)
+    assert rows["a"]["gpu_hours"] == pytest.approx(rows["a"]["gpu_seconds"] / 3600, abs=1e-6)
     by_holder = httpx.get(s.url + "/v1/usage", params={"by": "holder"}, headers=s.headers()).json()
     assert by_holder["by"] == "holder" and by_holder["usage"]
     for params in ({"since": "nan"}, {"since": "-5"}, {"since": "abc"}, {"by": "team"}, {"since": "1e400"}):

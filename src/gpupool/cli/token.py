@@ -59,16 +59,7 @@ def handle_create(args: argparse.Namespace) -> int:
     name = args.name or getpass.getuser()
     ca_pem = _ca_pem(args.ca, args.state)
     if args.state:
-        from ..pool import Pool
-        from ..server.auth import create_token, require_queue
-
-        pool = Pool(Path(args.state).expanduser())
-        try:
-            if args.queue:
-                require_queue(pool, args.queue)
-            token = create_token(pool.store, name, args.admin, queue=args.queue)
-        finally:
-            pool.close()
+        token = _create_local(Path(args.state).expanduser(), name, args.admin, args.queue)
     else:
         token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem, args.queue)
     if any(u.startswith("https://") for u in urls) and not ca_pem:
@@ -81,6 +72,26 @@ def handle_create(args: argparse.Namespace) -> int:
     print(f"token {name!r}{bound} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)
     print(f"install: mkdir -p ~/.gpupool && tar -xf {args.out} -C ~/.gpupool", file=sys.stderr)
     return 0
+
+
+def _create_local(state: Path, name: str, admin: bool, queue: str) -> str:
+    """The token made in the state dir; the pool is opened only to check a queue to bind it to."""
+    from ..server.auth import create_token, require_queue
+    from ..store import Store
+
+    if queue:
+        from ..pool import Pool
+
+        pool = Pool(state)
+        try:
+            require_queue(pool, queue)
+        finally:
+            pool.close()
+    store = Store(state)
+    try:
+        return create_token(store, name, admin, queue=queue)
+    finally:
+        store.close()
 
 
 def _ca_pem(ca: Optional[str], state: Optional[str]) -> Optional[str]:
