@@ -1,0 +1,117 @@
+"""The runner's preemption watch against a scripted client: one stop per preemption, from the
+watch or the heartbeat's fallback, no busy loop against a server without long polls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, List, Optional
+
+import pytest
+
+from gpupool.core.errors import NotFound, ServerUnreachable
+from gpupool.core.model import Holder, Lease
+from gpupool.runner import preemption
+from gpupool.runner.preemption import PreemptionWatch
+
+
+def lease(preempted_at: Optional[float] = None) -> Lease:
+    return Lease(
+        id="lease-1",
+        holder=Holder(name="a", pid=1, host="h"),
+        slices=(),
+        ttl_s=30.0,
+        created_at=0.0,
+        expires_at=30.0,
+        queue="a",
+        preempt_grace_s=1.0,
+        preempted_at=preempted_at,
+    )
+
+
+class ScriptedClient:
+    """`watch` answers with what `answer` returns for the n-th call (0-based)."""
+
+    address = "scripted"
+
+    def __init__(self, answer: Callable[[int], Lease]) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def watch(self, lease_id: str, timeout_s: float) -> Lease:
+        n = self.calls
+        self.calls += 1
+        return self.answer(n)
+
+
+class Stops:
+    def __init__(self) -> None:
+        self.leases: List[Lease] = []
+        self.threads: List[str] = []
+        self.done = threading.Event()
+
+    def __call__(self, seen: Lease) -> None:
+        self.leases.append(seen)
+        self.threads.append(threading.current_thread().name)
+        self.done.set()
+
+
+def test_a_preempted_answer_stops_the_command_once() -> None:
+    stops = Stops()
+    watch = PreemptionWatch(ScriptedClient(lambda n: lease(preempted_at=123.0)), "lease-1", stops)  # type: ignore[arg-type]
+    watch.start()
+    assert stops.done.wait(5)
+    watch.join(5)
+    watch.notice(lease(preempted_at=124.0))  # the heartbeat saw it too: no second stop
+    watch.join_stopper(5)
+    assert [s.preempted_at for s in stops.leases] == [123.0]
+    assert watch.preempted is not None and watch.preempted.preempted_at == 123.0
+    assert stops.threads[0].startswith("gpupool-preempt-")
+
+
+def test_the_heartbeat_fallback_stops_it_while_a_watch_hangs() -> None:
+    release = threading.Event()
+
+    def hang(n: int) -> Lease:
+        release.wait(10)
+        return lease()
+
+    stops = Stops()
+    watch = PreemptionWatch(ScriptedClient(hang), "lease-1", stops)  # type: ignore[arg-type]
+    watch.start()
+    started = time.monotonic()
+    watch.notice(lease())  # not preempted: nothing happens
+    assert not stops.done.wait(0.2)
+    watch.notice(lease(preempted_at=5.0))
+    assert stops.done.wait(5) and time.monotonic() - started < 2
+    release.set()
+    watch.join(5)
+    assert not watch.is_alive()
+    assert len(stops.leases) == 1
+
+
+def test_a_server_without_long_polls_is_not_polled_in_a_busy_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preemption, "WATCH_S", 0.5)
+    client = ScriptedClient(lambda n: lease())  # answers at once, never preempted
+    watch = PreemptionWatch(client, "lease-1", Stops())  # type: ignore[arg-type]
+    watch.start()
+    time.sleep(1.2)
+    watch.stop()
+    watch.join(5)
+    assert 2 <= client.calls <= 4
+
+
+def test_errors_are_retried_and_a_gone_lease_ends_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preemption, "RETRY_S", 0.01)
+
+    def flaky(n: int) -> Lease:
+        if n < 3:
+            raise ServerUnreachable("down")
+        raise NotFound("gone")
+
+    client = ScriptedClient(flaky)
+    stops = Stops()
+    watch = PreemptionWatch(client, "lease-1", stops)  # type: ignore[arg-type]
+    watch.start()
+    watch.join(5)
+    assert not watch.is_alive() and client.calls == 4 and not stops.leases
