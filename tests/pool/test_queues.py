@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
+import os
+import signal
 import threading
 import time
 
@@ -216,3 +219,61 @@ def test_watch_times_out_and_says_when_the_lease_is_gone(pool):
     pool.release(lease.id)
     with pytest.raises(NotFound):
         pool.watch(lease.id, 1)
+
+
+def _hold_until_preempted(state_dir: str, ready, done) -> None:
+    """A borrower in its own process: holds a lease, heartbeats, releases as soon as it is preempted."""
+    pool = Pool(state_dir)
+    pool.claim(whole("a"), Holder("alice"), ttl_s=60)
+    lease = pool.claim(whole("a"), Holder("alice"), ttl_s=60)
+    ready.put(lease.id)
+    while pool.watch(lease.id, 0.5).preempted_at is None:
+        pool.heartbeat(lease.id)
+    pool.release(lease.id)
+    done.put("released")
+    time.sleep(60)  # keeps its within-quota lease until killed
+
+
+def _spawn_holder(tmp_path):
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_hold_until_preempted, args=(str(tmp_path), ready, done))
+    proc.start()
+    return proc, ready.get(timeout=30), done
+
+
+@pytest.mark.slow
+def test_a_borrower_in_another_process_is_told_at_once_and_releases(pool, tmp_path):
+    proc, borrowed, done = _spawn_holder(tmp_path)
+    try:
+        started = time.monotonic()
+        lease = pool.claim(whole("b", grace=30), Holder("bob"))  # its wait: the grace, though 0 was asked
+        assert done.get(timeout=10) == "released"
+        # told through watch and released: sooner than the reaping (its grace 0.5 s + the margin)
+        assert time.monotonic() - started < 0.5 + PREEMPT_REAP_MARGIN_S
+        assert lease.queue == "b"
+        with pytest.raises(NotFound):
+            pool.lease(borrowed)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+
+
+@pytest.mark.slow
+def test_a_borrower_killed_mid_preemption_loses_no_lease(pool, tmp_path):
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_hold_until_preempted, args=(str(tmp_path), ready, done))
+    proc.start()
+    borrowed = ready.get(timeout=30)
+    os.kill(proc.pid, signal.SIGKILL)  # it will never release: the pool reaps it after the grace
+    proc.join(10)
+    started = time.monotonic()
+    lease = pool.claim(whole("b", grace=0.2), Holder("bob"))
+    waited = time.monotonic() - started
+    assert lease.queue == "b"
+    assert waited < 0.2 + PREEMPT_REAP_MARGIN_S + 2
+    leases = {x.id: x for x in pool.status().leases}
+    assert borrowed not in leases and len(leases) == 2  # a's within-quota lease stays until its TTL
+    (reaped,) = pool.store.connection().execute("SELECT reason FROM lease_history WHERE lease_id = ?", (borrowed,))
+    assert reaped == ("preempted",)
