@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -24,6 +25,10 @@ from gpupool.train.preempt import STOPPED_EXIT_CODE  # noqa: E402
 from .conftest import gpupool_cmd, run_env, run_gpupool  # noqa: E402
 
 # One loader worker: it shares the trainer's process group, so it gets the SIGTERM too.
+# Touches argv[2] once it runs, then waits for argv[1].
+WAIT_FOR_FILE = (
+    "import os, sys, time\nopen(sys.argv[2], 'w').close()\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+)
 ARGS = ["--model", "convnet", "--image-size", "32", "--workers", "1", "--epochs", "3", "--batch-size", "4"]
 
 
@@ -77,3 +82,52 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_like_an_unbroken_run(digits_
     # Same samples in the same order, same RNG and optimizer state: CPU training lands on the same model.
     assert report["test_accuracy"] == reference["test_accuracy"]
     assert abs(_rows(out)[1]["train_loss"] - _rows(tmp_path / "unbroken")[1]["train_loss"]) < 1e-4
+
+
+@pytest.mark.slow
+def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(digits_dir: Path, tmp_path: Path) -> None:
+    """The whole path: team B preempts the trainer's borrowed GPU; the runner SIGTERMs it, the
+    trainer saves, the runner claims again after B and the rerun resumes to the last epoch."""
+    env = run_env(
+        {"GPUPOOL_STATE": str(tmp_path / "state"), "GPUPOOL_DEVICES": "emulated:2x16GiB", "HOME": str(tmp_path)}
+    )
+    for name in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN", "GPUPOOL_CONFIG"):
+        env.pop(name, None)
+
+    def gpupool(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(gpupool_cmd(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    for name in ("a", "b"):
+        done = subprocess.run(
+            gpupool_cmd("queue", "set", name, "--quota", "1"), env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    stop = tmp_path / "stop-a1"
+    running = tmp_path / "a1-runs"
+    within_quota = gpupool("run", "--queue", "a", "--", sys.executable, "-c", WAIT_FOR_FILE, str(stop), str(running))
+    deadline = time.monotonic() + 60
+    while not running.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.exists(), "A's job within quota never started"
+    out = tmp_path / "run"
+    train_args = ["--data", str(digits_dir), "--out", str(out), "--device", "cpu", "--patience", "50"]
+    train_args += ["--model", "convnet", "--image-size", "32", "--workers", "0", "--epochs", "3", "--batch-size", "4"]
+    borrowed = gpupool(
+        "run", "--queue", "a", "--requeue", "--preempt-grace", "60", "--", *gpupool_cmd("train", *train_args)
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not _rows(out) and borrowed.poll() is None:
+        time.sleep(0.05)
+    assert _rows(out), "the first epoch never finished"
+    team_b = gpupool("run", "--queue", "b", "--", sys.executable, "-c", "import time; time.sleep(1)")
+    _, b_err = team_b.communicate(timeout=120)
+    assert team_b.returncode == 0, b_err
+    _, err = borrowed.communicate(timeout=300)
+    stop.touch()
+    within_quota.communicate(timeout=60)
+    assert borrowed.returncode == 0, err
+    assert "was preempted" in err and "stopped by SIGTERM after" in err and "attempt 2" in err, err
+    assert "resuming" in err, err
+    assert _report(out)["epochs_run"] == 3
+    assert [r["epoch"] for r in _rows(out)] == [1, 2, 3]
+    assert within_quota.returncode == 0
