@@ -211,7 +211,8 @@ async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
     if not isinstance(is_admin, bool):
         raise InvalidInput(f"admin {is_admin!r} must be true or false")
     name = check_name(body.get("name"))
-    queue = body.get("queue") or ""
+    queue = body.get("queue")
+    queue = "" if queue is None else queue
     if not isinstance(queue, str):
         raise InvalidInput(f"queue {queue!r} must be a queue name (gpupool queue list)")
     if queue:

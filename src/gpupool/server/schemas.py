@@ -157,7 +157,11 @@ def component_schemas() -> Dict[str, Any]:
             {
                 "name": {"type": "string", "pattern": NAME_PATTERN, "not": {"const": ADMIN_NAME}},
                 "admin": {"type": "boolean", "default": False},
-                "queue": {"type": ["string", "null"], "description": "the one queue its claims may use"},
+                "queue": {
+                    "type": ["string", "null"],
+                    "pattern": f"^({QUEUE_NAME_RE.pattern})?$",
+                    "description": "the one queue (it must exist) its claims may use",
+                },
             },
             ("name",),
             closed=True,
