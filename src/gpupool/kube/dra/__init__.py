@@ -1,0 +1,2 @@
+"""The kubelet DRA plugin (resource.k8s.io/v1): registration, NodePrepare/UnprepareResources,
+CDI specs, a checkpoint of prepared claims and the node's ResourceSlices."""
