@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -95,6 +95,7 @@ class Waiter:
     # The wait it gets: the wait asked, or longer while it waits for leases it preempted.
     wait_s: float = 0.0
     started: float = 0.0  # pool clock when it was queued
+    begun: float = field(default_factory=time.monotonic)  # when its wait began (waiter_pauses counts from it)
 
 
 @dataclass
@@ -242,16 +243,11 @@ class Pool:
         if isinstance(started, Lease):
             return started
         waiter = started
+        waiter.begun = begun
         granted = False
         try:
-            delay = POLL_MIN_S
-            while True:
-                # waiter.wait_s grows when the claim preempts leases and waits for them
-                remaining = begun + waiter.wait_s - time.monotonic()
-                if remaining <= 0:
-                    break
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 1.5, POLL_MAX_S)
+            for pause in waiter_pauses(waiter):
+                time.sleep(pause)
                 lease = self.try_grant(waiter)
                 if lease is not None:
                     granted = True
@@ -587,7 +583,7 @@ class Pool:
 
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
         """The lease as soon as it is preempted, else after `timeout_s`; NotFound once it is gone,
-        Unavailable once the pool is closed (by another thread: the runner does not wait for its watch)."""
+        GpupoolError once the pool is closed (by another thread: the runner does not wait for its watch)."""
         timeout_s = _check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -596,7 +592,7 @@ class Pool:
             if lease.preempted_at is not None or remaining <= 0:
                 return lease
             if self._closed.wait(min(WATCH_POLL_S, remaining)):
-                raise Unavailable(f"the pool was closed while lease {lease_id} was watched")
+                raise GpupoolError(f"the pool was closed while lease {lease_id} was watched")
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
@@ -686,6 +682,19 @@ class Pool:
                 tx.delete_ticket(ticket)
                 log.info("dropped ticket %d of a waiter that is gone", ticket)
         return expired
+
+
+def waiter_pauses(waiter: Waiter, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
+    """The pauses of a waiting claim between polls (the schedule of `poll_delays`), ending when
+    `waiter.wait_s` has passed since `waiter.begun`. It reads `wait_s` at every pause, because
+    the wait grows while the claim waits for the leases it preempted."""
+    delay = POLL_MIN_S
+    while True:
+        remaining = waiter.begun + waiter.wait_s - clock()
+        if remaining <= 0:
+            return
+        yield min(delay, remaining)
+        delay = min(delay * 1.5, POLL_MAX_S)
 
 
 def poll_delays(wait_s: float, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
