@@ -18,7 +18,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
+from gpupool.isolation import env as contract  # noqa: E402
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
+from gpupool.train import preempt  # noqa: E402
 from gpupool.train.checkpoint import CHECKPOINT_FILE  # noqa: E402
 from gpupool.train.preempt import STOPPED_EXIT_CODE  # noqa: E402
 
@@ -41,6 +43,10 @@ def _rows(run: Path) -> List[Dict[str, Any]]:
 
 def _report(run: Path) -> Dict[str, Any]:
     return json.loads((run / "report.json").read_text())
+
+
+def test_the_trainer_reads_the_env_names_the_runner_sets() -> None:
+    assert (preempt.PREEMPTED_ENV, preempt.ATTEMPT_ENV) == (contract.PREEMPTED_ENV, contract.ATTEMPT_ENV)
 
 
 @pytest.mark.slow

@@ -16,9 +16,12 @@ from typing import Any, Optional
 
 import torch
 
-from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
 from gpupool.train import distributed
 
+# What `gpupool run --requeue` sets on a rerun: named in gpupool.isolation.env, repeated here
+# because the trainer imports core only (tests/train/test_train_preempt.py checks they agree).
+PREEMPTED_ENV = "GPUPOOL_PREEMPTED"
+ATTEMPT_ENV = "GPUPOOL_ATTEMPT"
 # 128 + SIGTERM: what a shell reports for a command ended by SIGTERM.
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM
 
