@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from ..core.errors import InvalidInput
+from ..kube.dra import DEFAULT_DRIVER
+from ..kube.dra.cdi import DEFAULT_CDI_DIR
 from .server import add_enforcement_arguments, node_enforcement
 
 
@@ -95,6 +97,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="seconds between passes of the reaper (default 30)",
     )
+    p.add_argument(
+        "--dra",
+        action="store_true",
+        help="also serve Dynamic Resource Allocation (resource.k8s.io/v1): a kubelet DRA plugin and ResourceSlices",
+    )
+    p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"the DRA driver name (default {DEFAULT_DRIVER})")
+    p.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"where DRA writes CDI specs (default {DEFAULT_CDI_DIR})")
+    p.add_argument("--no-device-plugin", action="store_true", help="with --dra: serve DRA only")
     add_enforcement_arguments(p)
     p.set_defaults(func=handle_agent)
 
@@ -231,6 +241,10 @@ def handle_agent(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_ca_cert=args.tls_ca_cert,
         tls_ca_key=args.tls_ca_key,
+        dra=args.dra,
+        dra_driver=args.driver,
+        cdi_dir=args.cdi_dir,
+        device_plugin=not args.no_device_plugin,
     )
     config.check()  # before anything starts
     run_agent(config)

@@ -23,6 +23,8 @@ from ..pool import Pool
 from ..server.serve import NodeEnforcement
 from ..store import Store
 from .apiserver import core_v1
+from .dra import DEFAULT_DRIVER
+from .dra.cdi import DEFAULT_CDI_DIR
 
 if TYPE_CHECKING:
     from ..devices.health import HealthWatcher
@@ -50,6 +52,11 @@ class AgentConfig:
     tls_key: Optional[str] = None
     tls_ca_cert: Optional[str] = None
     tls_ca_key: Optional[str] = None
+    # DRA (resource.k8s.io/v1): a kubelet DRA plugin on the same pool, beside or instead of the device plugin.
+    dra: bool = False
+    dra_driver: str = DEFAULT_DRIVER
+    cdi_dir: str = DEFAULT_CDI_DIR
+    device_plugin: bool = True
 
     @property
     def tls(self) -> bool:
@@ -69,6 +76,12 @@ class AgentConfig:
         if self.tls_cert and self.tls_ca_cert:
             raise InvalidInput("give --tls-cert/--tls-key or --tls-ca-cert/--tls-ca-key, not both")
         host, _ = parse_listen(self.listen)
+        if not self.dra and not self.device_plugin:
+            raise InvalidInput("--no-device-plugin needs --dra: the agent must serve the kubelet one way")
+        if self.dra:
+            from .dra.plugin import DraConfig
+
+            DraConfig(driver=self.dra_driver).check()
         if not self.tls and not _loopback(host):
             raise InvalidInput(
                 f"--listen {self.listen}: the agent takes bearer tokens, so off loopback it serves HTTPS only; "
@@ -219,6 +232,11 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
         live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
     devices = discover(config.devices, node)
     config.check()
+    dra_api = None
+    if config.dra:
+        from .dra.apiclient import from_environment
+
+        dra_api = from_environment("the DRA plugin reads ResourceClaims and writes ResourceSlices")
     cert, key = serving_files(config, node)
     prepared = prepare(
         ServerConfig(
@@ -238,6 +256,11 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     stop = threading.Event()
     # In mps mode the webhook mounts the agent's MPS pipe folder (STATE/mps/pipe) into GPU pods.
     plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise))
+    # On a DRA-only node the device-plugin folder may not exist: DRA serves alone there.
+    with_device_plugin = config.device_plugin and (not config.dra or os.path.isdir(config.kubelet_dir))
+    if config.device_plugin and not with_device_plugin:
+        log.warning("no device plugin: %s does not exist (DRA only)", config.kubelet_dir)
+    dra = None
     serving = False
     try:
         if config.tokens_dir and os.path.isdir(config.tokens_dir):
@@ -250,7 +273,18 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
 
             return _PoolHealth(HealthWatcher(uuids), prepared.pool)
 
-        plugin.start()
+        if dra_api is not None:
+            from .dra.plugin import DraConfig, DraPlugin
+
+            dra = DraPlugin(
+                prepared.pool,
+                dra_api,
+                DraConfig(config.kubelet_dir, config.dra_driver, config.cdi_dir, config.state_dir, node),
+            )
+            dra.start()
+        if with_device_plugin:
+            plugin.start()
+        # Health also marks the pool's devices, which the DRA plugin republishes its slice from.
         watch_health(plugin, health_watcher)
         if live is not None:
             source = live
@@ -260,6 +294,8 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     finally:
         stop.set()
         plugin.stop()
+        if dra is not None:
+            dra.stop()
         if not serving:  # run() closes it itself
             prepared.close()
     log.info("agent stopped")

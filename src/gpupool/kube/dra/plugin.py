@@ -21,6 +21,7 @@ import grpc
 from ...core.errors import InvalidInput
 from ...isolation.hookdir import write_hook_dir
 from ...pool import Pool
+from . import DEFAULT_DRIVER
 from . import dra_pb2 as pb
 from . import dra_pb2_grpc as rpc
 from . import pluginregistration_pb2_grpc as reg_rpc
@@ -34,7 +35,7 @@ from .slices import SlicePublisher
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER = "gpu.gpupool.io"
+MAX_SOCKET_PATH = 107  # sun_path less its terminating NUL
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -172,6 +173,8 @@ class DraPlugin:
 
     @staticmethod
     def _bind(server: grpc.Server, path: str) -> None:
+        if len(path.encode()) > MAX_SOCKET_PATH:
+            raise InvalidInput(f"socket path {path} is longer than a Unix socket allows: use a shorter --kubelet-dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _unlink(path)  # left by a plugin that was killed
         server.add_insecure_port(f"unix://{path}")
