@@ -180,3 +180,19 @@ def test_published_slices_validate_strictly(node, version):
     assert len(api.slice_writes) == 2
     for _, body in api.slice_writes:
         kv.validate(body, version, strict=True)
+
+
+def test_renewal_keeps_the_lease_and_takes_a_lost_one_again(node):
+    api, pool, plugin, kubelet, base = node
+    api.add_claim(resource_claim(NS, "trainer-gpu", UID, [result("gpu-0", "8Gi")]))
+    kubelet.register(plugin.registration_socket)
+    assert kubelet.prepare(CLAIM).claims[UID].error == ""
+    [lease] = dra_leases(pool)
+    plugin.preparer.renew()
+    assert [x.id for x in dra_leases(pool)] == [lease.id]
+    pool.release(lease.id)  # lost behind the plugin's back (an admin, or an expiry while it was down)
+    plugin.preparer.renew()
+    [again] = dra_leases(pool)
+    assert again.id != lease.id and plugin.checkpoint.get(UID).lease_id == again.id
+    assert kubelet.unprepare(CLAIM).claims[UID].error == ""
+    assert dra_leases(pool) == []
