@@ -25,7 +25,7 @@ from ..core.errors import (
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease, Policy
-from ..pool import Pool, Waiter, poll_delays
+from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
 from .wire import json_object
@@ -102,7 +102,9 @@ class LeaseApi:
             return started
         waiter: Optional[Waiter] = started
         try:
-            for pause in poll_delays(wait_s):  # the pool's one backoff schedule
+            # The pool's one backoff schedule, over the wait the claim gets: longer than `wait_s`
+            # (even 0) while it waits for the leases it preempted to stop.
+            for pause in waiter_pauses(started):
                 await asyncio.sleep(pause)
                 lease = pool.try_grant(started)
                 if lease is not None:
@@ -110,7 +112,7 @@ class LeaseApi:
                     return lease
                 if await disconnected():
                     raise Unavailable("the client went away while its claim waited")
-            raise pool.timed_out(started, wait_s)
+            raise pool.timed_out(started, started.wait_s)
         finally:
             if waiter is not None:
                 pool.cancel(waiter)
