@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
-from .model import Claim, Device, Lease, Slice, allocated_by_device, check_queue_name
+from .model import Claim, Device, Lease, Slice, check_queue_name
 from .placement import Placement
 
 NO_QUEUE = ""
@@ -427,14 +427,6 @@ def usage_rows(spans: Iterable[UsageSpan], since: float, until: float, by: str) 
         seconds[key] = seconds.get(key, 0.0) + max(0.0, overlap) * span.gpus
         counts[key] = counts.get(key, 0) + 1
     return sorted((UsageRow(k, seconds[k], counts[k]) for k in seconds), key=lambda r: (-r.gpu_seconds, r.key))
-
-
-def allocation_without(allocated: Mapping[str, int], leases: Iterable[Lease]) -> Dict[str, int]:
-    """`allocated` with `leases` taken out (what placement sees once they are gone)."""
-    free = dict(allocated)
-    for uuid, mib in allocated_by_device(leases).items():
-        free[uuid] = free.get(uuid, 0) - mib
-    return free
 
 
 __all__ = [
