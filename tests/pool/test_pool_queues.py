@@ -277,3 +277,29 @@ def test_a_borrower_killed_mid_preemption_loses_no_lease(pool, tmp_path):
     assert borrowed not in leases and len(leases) == 2  # a's within-quota lease stays until its TTL
     (reaped,) = pool.store.connection().execute("SELECT reason FROM lease_history WHERE lease_id = ?", (borrowed,))
     assert reaped == ("preempted",)
+
+
+def test_priority_orders_the_waiting_line_of_a_pool_without_queues(tmp_path):
+    pool = Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n")
+    try:
+        blocker = pool.claim(Claim.single(1, fraction=1.0), Holder("x"))
+        low = pool.begin_claim(Claim.single(1, fraction=1.0), Holder("low"), wait_s=60)
+        high = pool.begin_claim(Claim.single(1, fraction=1.0, priority=5), Holder("high"), wait_s=60)
+        assert isinstance(low, Waiter) and isinstance(high, Waiter)
+        pool.release(blocker.id)
+        assert pool.try_grant(low) is None and "1 earlier claim" in low.reason
+        granted = pool.try_grant(high)
+        assert granted is not None and granted.priority == 5
+    finally:
+        pool.close()
+
+
+def test_the_pool_grace_applies_to_claims_that_give_none(tmp_path):
+    with pytest.raises(InvalidClaim, match="preempt_grace_s"):
+        Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), preempt_grace_s=math.nan)
+    pool = Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n", preempt_grace_s=7)
+    try:
+        assert pool.claim(Claim.single(1, fraction=0.5), Holder("x")).preempt_grace_s == 7
+        assert pool.claim(Claim.single(1, fraction=0.5, preempt_grace_s=1), Holder("x")).preempt_grace_s == 1
+    finally:
+        pool.close()
