@@ -28,7 +28,6 @@ from ..core.queues import (
     lease_gpus,
     memory_by_uuid,
     next_ticket,
-    reap_at,
     slices_gpus,
 )
 from ..logs import get_logger
@@ -141,11 +140,9 @@ def admit(
     if not load.within_quota(slices_gpus(room.slices, memory_of)):
         return Decision(reason=placement.reason)  # where it would fit, it would take more than its quota
     preempted = [_preempt(tx, lease, now, claim.queue) for lease in victims]
-    # It waits for every preempted lease it needs gone, those preempted before it too.
-    gone_by = max(
-        (reap_at(x) or now for x in list(leases) + preempted if x.preempted_at is not None),
-        default=now,
-    )
+    # It waits for the preempted leases, those preempted before it too: each is gone by its expiry
+    # at the latest (a preempted lease expires when it is to be reaped, or sooner without heartbeats).
+    gone_by = max((x.expires_at for x in list(leases) + preempted if x.preempted_at is not None), default=now)
     return Decision(
         reason=f"waiting for {len(preempted) or 'earlier'} preempted lease(s) of other queues to stop",
         preempted=preempted,
