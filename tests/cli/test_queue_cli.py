@@ -157,3 +157,9 @@ def test_token_create_queue_in_the_state_dir(tmp_path):
 
     with sqlite3.connect(Path(state) / "pool.db") as db:
         assert db.execute("SELECT queue FROM tokens WHERE name = 'bob'").fetchone() == ("team-a",)
+
+
+@pytest.mark.parametrize("grace", ["nan", "-1", "1e400", "4000"])
+def test_a_bad_preempt_grace_stops_the_server_with_an_exit_2_one_liner(tmp_path, grace):
+    args = ["server", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "s"), "--devices", "emulated:1x1GiB"]
+    one_line_exit_2(gpupool(*args, f"--preempt-grace={grace}", env=embedded_env(tmp_path)), "--preempt-grace")

@@ -129,9 +129,9 @@ def test_a_token_bound_to_a_queue_claims_there_and_nowhere_else(server_factory, 
     r = claim(s, alice, queue="b")
     assert r.status_code == 403
     assert "'a'" in one_line_error(r) and "'b'" in one_line_error(r)
-    lease = claim(s, alice, priority=3)
+    lease = claim(s, alice, priority=3, preempt_grace_s=7.5)
     assert lease.status_code == 201, lease.text
-    assert lease.json()["queue"] == "a" and lease.json()["priority"] == 3
+    assert lease.json()["queue"] == "a" and lease.json()["priority"] == 3 and lease.json()["preempt_grace_s"] == 7.5
     named = claim(s, alice, queue="a")
     assert named.status_code == 201 and named.json()["queue"] == "a"
     metrics = httpx.get(s.url + "/metrics").text
