@@ -443,7 +443,9 @@ class PoolStatus:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
-        from .queues import QueueStatus  # it imports this module
+        queues = data.get("queues") or []
+        if queues:  # only then: core.queues imports placement, which a run against a server never needs
+            from .queues import QueueStatus  # it imports this module
 
         return cls(
             devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
@@ -452,7 +454,7 @@ class PoolStatus:
             node=str(data.get("node", "")),
             isolation=NodeIsolation.from_dict(data.get("isolation")),
             usage=UsageReport.from_dict(data["usage"]) if data.get("usage") else None,
-            queues=tuple(QueueStatus.from_dict(q) for q in data.get("queues") or []),
+            queues=tuple(QueueStatus.from_dict(q) for q in queues),
         )
 
 

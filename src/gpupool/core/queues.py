@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
 from .model import Claim, Device, Lease, Slice, check_queue_name
-from .placement import Placement
+
+if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
+    from .placement import Placement
 
 NO_QUEUE = ""
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
@@ -305,7 +307,7 @@ def admission_order(waiting: Sequence[Waiting], loads: Mapping[str, QueueLoad]) 
 
 
 # --- preemption ----------------------------------------------------------------
-Placer = Callable[[Mapping[str, int]], Placement]
+Placer = Callable[[Mapping[str, int]], "Placement"]
 
 
 def victim_order(candidates: Iterable[Lease]) -> List[Lease]:
