@@ -303,3 +303,32 @@ def test_the_pool_grace_applies_to_claims_that_give_none(tmp_path):
         assert pool.claim(Claim.single(1, fraction=0.5, preempt_grace_s=1), Holder("x")).preempt_grace_s == 1
     finally:
         pool.close()
+
+
+def _statements(pool: Pool, action) -> list:
+    """The SQL statements `action` runs on this thread's connection."""
+    seen: list = []
+    conn = pool.store.connection()
+    conn.set_trace_callback(seen.append)
+    try:
+        action()
+    finally:
+        conn.set_trace_callback(None)
+    return seen
+
+
+def test_without_queues_a_claim_and_a_release_run_no_queue_queries(tmp_path):
+    pool = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n")
+    try:
+        claim = Claim.single(1, fraction=0.1)
+        for _ in range(3):  # past the first claim's histogram write and the view's first build
+            pool.release(pool.claim(claim, Holder("x")).id)
+        held: list = []
+        claimed = _statements(pool, lambda: held.append(pool.claim(claim, Holder("x"))))
+        assert [s.split()[0] for s in claimed] == ["BEGIN", "PRAGMA", "INSERT", "INSERT", "COMMIT"]
+        released = _statements(pool, lambda: pool.release(held[0].id))
+        # the history row is the one statement a release gained
+        assert sum("lease_history" in s for s in released) == 1
+        assert not any("queues" in s or "tickets" in s for s in claimed + released)
+    finally:
+        pool.close()
