@@ -163,3 +163,7 @@ def test_token_create_queue_in_the_state_dir(tmp_path):
 def test_a_bad_preempt_grace_stops_the_server_with_an_exit_2_one_liner(tmp_path, grace):
     args = ["server", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "s"), "--devices", "emulated:1x1GiB"]
     one_line_exit_2(gpupool(*args, f"--preempt-grace={grace}", env=embedded_env(tmp_path)), "--preempt-grace")
+
+
+def test_an_unknown_usage_key_is_an_exit_2_one_liner(tmp_path):
+    one_line_exit_2(gpupool("usage", "--by", "team", env=embedded_env(tmp_path)), "'team'", "queue, holder, label")

@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="WHEN",
         help=f"a duration back from now (90m, 24h, 7d, 3600 seconds) or an ISO date/time (default {DEFAULT_SINCE})",
     )
-    p.add_argument("--by", choices=tuple(BY_HEADERS), default="queue", help="group by (default queue)")
+    # checked by the handler (a one-line error naming the value), not argparse's choices
+    p.add_argument("--by", default="queue", metavar="KEY", help="group by queue, holder or label (default queue)")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help='one JSON object {"since", "until", "by", "usage": [...]}')
     shown.add_argument("--csv", action="store_true", help="CSV with a header: key,gpu_hours,gpu_seconds,leases")
@@ -45,17 +46,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def handle(args: argparse.Namespace) -> int:
     from ..client.resolve import connect_all
+    from ..core.queues import check_usage_key
 
+    by = check_usage_key(args.by)
     now = time.time()
     since = parse_since(args.since, now)
     clients = connect_all(**pool_kwargs(args))
     try:
-        rows = merge([row for client in clients for row in client.usage(since, now, args.by)])
+        rows = merge([row for client in clients for row in client.usage(since, now, by)])
     finally:
         for c in clients:
             c.close()
     if args.json:
-        print(json.dumps({"since": since, "until": now, "by": args.by, "usage": [r.to_dict() for r in rows]}))
+        print(json.dumps({"since": since, "until": now, "by": by, "usage": [r.to_dict() for r in rows]}))
     elif args.csv:
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(["key", "gpu_hours", "gpu_seconds", "leases"])
@@ -65,7 +68,7 @@ def handle(args: argparse.Namespace) -> int:
         from .status import _table
 
         table = [[r.key or "-", f"{r.gpu_seconds / 3600:.3f}", str(r.leases)] for r in rows]
-        print(_table([BY_HEADERS[args.by], "GPU-HOURS", "LEASES"], table))
+        print(_table([BY_HEADERS[by], "GPU-HOURS", "LEASES"], table))
         total = sum(r.gpu_seconds for r in rows) / 3600
         print(f"total {total:.3f} GPU-hours since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}")
     return 0
