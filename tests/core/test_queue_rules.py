@@ -213,3 +213,35 @@ def test_usage_clips_spans_to_the_window():
     assert [(r.key, r.gpu_seconds) for r in by_holder] == [("alice", 100.0 + 475.0), ("bob", 200.0)]
     with pytest.raises(InvalidInput):
         usage_rows(spans, 0, 1, "team")
+
+
+held_leases = st.lists(
+    st.tuples(
+        st.sampled_from(["", "a", "b"]), st.integers(0, 3), st.sampled_from([250, 500, 1000]), st.integers(-1, 1)
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(held_leases, st.sampled_from([0.25, 0.5, 1.0]), st.integers(1, 2), st.floats(0, 2), st.floats(0, 2))
+def test_victims_only_ever_borrow_and_make_room(items, fraction, count, quota_a, quota_b):
+    free = {d.uuid: d.memory_mib for d in GPUS}
+    held = []
+    for i, (queue, gpu, mib, priority) in enumerate(items):
+        uuid = f"G{gpu}"
+        if free[uuid] >= mib:  # only states the pool could be in
+            free[uuid] -= mib
+            held.append(lease(f"l{i}", queue, uuid, mib, created=float(i), priority=priority))
+    quotas = {"a": quota_a, "b": quota_b}
+    sizes = {x.id: x.slices[0].memory_mib / 1000 for x in held}
+    borrowing = borrowers(held, quotas, sizes)
+    claim = Claim.single(count, fraction=fraction, queue="b")
+    allocated = allocated_by_device(held)
+    found = choose_victims(lambda alloc: place(GPUS, alloc, claim), allocated, held, "b", borrowing)
+    if found is None:
+        return
+    victims, placement = found
+    assert all(v.id in borrowing and v.queue != "b" for v in victims)
+    left = allocated_by_device([x for x in held if x not in victims])
+    assert place(GPUS, left, claim).fits and placement.fits
