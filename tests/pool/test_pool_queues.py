@@ -6,6 +6,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sqlite3
 import threading
 import time
 
@@ -332,3 +333,19 @@ def test_without_queues_a_claim_and_a_release_run_no_queue_queries(tmp_path):
         assert not any("queues" in s or "tickets" in s for s in claimed + released)
     finally:
         pool.close()
+
+
+def test_doctor_finds_quotas_above_a_pool_that_shrank_and_damaged_queue_rows(tmp_path):
+    from gpupool.pool.doctor import check_state
+
+    pool = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n")
+    pool.set_queue(QueueSpec("a", 1))
+    pool.set_queue(QueueSpec("b", 1))
+    pool.close()
+    assert check_state(tmp_path).healthy
+    Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n").close()
+    with sqlite3.connect(tmp_path / "pool.db") as conn:
+        conn.execute("INSERT INTO queues VALUES ('c', -1, 1, NULL)")
+    kinds = {p.kind: p.message for p in check_state(tmp_path).problems}
+    assert set(kinds) == {"bad_queue", "quotas_over_pool"}
+    assert "quota -1" in kinds["bad_queue"] and "sum to 2 GPUs" in kinds["quotas_over_pool"]

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
+from ..core.errors import InvalidInput
 from ..core.invariants import Problem, pool_problems
 from ..core.model import Device, Holder, Lease, Slice
+from ..core.queues import QueueSpec, check_quotas_fit
 from ..store import DB_NAME
 from ..store.maintenance import integrity
 
@@ -124,6 +126,26 @@ def _check_rows(conn: sqlite3.Connection, report: Report) -> None:
     tickets: List[Tuple[Any, ...]] = conn.execute(
         "SELECT id, claim, holder, host, pid, created_at, expires_at FROM tickets ORDER BY id"
     ).fetchall()
+    _check_queues(conn, devices, report)
     conn.execute("COMMIT")
     report.problems.extend(pool_problems(devices, leases, allocated, tickets))
     report.devices, report.leases, report.tickets = len(devices), len(leases), len(tickets)
+
+
+def _check_queues(conn: sqlite3.Connection, devices: List[Device], report: Report) -> None:
+    """Queue rows that do not parse, and quotas that add up to more GPUs than the pool has now
+    (set_queue refuses that, but GPUs may have gone since)."""
+    try:
+        rows = conn.execute("SELECT name, quota, weight, limit_gpus FROM queues ORDER BY name").fetchall()
+    except sqlite3.OperationalError:  # a database from before queues, not migrated yet: none to check
+        return
+    specs: List[QueueSpec] = []
+    for name, quota, weight, limit in rows:
+        try:
+            specs.append(QueueSpec(name, quota, weight, limit))
+        except InvalidInput as err:
+            report.problems.append(Problem("bad_queue", err.message))
+    try:
+        check_quotas_fit(specs, float(len(devices)))
+    except InvalidInput as err:
+        report.problems.append(Problem("quotas_over_pool", err.message))
