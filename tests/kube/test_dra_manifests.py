@@ -10,12 +10,15 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import yaml
 
-from gpupool.cli.main import main
+from gpupool.cli.main import build_parser, main
+from gpupool.core.model import Device
+from gpupool.kube.dra import DEFAULT_DRIVER as DRIVER
+from gpupool.kube.dra.allocation import MEMORY
+from gpupool.kube.dra.cdi import DEFAULT_CDI_DIR
+from gpupool.kube.dra.registration import kubelet_root, registration_socket, service_socket
+from gpupool.kube.dra.slices import SHARE_STEP_MIB, device_entry
 
 from .test_deploy_render import DEPLOY, render
-
-# TODO(DRA-CODE): import the driver name from gpupool.kube.dra once it lands.
-DRIVER = "gpu.gpupool.io"
 
 EXAMPLES = DEPLOY / "examples" / "dra"
 VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
@@ -108,6 +111,18 @@ def test_agent_runs_the_dra_plugin_beside_the_device_plugin(rendered):
     args = container["args"]
     assert "--dra" in args
     assert flag(args, "--driver") == DRIVER
+    # the rendered command line is one the agent accepts, and means DRA for our driver, both plugins
+    parsed = build_parser().parse_args(container["command"][1:] + args)
+    assert parsed.dra and parsed.driver == DRIVER and not parsed.no_device_plugin
+    assert parsed.cdi_dir == DEFAULT_CDI_DIR
+    # the sockets the agent makes from its --kubelet-dir lie in the kubelet folders mounted from the host
+    root = kubelet_root(parsed.kubelet_dir)
+    assert root == KUBELET_ROOT
+    for socket, folder in (
+        (registration_socket(root, DRIVER), "plugins_registry"),
+        (service_socket(root, DRIVER), "plugins"),
+    ):
+        assert socket.startswith(f"{KUBELET_ROOT}/{folder}/"), socket
     # the device plugin stays: the same agent serves gpupool.io/gpu pods and DRA claims from one pool
     assert flag(args, "--kubelet-dir") == f"{KUBELET_ROOT}/device-plugins"
     assert host_path_of(pod, container, f"{KUBELET_ROOT}/device-plugins") == f"{KUBELET_ROOT}/device-plugins"
@@ -115,7 +130,7 @@ def test_agent_runs_the_dra_plugin_beside_the_device_plugin(rendered):
     for folder in ("plugins_registry", "plugins"):
         assert host_path_of(pod, container, f"{KUBELET_ROOT}/{folder}") == f"{KUBELET_ROOT}/{folder}"
     # CDI specs where containerd and CRI-O read them
-    assert host_path_of(pod, container, flag(args, "--cdi-dir")) == "/var/run/cdi"
+    assert host_path_of(pod, container, parsed.cdi_dir) == "/var/run/cdi"
     # the node's name for its ResourceSlices
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
 
@@ -282,3 +297,27 @@ def test_readme_claim_is_the_example_and_valid(version):
     assert pod["spec"]["resourceClaims"] == example("gpu-8gib.yaml", "Pod")["spec"]["resourceClaims"]
     validate(template, version)
     validate(pod, version)
+
+
+def test_examples_name_only_what_the_agent_publishes():
+    """Attributes and capacities in the examples' CEL and capacity requests are those of the slice,
+    and every share is whole steps of the requestPolicy (the scheduler would round it up)."""
+    entry = device_entry(
+        Device(uuid="GPU-1", index=0, name="NVIDIA H100 80GB HBM3", memory_mib=81559),
+        {"driverVersion": "570.86.15", "cudaComputeCapability": "9.0"},
+    )
+    text = "\n".join(f.read_text() for f in sorted(EXAMPLES.glob("*.yaml")))
+    attributes = set(re.findall(rf'device\.attributes\["{re.escape(DRIVER)}"\]\.(\w+)', text))
+    capacities = set(re.findall(rf'device\.capacity\["{re.escape(DRIVER)}"\]\.(\w+)', text))
+    assert attributes == {"productName"} and attributes <= set(entry["attributes"])
+    assert capacities == {MEMORY} and capacities <= set(entry["capacity"])
+    assert not re.search(r'device\.(attributes|capacity)\["(?!' + re.escape(DRIVER) + '")', text)  # no other domain
+    shares = []
+    for _, d in examples():
+        if d["kind"] == "ResourceClaimTemplate":
+            for request in d["spec"]["spec"]["devices"]["requests"]:
+                for sub in [request["exactly"]] if "exactly" in request else request["firstAvailable"]:
+                    asked = (sub.get("capacity") or {}).get("requests") or {}
+                    assert set(asked) <= set(entry["capacity"]), asked
+                    shares += [gib(q) * 1024 for q in asked.values()]
+    assert shares and all(mib % SHARE_STEP_MIB == 0 for mib in shares), shares
