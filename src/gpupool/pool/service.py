@@ -325,6 +325,15 @@ class Pool:
             check_claim_queue(claim, view.queues, view.devices)
         except GpupoolError as err:
             return err
+        spec = view.queues.get(claim.queue)
+        queued = view.tickets if view.tickets is not None else tx.ticket_count()
+        if queued == 0 and (spec is None or spec.limit is None):
+            # Alone and with no limit to check, it goes next whatever the queues hold: grant it
+            # if it fits, without reading every lease; admission below when it does not.
+            placement = place(view.devices, view.allocated, claim, self.mix.frag)
+            if placement.fits:
+                assert placement.slices is not None
+                return self._grant(tx, view, placement.slices, claim, holder, ttl_s, now)
         ever = could_ever_fit(view.devices, claim)
         if not ever.fits:
             return Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
