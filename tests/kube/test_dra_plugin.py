@@ -196,3 +196,18 @@ def test_renewal_keeps_the_lease_and_takes_a_lost_one_again(node):
     assert again.id != lease.id and plugin.checkpoint.get(UID).lease_id == again.id
     assert kubelet.unprepare(CLAIM).claims[UID].error == ""
     assert dra_leases(pool) == []
+
+
+@pytest.mark.parametrize("memory_mib", [81079, 16384, 97])
+def test_the_default_share_is_whole_steps_from_the_minimum(memory_mib):
+    # The API server refuses a policy whose default is not min + k * step: an H100 shares 81,079 MiB.
+    from gpupool.core.model import Device
+    from gpupool.core.quantity import parse_memory_mib
+    from gpupool.kube.dra.slices import device_entry
+
+    policy = device_entry(Device("GPU-x", 0, "test", memory_mib))["capacity"]["memory"]["requestPolicy"]
+    default = parse_memory_mib(policy["default"])
+    low = parse_memory_mib(policy["validRange"]["min"])
+    step = parse_memory_mib(policy["validRange"]["step"])
+    assert (default - low) % step == 0
+    assert 0 <= memory_mib - default < step

@@ -39,7 +39,12 @@ def device_entry(device: Device, extra: Optional[Mapping[str, str]] = None) -> D
     for key, value in (extra or {}).items():
         attributes[key] = {"string": value}
     memory = f"{device.memory_mib}Mi"
-    step = f"{SHARE_STEP_MIB}Mi" if device.memory_mib >= SHARE_STEP_MIB else "1Mi"
+    step_mib = SHARE_STEP_MIB if device.memory_mib >= SHARE_STEP_MIB else 1
+    step = f"{step_mib}Mi"
+    # The API server wants (default - min) to be whole steps: a GPU's MiB rarely are (an H100
+    # shares 81,079), so the default is the whole steps of it; the rest is less than a step,
+    # so a claim that names no memory still has the GPU to itself.
+    default = f"{device.memory_mib // step_mib * step_mib}Mi"
     return {
         "name": device_name(device),
         "attributes": attributes,
@@ -47,7 +52,7 @@ def device_entry(device: Device, extra: Optional[Mapping[str, str]] = None) -> D
             MEMORY: {
                 "value": memory,
                 # A claim that names no memory takes the whole GPU; shares are whole steps of 256 MiB.
-                "requestPolicy": {"default": memory, "validRange": {"min": step, "step": step}},
+                "requestPolicy": {"default": default, "validRange": {"min": step, "step": step}},
             }
         },
         "allowMultipleAllocations": True,
