@@ -9,6 +9,9 @@ Beside each module's source the archive holds its bytecode for the Python that
 builds it (`name.pyc`, the place zipimport looks first; unchecked-hash pycs, so
 no timestamps are involved): that Python skips compiling at every start, and
 any other version finds a foreign magic number and falls back to the source.
+The same Python writes the table of the methods `@dataclass` generates
+(gpupool/codecache.py) into gpupool/__pycache__/: another version's name differs,
+and it compiles them as usual.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import os
 import py_compile
 import stat
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -29,7 +33,7 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 # Whole packages of the workload side (all standard library only).
 PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
 # Top-level modules of the package that the workload side imports.
-TOP_FILES = ("__init__.py", "logs.py")
+TOP_FILES = ("__init__.py", "logs.py", "codecache.py")
 # Only the stdlib verbs of the CLI.
 CLI_FILES = ("__init__.py", "main.py", "run.py", "status.py", "pool_options.py", "workload.py")
 MAIN = """\
@@ -80,6 +84,25 @@ def bytecode(source: Path, name: str, scratch: Path) -> Optional[bytes]:
     return out.read_bytes()
 
 
+def dataclass_table(scratch: Path) -> Optional[Tuple[str, bytes]]:
+    """(name in archive, bytes) of this Python's dataclass table for the sources (None: not written).
+
+    Written by a fresh interpreter importing gpupool from src/ (`python -m gpupool.codecache`).
+    """
+    if sys.implementation.cache_tag is None:
+        return None
+    out = scratch / "table.bin"
+    env = dict(os.environ, PYTHONPATH=str(SRC.parent), PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool.codecache", str(out)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0 or not out.exists():
+        print(f"build_pyz: no dataclass table ({done.stderr.strip()}); they compile at run time", file=sys.stderr)
+        return None
+    # gpupool.codecache.table_path's name, inside the archive
+    return f"gpupool/__pycache__/dataclass-code.{sys.implementation.cache_tag}.bin", out.read_bytes()
+
+
 def build(target: Path, compile_bytecode: bool = True) -> Path:
     """Write the zipapp to `target` (atomically) and make it executable."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +124,12 @@ def build(target: Path, compile_bytecode: bool = True) -> Path:
                     compiled.compress_type = zipfile.ZIP_DEFLATED
                     compiled.external_attr = 0o644 << 16
                     archive.writestr(compiled, code)
+            table = dataclass_table(scratch) if compile_bytecode else None
+            if table is not None:
+                info = zipfile.ZipInfo(table[0], EPOCH)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, table[1])
     mode = os.stat(partial).st_mode
     os.chmod(partial, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     os.replace(partial, target)

@@ -15,7 +15,7 @@ import importlib
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .. import __version__, logs
+from .. import __version__, codecache, logs
 from ..core.errors import GpupoolError
 
 # Command -> (cli module that registers it, its line in `gpupool --help`); the order here is the
@@ -52,8 +52,10 @@ ALL = "*"
 # `dataclasses` imports `inspect` (a third of its import time) only to describe classes without
 # a docstring, and gpupool's have one; `shutil` (which argparse imports for the terminal width)
 # imports `zlib`, `bz2` and `lzma` only to know which archive formats it could write;
-# `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host.
-DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress")
+# `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host;
+# pathlib needs `ntpath` only for Windows paths (whose import looks for `nt` five times over
+# sys.path), and `dataclasses` needs `copy` (and with it `weakref`) only in asdict()/astuple().
+DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress", "ntpath", "copy")
 
 
 def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
@@ -160,6 +162,7 @@ def run_command(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -
     if COMMANDS.get(command or "", ("",))[0] in WORKLOAD_MODULES:
         for name in DEFERRED_IMPORTS:
             defer_import(name)
+        codecache.install()  # before the verb's modules define their dataclasses
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command

@@ -23,6 +23,10 @@ log = get_logger(__name__)
 WATCH_S = 30.0
 # After a failed watch (server restarting, network), the next try waits this long.
 RETRY_S = 2.0
+# The first watch goes out this long after the command started: one that ends sooner (a short
+# job, `gpupool run -- true`) costs no second connection to the pool and no request, and a
+# preemption meanwhile is seen by that first watch (it answers at once), this much later at most.
+START_S = 0.1
 
 
 class PreemptionWatch(threading.Thread):
@@ -65,6 +69,8 @@ class PreemptionWatch(threading.Thread):
             stopper.join(timeout=timeout_s)
 
     def run(self) -> None:
+        if self._stop_event.wait(START_S):
+            return
         while not self._stop_event.is_set():
             started = time.monotonic()
             try:
