@@ -9,6 +9,8 @@ Beside each module's source the archive holds its bytecode for the Python that
 builds it (`name.pyc`, the place zipimport looks first; unchecked-hash pycs, so
 no timestamps are involved): that Python skips compiling at every start, and
 any other version finds a foreign magic number and falls back to the source.
+Bytecode is stored uncompressed (inflating it cost every start more than the
+rest of zipimport's work); the sources, read only by other versions, are deflated.
 The same Python writes the table of the methods `@dataclass` generates
 (gpupool/codecache.py) into gpupool/__pycache__/: another version's name differs,
 and it compiles them as usual.
@@ -121,13 +123,13 @@ def build(target: Path, compile_bytecode: bool = True) -> Path:
                 code = bytecode(path, name, scratch) if compile_bytecode and name.endswith(".py") else None
                 if code is not None:
                     compiled = zipfile.ZipInfo(name + "c", EPOCH)
-                    compiled.compress_type = zipfile.ZIP_DEFLATED
+                    compiled.compress_type = zipfile.ZIP_STORED  # what runs: read without inflating
                     compiled.external_attr = 0o644 << 16
                     archive.writestr(compiled, code)
             table = dataclass_table(scratch) if compile_bytecode else None
             if table is not None:
                 info = zipfile.ZipInfo(table[0], EPOCH)
-                info.compress_type = zipfile.ZIP_DEFLATED
+                info.compress_type = zipfile.ZIP_STORED
                 info.external_attr = 0o644 << 16
                 archive.writestr(info, table[1])
     mode = os.stat(partial).st_mode

@@ -73,7 +73,7 @@ def read(path: Optional[str] = None) -> Dict[str, CodeType]:
     if not data.startswith(magic):
         return {}
     try:
-        table = marshal.loads(data[len(magic) :])
+        table = marshal.loads(memoryview(data)[len(magic) :])  # no copy of the file's bytes
     except (ValueError, EOFError, TypeError):
         return {}
     return table if isinstance(table, dict) else {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import __version__, codecache, logs
 from ..core.errors import GpupoolError
@@ -54,8 +54,12 @@ ALL = "*"
 # imports `zlib`, `bz2` and `lzma` only to know which archive formats it could write;
 # `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host;
 # pathlib needs `ntpath` only for Windows paths (whose import looks for `nt` five times over
-# sys.path), and `dataclasses` needs `copy` (and with it `weakref`) only in asdict()/astuple().
-DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress", "ntpath", "copy")
+# sys.path) and `urllib.parse` only for Path.as_uri() (its one name there, `quote_from_bytes`,
+# is a function that imports it when called), and `dataclasses` needs `copy` (and with it
+# `weakref`) only in asdict()/astuple().
+DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress", "ntpath", "copy", "urllib.parse")
+# Functions a stand-in has before its module is imported (for `from MODULE import NAME`).
+DEFERRED_FUNCTIONS: Dict[str, Tuple[str, ...]] = {"urllib.parse": ("quote_from_bytes",)}
 
 
 def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
@@ -87,9 +91,11 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     return parser
 
 
-def defer_import(name: str) -> None:
-    """Put a stand-in for stdlib module `name` in this process that imports the real one at its
-    first attribute access (and forwards every access to it).
+def defer_import(name: str, functions: Sequence[str] = ()) -> None:
+    """Put a stand-in for stdlib module `name` (not a package) in this process that imports the
+    real one at its first attribute access (and forwards every access to it); each of
+    `functions` is there already, as a function that imports the module when it is called and
+    calls the real one.
 
     (importlib's LazyLoader does not do here: an `import` statement reads the module's
     `__spec__`, which loads it.)
@@ -100,13 +106,68 @@ def defer_import(name: str) -> None:
 
     stand_in = types.ModuleType(name, f"stand-in for {name}, imported at its first use")
 
-    def load(attr: str) -> object:
+    def load(attr: str) -> Any:
+        if attr == "__path__":  # what `from MODULE import NAME` asks first: not a package
+            raise AttributeError(attr)
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]
         return getattr(importlib.import_module(name), attr)
 
+    for function in functions:
+
+        def call(*args: Any, _function: str = function, **kwargs: Any) -> Any:
+            return load(_function)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = function
+        setattr(stand_in, function, call)
     stand_in.__getattr__ = load  # type: ignore[method-assign]
     sys.modules[name] = stand_in
+    parent, _, child = name.rpartition(".")
+    if parent:  # `import a.b` binds `a`, whose attribute `b` the real import would set
+        setattr(importlib.import_module(parent), child, stand_in)
+
+
+def datetime_from_c() -> None:
+    """Make `datetime` (which sqlite3 imports for its adapters) the C module's names directly.
+
+    Before Python 3.12 datetime.py defines the whole module in Python, then replaces every
+    public name with `_datetime`'s and deletes the rest (about 1.5 ms of `gpupool run`); the
+    module made here holds the same objects under the same names, less the file and spec.
+    """
+    if "datetime" in sys.modules or sys.version_info >= (3, 12):
+        return
+    try:
+        _datetime = importlib.import_module("_datetime")
+    except ImportError:  # an interpreter without it: datetime.py is the module
+        return
+    import types
+
+    module = types.ModuleType("datetime", _datetime.__doc__)
+    module.__dict__.update((k, v) for k, v in vars(_datetime).items() if not k.startswith("__"))
+    names = ("date", "datetime", "time", "timedelta", "timezone", "tzinfo", "MINYEAR", "MAXYEAR", "UTC")
+    module.__all__ = tuple(n for n in names if hasattr(_datetime, n))  # type: ignore[attr-defined]
+    module.sys = sys  # type: ignore[attr-defined]
+    sys.modules["datetime"] = module
+
+
+def translate_once() -> None:
+    """Have argparse translate its messages with the catalog gettext finds now.
+
+    argparse passes each message through `gettext.gettext`, which looks for the catalog again
+    at every call (the environment's languages, normalised, a file per language); the answer
+    does not change while a process runs, so look once and give argparse that catalog's
+    methods: the same translations (none without a catalog), one lookup instead of one per message.
+    """
+    import gettext
+
+    domain = gettext.textdomain()
+    catalog: gettext.NullTranslations
+    try:
+        catalog = gettext.translation(domain, gettext.bindtextdomain(domain))
+    except OSError:  # no catalog: gettext.gettext gives the message back as it is
+        catalog = gettext.NullTranslations()
+    argparse._ = catalog.gettext  # type: ignore[attr-defined]
+    argparse.ngettext = catalog.ngettext  # type: ignore[attr-defined]
 
 
 def command_of(argv: Sequence[str]) -> Optional[str]:
@@ -161,8 +222,10 @@ def run_command(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -
     command = command_of(words)
     if COMMANDS.get(command or "", ("",))[0] in WORKLOAD_MODULES:
         for name in DEFERRED_IMPORTS:
-            defer_import(name)
+            defer_import(name, DEFERRED_FUNCTIONS.get(name, ()))
         codecache.install()  # before the verb's modules define their dataclasses
+        translate_once()
+        datetime_from_c()
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command

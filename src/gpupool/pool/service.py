@@ -165,12 +165,13 @@ class Pool:
                     devices = discover(None, self.node)
             if devices is not None:
                 with self.store.write() as tx:
-                    tx.replace_devices(list(devices))
-                # Devices may have shrunk or gone since leases were granted: say so (status and
-                # /metrics say it too). Placement counts those leases anyway, so no new claim
-                # gets memory they hold.
-                for problem in self.status().problems():
-                    log.warning("%s", problem)
+                    changed = tx.replace_devices(list(devices))
+                # Devices may have shrunk or gone since leases were granted: the open that changes
+                # them says so (status and /metrics say it every time). Placement counts those
+                # leases anyway, so no new claim gets memory they hold.
+                if changed:
+                    for problem in self.status().problems():
+                        log.warning("%s", problem)
         except BaseException:
             self.store.close()  # no pool to close it later: NVML missing must not leak connections
             raise

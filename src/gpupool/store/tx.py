@@ -44,16 +44,17 @@ class Tx:
         ).fetchall()
         return [Device(u, i, n, m, node, bool(h)) for u, i, n, m, node, h in rows]
 
-    def replace_devices(self, devices: Sequence[Device]) -> None:
-        """Make the table hold exactly `devices`; bumps the generation when anything changed."""
+    def replace_devices(self, devices: Sequence[Device]) -> bool:
+        """Make the table hold exactly `devices`; bumps the generation and returns True when anything changed."""
         if list(devices) == self.devices():
-            return
+            return False
         self.conn.execute("DELETE FROM devices")
         self.conn.executemany(
             "INSERT INTO devices (uuid, idx, name, memory_mib, node, healthy) VALUES (?, ?, ?, ?, ?, ?)",
             [(d.uuid, d.index, d.name, d.memory_mib, d.node, int(d.healthy)) for d in devices],
         )
         self.set_meta("devices_gen", str(self.devices_generation() + 1))
+        return True
 
     def data_version(self) -> int:
         """Changes whenever another connection (this process or another) committed a change."""
