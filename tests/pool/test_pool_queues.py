@@ -349,3 +349,19 @@ def test_doctor_finds_quotas_above_a_pool_that_shrank_and_damaged_queue_rows(tmp
     kinds = {p.kind: p.message for p in check_state(tmp_path).problems}
     assert set(kinds) == {"bad_queue", "quotas_over_pool"}
     assert "quota -1" in kinds["bad_queue"] and "sum to 2 GPUs" in kinds["quotas_over_pool"]
+
+
+def test_a_waiter_taken_for_dead_queues_again_in_its_own_queue_and_priority(pool):
+    pool.claim(whole("a"), Holder("alice"))
+    pool.claim(whole("b"), Holder("bob"))
+    waiter = pool.begin_claim(whole("b", priority=7), Holder("bob"), wait_s=60)
+    assert isinstance(waiter, Waiter)
+    with pool.store.write() as tx:
+        tx.delete_ticket(waiter.ticket)  # as the sweep does to a waiter silent for TICKET_TTL_S
+    old = waiter.ticket
+    assert pool.try_grant(waiter) is None
+    assert waiter.ticket != old
+    with sqlite3.connect(pool.state_dir / "pool.db") as db:
+        row = db.execute("SELECT queue, priority FROM tickets WHERE id = ?", (waiter.ticket,)).fetchone()
+    assert row == ("b", 7)
+    pool.cancel(waiter)

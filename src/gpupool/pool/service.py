@@ -301,15 +301,7 @@ class Pool:
                         "wait for it with a wait time (e.g. --wait 600) or ask for less"
                     )
                 else:
-                    ticket = tx.add_ticket(
-                        claim.to_dict(),
-                        holder.to_dict(),
-                        self._host,
-                        os.getpid(),
-                        now,
-                        now + TICKET_TTL_S,
-                        priority=claim.priority,
-                    )
+                    ticket = self._take_ticket(tx, claim, holder, now)
                     view.tickets = None
                     outcome = Waiter(ticket, claim, holder, ttl_s, reason, wait_s, now)
                     log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
@@ -317,6 +309,19 @@ class Pool:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    def _take_ticket(self, tx: Tx, claim: Claim, holder: Holder, now: float) -> int:
+        """A place in the queue for `claim`, held while this process polls it (see TICKET_TTL_S)."""
+        return tx.add_ticket(
+            claim.to_dict(),
+            holder.to_dict(),
+            self._host,
+            os.getpid(),
+            now,
+            now + TICKET_TTL_S,
+            queue=claim.queue,
+            priority=claim.priority,
+        )
 
     def _begin_in_queue(
         self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float
@@ -338,16 +343,7 @@ class Pool:
         ever = could_ever_fit(view.devices, claim)
         if not ever.fits:
             return Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
-        ticket = tx.add_ticket(
-            claim.to_dict(),
-            holder.to_dict(),
-            self._host,
-            os.getpid(),
-            now,
-            now + TICKET_TTL_S,
-            queue=claim.queue,
-            priority=claim.priority,
-        )
+        ticket = self._take_ticket(tx, claim, holder, now)
         view.tickets = None
         decision = self._admit(tx, view, ticket, claim, now)
         if decision.slices is not None:
@@ -402,9 +398,7 @@ class Pool:
             view.tickets = None
             if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
                 # We were silent long enough to be taken for dead: queue again, at the back.
-                waiter.ticket = tx.add_ticket(
-                    waiter.claim.to_dict(), waiter.holder.to_dict(), self._host, os.getpid(), now, now + TICKET_TTL_S
-                )
+                waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now)
                 log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
             if view.queues or waiter.claim.queue:
                 return self._grant_in_queue(tx, view, waiter, now)
