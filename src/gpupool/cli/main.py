@@ -127,49 +127,6 @@ def defer_import(name: str, functions: Sequence[str] = ()) -> None:
         setattr(importlib.import_module(parent), child, stand_in)
 
 
-def datetime_from_c() -> None:
-    """Make `datetime` (which sqlite3 imports for its adapters) the C module's names directly.
-
-    Before Python 3.12 datetime.py defines the whole module in Python, then replaces every
-    public name with `_datetime`'s and deletes the rest (about 1.5 ms of `gpupool run`); the
-    module made here holds the same objects under the same names, less the file and spec.
-    """
-    if "datetime" in sys.modules or sys.version_info >= (3, 12):
-        return
-    try:
-        _datetime = importlib.import_module("_datetime")
-    except ImportError:  # an interpreter without it: datetime.py is the module
-        return
-    import types
-
-    module = types.ModuleType("datetime", _datetime.__doc__)
-    module.__dict__.update((k, v) for k, v in vars(_datetime).items() if not k.startswith("__"))
-    names = ("date", "datetime", "time", "timedelta", "timezone", "tzinfo", "MINYEAR", "MAXYEAR", "UTC")
-    module.__all__ = tuple(n for n in names if hasattr(_datetime, n))  # type: ignore[attr-defined]
-    module.sys = sys  # type: ignore[attr-defined]
-    sys.modules["datetime"] = module
-
-
-def translate_once() -> None:
-    """Have argparse translate its messages with the catalog gettext finds now.
-
-    argparse passes each message through `gettext.gettext`, which looks for the catalog again
-    at every call (the environment's languages, normalised, a file per language); the answer
-    does not change while a process runs, so look once and give argparse that catalog's
-    methods: the same translations (none without a catalog), one lookup instead of one per message.
-    """
-    import gettext
-
-    domain = gettext.textdomain()
-    catalog: gettext.NullTranslations
-    try:
-        catalog = gettext.translation(domain, gettext.bindtextdomain(domain))
-    except OSError:  # no catalog: gettext.gettext gives the message back as it is
-        catalog = gettext.NullTranslations()
-    argparse._ = catalog.gettext  # type: ignore[attr-defined]
-    argparse.ngettext = catalog.ngettext  # type: ignore[attr-defined]
-
-
 def command_of(argv: Sequence[str]) -> Optional[str]:
     """The command `argv` names: its first word that is not an option (`gpupool`'s own options
     take no value); None when there is none, or when an option other than -v comes first
@@ -224,8 +181,6 @@ def run_command(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -
         for name in DEFERRED_IMPORTS:
             defer_import(name, DEFERRED_FUNCTIONS.get(name, ()))
         codecache.install()  # before the verb's modules define their dataclasses
-        translate_once()
-        datetime_from_c()
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command
