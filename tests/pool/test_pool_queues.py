@@ -365,3 +365,19 @@ def test_a_waiter_taken_for_dead_queues_again_in_its_own_queue_and_priority(pool
         row = db.execute("SELECT queue, priority FROM tickets WHERE id = ?", (waiter.ticket,)).fetchone()
     assert row == ("b", 7)
     pool.cancel(waiter)
+
+
+def test_the_history_keeps_what_ended_in_the_retention_window(clocked):
+    from gpupool.pool.service import HISTORY_PRUNE_EVERY_S, HISTORY_RETENTION_S
+
+    pool, clock = clocked
+    pool.release(pool.claim(whole("a"), Holder("alice"), ttl_s=3600).id)  # ends at 1000
+    clock.now += HISTORY_RETENTION_S - 10
+    pool.release(pool.claim(whole("b"), Holder("bob"), ttl_s=3600).id)
+    pool.expire()  # prunes what ended over 90 days ago: nothing yet
+    clock.now += 20
+    pool.expire()  # `a` is now older, but the last prune was under an hour ago
+    assert {r.key for r in pool.usage(since=0, until=clock.now)} == {"a", "b"}
+    clock.now += HISTORY_PRUNE_EVERY_S
+    pool.expire()
+    assert [r.key for r in pool.usage(since=0, until=clock.now)] == ["b"]

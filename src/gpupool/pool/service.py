@@ -72,6 +72,10 @@ DEFAULT_TTL_S = 30.0
 # A waiter refreshes its ticket on every poll; one silent for this long is
 # taken for dead (its process was killed) and leaves the queue.
 TICKET_TTL_S = 5.0
+# The lease history (usage accounting) keeps what ended in the last 90 days; the expiry sweep
+# of a long-lived pool (the server's, the agent's) deletes older rows once an hour.
+HISTORY_RETENTION_S = 90 * 86400.0
+HISTORY_PRUNE_EVERY_S = 3600.0
 # A waiting claim polls its ticket 5 ms after queueing, then half as late again each time, up to 100 ms.
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
@@ -142,6 +146,7 @@ class Pool:
         self.state_dir = Path(state_dir)
         # what a preempted lease's runner waits between SIGTERM and SIGKILL, unless its claim says
         self.preempt_grace_s = _check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
+        self._next_history_prune = 0.0  # the first sweep prunes
         # background_checkpoint: for long-lived processes (the server), see store.db.
         self.store = Store(self.state_dir, synchronous=synchronous, background_checkpoint=background_checkpoint)
         self.clock = clock
@@ -513,7 +518,11 @@ class Pool:
         # Not through the view: the sweep runs in threads that serve no claims, where
         # rebuilding a view (a SUM over every slice) under the write lock would be wasted.
         with self.store.write() as tx:
-            return self._expire(tx, self.clock())
+            now = self.clock()
+            if now >= self._next_history_prune:
+                tx.prune_history(now - HISTORY_RETENTION_S)
+                self._next_history_prune = now + HISTORY_PRUNE_EVERY_S
+            return self._expire(tx, now)
 
     def status(self) -> PoolStatus:
         """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""

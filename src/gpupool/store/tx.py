@@ -263,6 +263,10 @@ class Tx:
             (since, until),
         ).fetchall()
 
+    def prune_history(self, before: float) -> int:
+        """Delete the history of leases that ended before `before`; returns how many rows went."""
+        return int(self.conn.execute("DELETE FROM lease_history WHERE ended_at < ?", (before,)).rowcount)
+
     def preemption_counts(self) -> Dict[str, int]:
         """Leases ever preempted, per queue: those ended (history) and those still held."""
         counts: Dict[str, int] = {}
