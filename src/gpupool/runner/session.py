@@ -282,8 +282,7 @@ def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> 
             f"lease {lease.id}{by} was preempted (another queue needs its quota back): "
             f"stopping the command (SIGTERM, SIGKILL after {grace:g}s)"
         )
-        # Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours.
-        end_tree(pgid, grace, exclude=keep - {pgid})
+        _signal_tree(pgid, keep, grace, "after the preemption")
 
     return stop
 
@@ -297,13 +296,21 @@ def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Calla
             f"lease {lease_id} was lost (expired or released by an admin): ending the command; "
             "use --on-lease-loss warn to keep it running"
         )
-        try:
-            # Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours.
-            end_tree(pgid, grace_s, exclude=keep - {pgid})
-        except Exception:  # the main thread's release path ends the tree again
-            log.exception("ending the tree after the lease was lost")
+        _signal_tree(pgid, keep, grace_s, "after the lease was lost")
 
     return end
+
+
+def _signal_tree(pgid: int, keep: Set[int], grace_s: float, why: str) -> None:
+    """End the command's tree from a watcher thread: SIGTERM, SIGKILL after `grace_s`.
+
+    Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours. A
+    failure is logged, not raised: the main thread's release path ends the tree again.
+    """
+    try:
+        end_tree(pgid, grace_s, exclude=keep - {pgid})
+    except Exception:
+        log.exception("ending the tree %s", why)
 
 
 def _end_run_tree(
