@@ -38,7 +38,7 @@ def node(tmp_path):
         state_dir=str(tmp_path / "state"),
         node="node-a",
     )
-    plugin = DraPlugin(pool, KubeApi(api.url), config)
+    plugin = DraPlugin(pool, KubeApi.at(api.url), config)
     plugin.start()
     kubelet = Kubelet()
     yield api, pool, plugin, kubelet, tmp_path
@@ -211,3 +211,11 @@ def test_the_default_share_is_whole_steps_from_the_minimum(memory_mib):
     step = parse_memory_mib(policy["validRange"]["step"])
     assert (default - low) % step == 0
     assert 0 <= memory_mib - default < step
+
+
+def test_an_unreachable_api_server_is_one_error_naming_it():
+    from gpupool.kube.dra.apiclient import ApiError
+
+    with pytest.raises(ApiError, match="the API server at http://127.0.0.1:9 is not reachable") as err:
+        KubeApi.at("http://127.0.0.1:9").request("GET", "/apis/resource.k8s.io/v1/resourceslices")
+    assert err.value.status == 0

@@ -1,19 +1,19 @@
-"""A thin JSON client of the Kubernetes API server for the DRA plugin: GET a ResourceClaim, write
-ResourceSlices. It finds the server as the agent does (in cluster, else $KUBECONFIG) through the
-kubernetes package's config loaders, then speaks plain HTTP(S) with the standard library, so
-the tests point it at a local stub and resource.k8s.io/v1 needs no generated client class.
+"""The DRA plugin's calls to the Kubernetes API server: GET a ResourceClaim, write ResourceSlices.
+
+Through the kubernetes package's own ApiClient (its configuration loaders, TLS, credentials and
+token refresh, its HTTP transport), with plain JSON in and out: resource.k8s.io/v1 objects are
+read as the API documents them, and the tests point it at a local stub by its host alone.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ...core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 TIMEOUT_S = 10.0
 
@@ -26,42 +26,53 @@ class ApiError(Exception):
         self.status = status
 
 
-@dataclass
 class KubeApi:
-    """The API server at `server`; `token` is a callable so a rotated service-account token is used."""
+    """JSON requests to the API server that `client` (a kubernetes ApiClient) is configured for."""
 
-    server: str
-    token: Callable[[], str] = lambda: ""
-    context: Optional[ssl.SSLContext] = None
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    @classmethod
+    def at(cls, host: str) -> KubeApi:
+        """The API server at `host`, with no credentials (a local stub, a `kubectl proxy`)."""
+        from kubernetes.client import ApiClient, Configuration
+
+        return cls(ApiClient(Configuration(host=host)))
+
+    @property
+    def server(self) -> str:
+        return str(self.client.configuration.host)
 
     def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """One call; the decoded JSON answer, or ApiError with the server's own message."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server.rstrip("/") + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        token = self.token()
-        if token:
-            req.add_header("Authorization", token if token.startswith("Bearer ") else f"Bearer {token}")
+        from urllib3.exceptions import HTTPError
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=self.context) as resp:
-                answer: Dict[str, Any] = json.loads(resp.read() or b"{}")
-                return answer
-        except urllib.error.HTTPError as err:
-            raise ApiError(err.code, f"{method} {path}: {err.code} {_status_message(err)}") from None
-        except (urllib.error.URLError, OSError, ValueError) as err:
-            reason = getattr(err, "reason", err)
-            raise ApiError(0, f"{method} {path}: the API server at {self.server} is not reachable ({reason})") from None
+            call = self.client.param_serialize(
+                method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+            )
+            response = self.client.call_api(*call, _request_timeout=TIMEOUT_S)
+            data = response.read()
+        except (HTTPError, OSError) as err:
+            raise ApiError(0, f"{method} {path}: the API server at {self.server} is not reachable ({err})") from None
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, f"{method} {path}: {response.status} {_status_message(data, response)}")
+        try:
+            answer: Dict[str, Any] = json.loads(data or b"{}")
+        except ValueError as err:
+            raise ApiError(0, f"{method} {path}: the API server at {self.server} answered no JSON ({err})") from None
+        return answer
 
 
-def _status_message(err: urllib.error.HTTPError) -> str:
+def _status_message(data: bytes, response: Any) -> str:
     """The `message` of the Status object the API server sends with an error, else the reason phrase."""
     try:
-        status = json.loads(err.read())
-        return str(status.get("message") or err.reason)
-    except (ValueError, AttributeError, OSError):
-        return str(err.reason)
+        return str(json.loads(data).get("message") or response.reason)
+    except (ValueError, AttributeError):
+        return str(response.reason)
 
 
 def from_environment(purpose: str) -> KubeApi:  # pragma: no cover - needs a cluster or a kubeconfig
@@ -80,18 +91,4 @@ def from_environment(purpose: str) -> KubeApi:  # pragma: no cover - needs a clu
                 f"{purpose} through the Kubernetes API, not reachable here: not in a cluster and no "
                 f"kubeconfig ({str(err).rstrip('.')}); set KUBECONFIG"
             ) from None
-    context: Optional[ssl.SSLContext] = None
-    if cfg.host.startswith("https"):
-        context = (
-            ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-        )
-        if cfg.cert_file and cfg.key_file:
-            context.load_cert_chain(cfg.cert_file, cfg.key_file)
-        if not cfg.verify_ssl:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-
-    def token() -> str:
-        return str(cfg.get_api_key_with_prefix("authorization") or "")
-
-    return KubeApi(cfg.host, token, context)
+    return KubeApi(client.ApiClient(cfg))
