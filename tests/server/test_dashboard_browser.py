@@ -48,6 +48,24 @@ def console_errors(driver) -> list:
     return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
 
 
+def texts(driver, selector: str) -> list:
+    """The text of every element that matches, read in one script run.
+
+    The page's live update replaces its rows while the test reads them: a WebElement found in one
+    call can be stale by the next, so nothing here holds an element across calls.
+    """
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText);", selector
+    )
+
+
+def attributes(driver, selector: str, name: str) -> list:
+    """The attribute `name` of every element that matches, read in one script run (see texts)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute(arguments[1]));", selector, name
+    )
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -70,9 +88,8 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     field = browser.find_element(By.NAME, "token")  # the sign-in page: the API's token
     field.send_keys(server.token)
     field.submit()
-    rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.gpu"), 10, "the GPUs show")
-    assert len(rows) == 2
-    uuids = [r.get_attribute("data-uuid") for r in rows]
+    uuids = wait_for(lambda: attributes(browser, "tr.gpu", "data-uuid"), 10, "the GPUs show")
+    assert len(uuids) == 2
     assert all(u.startswith("GPU-emu-") for u in uuids)
     assert not browser.find_elements(By.CSS_SELECTOR, "tr.lease")
     browser.execute_script("window.__notReloaded = true;")
@@ -87,10 +104,10 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     )
     try:
         started = time.monotonic()
-        lease = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.lease"), 5.0, "the new lease shows")
+        lease = wait_for(lambda: texts(browser, "tr.lease"), 5.0, "the new lease shows")
         appeared_s = time.monotonic() - started
         assert browser.execute_script("return window.__notReloaded === true;"), "the page was reloaded"
-        assert "50%" in lease[0].text and "8GiB" in lease[0].text
+        assert "50%" in lease[0] and "8GiB" in lease[0]
         assert browser.find_elements(By.CSS_SELECTOR, "svg.bar g rect"), "the lease's slice is drawn in its GPU's bar"
 
         # Its process uses 6 GiB, and a process of no lease 1 GiB on the other GPU: both show, live.
@@ -98,7 +115,7 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
         on = held["devices"][0]["uuid"]
         other = next(u for u in uuids if u != on)
         usage.write_text(json.dumps({on: {str(run.pid): 6144}, other: {str(os.getpid()): 1024}}))
-        wait_for(lambda: "6GiB" in browser.find_element(By.CSS_SELECTOR, "tr.lease").text, 5.0, "the lease's use shows")
+        wait_for(lambda: any("6GiB" in t for t in texts(browser, "tr.lease")), 5.0, "the lease's use shows")
         wait_for(
             lambda: browser.find_elements(By.CSS_SELECTOR, "#enforcement tbody tr"), 5.0, "the watchdog's warning shows"
         )
