@@ -148,6 +148,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     b_launched = time.time()
     b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
     b_start = wait_for_event(b_log, "start")[0]
+    print(f"B's job started {float(b_start['time']) - b_launched:.2f} s after its launch (grace {GRACE_S:g} s)")
     assert float(b_start["time"]) - b_launched <= GRACE_S + 2, b.stderr
     term = wait_for_event(loan_log, "sigterm")[0]
     assert float(term["time"]) <= float(b_start["time"])  # A's loan was stopped first
@@ -160,6 +161,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     b_ended = time.time()
     rerun = wait_for_event(loan_log, "start", count=2)[1]
     assert rerun["attempt"] == "2" and rerun["preempted"] == "1"
+    print(f"A's rerun started {float(rerun['time']) - b_ended:.2f} s after B's job ended")
     assert float(rerun["time"]) - b_ended <= 3.0, "A's rerun must start as soon as B's job ends"
     assert [e["event"] for e in events(first_log)] == ["start"], "A's job within quota is never preempted"
     time.sleep(1.0)
@@ -173,6 +175,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     measured = {row["key"]: float(row["gpu_seconds"]) for row in usage["usage"]}
     truth = {"a": first.held_seconds() + loan.held_seconds(), "b": b.held_seconds()}
     for team in ("a", "b"):
+        print(f"team {team}: {measured[team]:.3f} GPU-s accounted, {truth[team]:.3f} GPU-s held")
         assert truth[team] > 1.0
         assert abs(measured[team] - truth[team]) <= 0.02 * truth[team], (team, measured, truth)
 
