@@ -22,16 +22,21 @@ import marshal
 import os
 import sys
 from types import CodeType
-from typing import Any, Dict, List, Mapping, Optional, Union
+
+from . import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Union
+
+    # exec()'s namespaces, as dataclasses passes them
+    Namespace = Optional[Dict[str, Any]]
+    Locals = Optional[Mapping[str, object]]
 
 NAME = "dataclass-code"
 # The table covers the workload side (`gpupool run`, `status`, `release`, the zipapp): every
 # module of these packages, and these CLI modules, are imported when it is written.
 PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
 CLI_MODULES = ("main", "run", "status", "pool_options", "workload")
-# exec()'s namespaces, as dataclasses passes them
-Namespace = Optional[Dict[str, Any]]
-Locals = Optional[Mapping[str, object]]
 
 
 def table_path(package_dir: str) -> Optional[str]:

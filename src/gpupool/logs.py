@@ -13,10 +13,12 @@ Stdlib only; every floor may import it.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from . import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import logging as _logging_module
+    from typing import Any, Callable, Optional
 
 # logging's levels, for `isEnabledFor` without importing it.
 DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40

@@ -14,12 +14,13 @@ import pytest
 
 from gpupool.cli.main import COMMANDS, build_parser
 
-# Costly imports the embedded pool never needs.
-EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging")
+# Costly imports the embedded pool never needs (`typing`: annotations only, see gpupool.TYPE_CHECKING).
+EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "typing")
 # The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
 # nor the embedded pool's SQLite store, nor placement (one server places its own claims), nor the
 # "idna" codec (an ASCII host name is resolved as bytes).
 REMOTE_NEVER = (
+    "typing",
     "ssl",
     "urllib.request",
     "http.client",

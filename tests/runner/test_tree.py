@@ -69,6 +69,33 @@ def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):
         kill_pids(pids)
 
 
+# `gpupool run` with no guard (as where there is no /proc to run one on): the command is started
+# with a parent-death signal instead.
+UNGUARDED = """\
+import sys
+from gpupool.cli.workload import main
+from gpupool.runner import session
+session.Guard.spawn = lambda lease_id, grace_s: None
+sys.exit(main())
+"""
+
+
+def test_kill_9_of_an_unguarded_runner_kills_the_command_through_its_parent_death_signal(pool, tmp_path):
+    record = tmp_path / "tree.json"
+    argv = [sys.executable, "-c", UNGUARDED, "run", "-p", "0.5", "--", sys.executable, SPAWNER, str(record)]
+    runner = subprocess.Popen(argv, env=pool.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: List[int] = []
+    try:
+        pids = tree_of(record)
+        runner.kill()
+        runner.wait(timeout=5)
+        # The kernel's signal reaches the direct child only: the rest of the tree is the guard's work.
+        assert_all_gone_within(pids[:1], 2.0)
+    finally:
+        stop_runner(runner)
+        kill_pids(pids)
+
+
 def test_kill_9_of_the_runner_against_a_real_server(running_server, tmp_path):
     pytest.importorskip("fastapi")
     env = running_server.client_env(tmp_path)

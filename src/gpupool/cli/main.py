@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .. import __version__, codecache, logs
+from .. import TYPE_CHECKING, __version__, codecache, logs
 from ..core.errors import GpupoolError
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Command -> (cli module that registers it, its line in `gpupool --help`); the order here is the
 # order of `gpupool --help`. tests/cli/test_main.py checks that each module registers exactly
@@ -152,11 +154,11 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End the process with `code` once atexit handlers have run and stdout/stderr are flushed,
-    without the interpreter's teardown (freeing every module and object one by one): that cost
-    `gpupool run` a tenth of its time, and a workload verb leaves nothing that needs it (its
-    pools are closed, its threads stopped, its files written)."""
-    import atexit
+    """End the process with `code` once logging is shut down and stdout/stderr are flushed, without
+    the interpreter's teardown (freeing every module and object one by one): that cost `gpupool
+    run` a tenth of its time, and a workload verb leaves nothing that needs it (its pools are
+    closed, its threads stopped, its files written). Of the exit handlers, only logging's can be
+    registered in a workload verb (it imports no other module that registers one)."""
     import os
 
     threading = sys.modules.get("threading")
@@ -164,7 +166,9 @@ def exit_now(code: int) -> None:
         t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()
     ):
         sys.exit(code)  # a thread still at work: the interpreter waits for it, as it always did
-    atexit._run_exitfuncs()
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()  # its exit handler: flush and close the handlers
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+
+from .. import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
-    from typing import TypedDict
+    from typing import List, Optional, TypedDict
 
     from ..client.base import PoolClient
 

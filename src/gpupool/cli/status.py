@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
+from .. import TYPE_CHECKING
 from .pool_options import add_pool_arguments, pool_kwargs
 
 if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Sequence
+
     from ..core.model import PoolStatus
 
 

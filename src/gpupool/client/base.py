@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, List, Optional
 
+from .. import TYPE_CHECKING
 from ..core.model import Claim, Holder, Lease, PoolStatus
 
 if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes
+    from typing import List, Optional
+
     from ..core.queues import QueueSpec, QueueStatus, UsageRow
 
 

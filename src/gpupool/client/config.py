@@ -15,10 +15,13 @@ import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 log = get_logger(__name__)
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from .. import TYPE_CHECKING
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.usage import IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .base import PoolClient
 
 if TYPE_CHECKING:  # types only: the workload path never needs the queue classes
+    from typing import List, Optional, Sequence
+
     from ..core.queues import QueueSpec, QueueStatus, UsageRow
 
 log = get_logger(__name__)

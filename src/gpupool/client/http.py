@@ -15,8 +15,8 @@ import socket
 import sys
 import threading
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import (
     GpupoolError,
     InvalidInput,
@@ -32,6 +32,7 @@ from .config import normalize_url
 
 if TYPE_CHECKING:
     import ssl
+    from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
     from ..core.queues import QueueSpec, QueueStatus, UsageRow
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..core.usage import IsolationMode, UsageReport
@@ -18,15 +18,17 @@ from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
 
 if TYPE_CHECKING:
+    from typing import Callable, List, Optional, Sequence, Tuple
+
     from ..core.queues import QueueStatus
+
+    Progress = Callable[[str], None]
 
 log = get_logger(__name__)
 
 SERVER_ENV = "GPUPOOL_SERVER"
 CA_ENV = "GPUPOOL_CA"
 EMBEDDED = "embedded:"
-
-Progress = Callable[[str], None]
 
 
 def server_addresses(servers: Optional[Sequence[str]] = None, config: Optional[ClientConfig] = None) -> List[str]:

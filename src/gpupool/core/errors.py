@@ -6,7 +6,10 @@ user as is (CLI stderr, HTTP JSON error body).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple, Type
+from .. import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Tuple, Type
 
 
 class GpupoolError(Exception):

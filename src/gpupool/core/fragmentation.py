@@ -24,10 +24,13 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from .errors import InvalidInput
 from .model import Device, GpuRequest
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 MILLI = 1000
 MEMO_LIMIT = 500_000  # node states remembered per mix (about 100 MB at most)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from .model import Claim, Device, Holder, Lease
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,17 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .. import TYPE_CHECKING
 from .errors import InvalidClaim
 from .filters import Filter
 from .usage import NodeIsolation, UsageReport
 
 if TYPE_CHECKING:  # core.queues imports this module; PoolStatus converts its queues lazily
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
+
     from .queues import QueueStatus
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is

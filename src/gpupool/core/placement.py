@@ -7,11 +7,14 @@ tests all call the same function.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .. import TYPE_CHECKING
 from .fragmentation import Fragmentation, ShapeMix, fragaware_devices
 from .model import Claim, Device, GpuRequest, Policy, Slice
 from .quantity import format_mib
+
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 NO_HISTORY = Fragmentation(ShapeMix([]))  # fragaware before any claim was seen: binpack's choice
 

@@ -13,12 +13,13 @@ Kubernetes `8000m` is 8 bytes, not 8000 MiB.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Union
 
+from .. import TYPE_CHECKING
 from .errors import InvalidInput
 
 if TYPE_CHECKING:
     from fractions import Fraction
+    from typing import Union
 
 MIB = 1024**2
 BYTE = 1

@@ -12,15 +12,20 @@ Claims with no queue ("") belong to no queue: quota 0, weight 1, always borrowin
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from .. import TYPE_CHECKING
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
 from .model import Claim, Device, Lease, Slice, check_queue_name
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
     from .placement import Placement
+
+    Placer = Callable[[Mapping[str, int]], Placement]
 
 NO_QUEUE = ""
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
@@ -307,7 +312,6 @@ def admission_order(waiting: Sequence[Waiting], loads: Mapping[str, QueueLoad]) 
 
 
 # --- preemption ----------------------------------------------------------------
-Placer = Callable[[Mapping[str, int]], "Placement"]
 
 
 def victim_order(candidates: Iterable[Lease]) -> List[Lease]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from .errors import InvalidInput
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 class IsolationMode(enum.Enum):

@@ -8,11 +8,14 @@ the same node sees the same devices and its stored leases still match.
 from __future__ import annotations
 
 import re
-from typing import List
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..core.quantity import format_mib, parse_memory_mib
+
+if TYPE_CHECKING:
+    from typing import List
 
 PREFIX = "emulated:"
 _PART_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")

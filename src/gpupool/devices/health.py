@@ -6,10 +6,12 @@ critical XID events. Emulated devices are always healthy.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional, Set
-
+from .. import TYPE_CHECKING
 from ..logs import get_logger
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, Optional, Set
 
 log = get_logger(__name__)
 

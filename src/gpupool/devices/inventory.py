@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..logs import get_logger
 from .emulated import PREFIX, emulated_devices
 from .nvml import NvmlUnavailable, nvml_devices
+
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 log = get_logger(__name__)
 

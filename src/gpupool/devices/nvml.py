@@ -6,11 +6,13 @@ with a message that says which, so `--devices auto` can fall back cleanly.
 
 from __future__ import annotations
 
-from typing import Any, List
-
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Any, List
 
 log = get_logger(__name__)
 

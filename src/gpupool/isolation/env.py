@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device, Lease, Slice
 from ..core.usage import IsolationMode, NodeIsolation
+
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Sequence
 
 HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
 # The lease a process belongs to; the runner's guard and the server's watchdog find processes by it.

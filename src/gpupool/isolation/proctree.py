@@ -13,9 +13,12 @@ import re
 import signal
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set
 
+from .. import TYPE_CHECKING
 from .env import LEASE_ID_ENV
+
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Optional, Set
 
 PROC = "/proc"
 # A ppid chain longer than this is a loop in a racy snapshot, not a real tree (pid_max is 4M,

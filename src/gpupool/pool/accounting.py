@@ -6,11 +6,13 @@ expiry, reap), so the history is exactly as crash-safe as the leases themselves.
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence
-
+from .. import TYPE_CHECKING
 from ..core.model import Device
 from ..core.queues import QueueStatus, UsageRow, UsageSpan, lease_gpus, queue_statuses, usage_rows
 from ..store.tx import Tx
+
+if TYPE_CHECKING:
+    from typing import List, Mapping, Optional, Sequence
 
 
 def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: str, now: float) -> List[UsageRow]:

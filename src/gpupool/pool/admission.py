@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, Unsatisfiable
 from ..core.fragmentation import Fragmentation
 from ..core.model import Claim, Device, Lease, Slice
@@ -32,6 +32,9 @@ from ..core.queues import (
 )
 from ..logs import get_logger
 from ..store.tx import Tx
+
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 log = get_logger(__name__)
 

@@ -35,8 +35,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import Forbidden, GpupoolError, InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
 from ..core.model import (
@@ -62,6 +62,9 @@ from ..store import Store
 from ..store.tx import Tx
 from . import accounting
 from .admission import Decision, admit, check_claim_queue, unknown_queue
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 log = get_logger(__name__)
 

@@ -7,10 +7,15 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+    SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 log = get_logger(__name__)
 
@@ -19,7 +24,6 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_AFTER = 3
 
 # What signal.signal takes and returns (typeshed's private signal._HANDLER).
-SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 class Interrupted(Exception):

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Optional
 
+from .. import TYPE_CHECKING
 from ..isolation.proctree import alive, lease_id_of, process_table, terminate
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Optional
 
 log = get_logger(__name__)
 

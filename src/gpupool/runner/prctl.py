@@ -9,16 +9,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any, Callable, Optional, cast
 
+from .. import TYPE_CHECKING
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    _Prctl = Callable[[int, int, int, int, int], int]
 
 log = get_logger(__name__)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
-_Prctl = Callable[[int, int, int, int, int], int]
 _resolved: Optional[_Prctl] = None
 _looked_up = False
 
@@ -33,46 +37,16 @@ def _prctl() -> Optional[_Prctl]:
         log.debug("prctl: not Linux (%s), no subreaper and no parent-death signal", sys.platform)
         return None
     try:
-        _resolved = _from_ctypes_core()
-    except (OSError, AttributeError, ImportError, TypeError) as err:
-        log.debug("prctl: through _ctypes failed (%s), trying ctypes", err)
-        try:
-            import ctypes
+        import ctypes
 
-            func = ctypes.CDLL(None, use_errno=True).prctl
-            func.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-            func.restype = ctypes.c_int
-        except (OSError, AttributeError, ImportError) as err:
-            log.debug("prctl: unavailable (%s)", err)
-            return None
-        _resolved = func
+        func = ctypes.CDLL(None, use_errno=True).prctl
+        func.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        func.restype = ctypes.c_int
+    except (OSError, AttributeError, ImportError) as err:
+        log.debug("prctl: unavailable (%s)", err)
+        return None
+    _resolved = func
     return _resolved
-
-
-def _from_ctypes_core() -> _Prctl:
-    """prctl as `ctypes.CDLL(None, use_errno=True).prctl` with int, 4 x unsigned long -> int, built
-    from `_ctypes`, the C core that `ctypes` wraps: `import ctypes` defines every C type and costs
-    `gpupool run` more than the rest of its process-tree handling."""
-    import _ctypes
-
-    core: Any = _ctypes  # typeshed describes ctypes' use of it, not this one
-
-    class CInt(core._SimpleCData):  # type: ignore[misc]  # ctypes.c_int
-        _type_ = "i"
-
-    class CULong(core._SimpleCData):  # type: ignore[misc]  # ctypes.c_ulong
-        _type_ = "L"
-
-    class Function(core.CFuncPtr):  # type: ignore[misc]  # CDLL's function pointer class
-        _flags_ = core.FUNCFLAG_CDECL | core.FUNCFLAG_USE_ERRNO
-        _restype_ = CInt
-
-    class Libc:  # what CFuncPtr((name, library)) reads of a CDLL: its dlopen handle
-        _handle = core.dlopen(None, core.RTLD_LOCAL)
-
-    func = Function(("prctl", Libc()))
-    func.argtypes = (CInt, CULong, CULong, CULong, CULong)
-    return cast(_Prctl, func)
 
 
 def become_subreaper() -> bool:

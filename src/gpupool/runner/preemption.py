@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
 
+from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
 from ..core.model import Lease
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 log = get_logger(__name__)
 

@@ -10,8 +10,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set, Tuple
 
+from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
@@ -28,6 +28,8 @@ from .prctl import become_subreaper, parent_death_signal
 from .tree import end_tree, reap_all, reap_orphans
 
 if TYPE_CHECKING:
+    from typing import Callable, List, Optional, Sequence, Set, Tuple
+
     from .preemption import PreemptionWatch
 
 log = get_logger(__name__)
@@ -188,7 +190,10 @@ def _run_once(
             f"configuration saved to {config_file}"
         )
         say(f"Running client command '{_join(command)}' on GPUs [{contract['CUDA_VISIBLE_DEVICES']}]")
-        child = start(command, child_env(os.environ, contract), parent_death_signal())
+        # The guard ends the command if the runner dies; only without one does the child get a
+        # parent-death signal, whose preexec_fn would keep subprocess from vfork (a fork of the
+        # whole runner, with its copy-on-write faults, on every run).
+        child = start(command, child_env(os.environ, contract), parent_death_signal() if guard is None else None)
         if guard is not None:
             guard.watch(child.pid)
         relay.child = child

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Set
 
+from .. import TYPE_CHECKING
 from ..isolation.proctree import descendants, group_members, lease_id_of, process_table, terminate
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Iterable, List, Optional, Set
 
 log = get_logger(__name__)
 

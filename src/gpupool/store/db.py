@@ -26,12 +26,15 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
 from .schema import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 from .tx import Tx
+
+if TYPE_CHECKING:
+    from typing import Iterator, List, Optional, Union
 
 log = get_logger(__name__)
 

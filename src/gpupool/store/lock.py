@@ -9,10 +9,13 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Optional, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import StateLocked
 from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Optional, Union
 
 log = get_logger(__name__)
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The lease columns _lease() reads, in its order.
 LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
