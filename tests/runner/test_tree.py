@@ -69,8 +69,8 @@ def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):
         kill_pids(pids)
 
 
-# `gpupool run` with no guard (as where there is no /proc to run one on): the command is started
-# with a parent-death signal instead.
+# `gpupool run` with no guard (as where there is no /proc to run one on): the parent-death signal
+# alone still ends the command.
 UNGUARDED = """\
 import sys
 from gpupool.cli.workload import main
@@ -80,7 +80,7 @@ sys.exit(main())
 """
 
 
-def test_kill_9_of_an_unguarded_runner_kills_the_command_through_its_parent_death_signal(pool, tmp_path):
+def test_kill_9_of_an_unguarded_runner_ends_the_command_through_its_parent_death_signal(pool, tmp_path):
     record = tmp_path / "tree.json"
     argv = [sys.executable, "-c", UNGUARDED, "run", "-p", "0.5", "--", sys.executable, SPAWNER, str(record)]
     runner = subprocess.Popen(argv, env=pool.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
