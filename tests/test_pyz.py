@@ -90,3 +90,21 @@ def test_runs_as_an_executable_via_its_shebang(pyz, tmp_path):
         timeout=60,
     )
     assert done.returncode == 7, done.stderr
+
+
+def test_a_run_through_the_zipapp_imports_no_typing_or_logging(pyz, tmp_path):
+    """The zipapp starts as light as the install: `python -X importtime` lists every module imported."""
+    env = dict(os.environ, GPUPOOL_STATE=str(tmp_path / "s"), GPUPOOL_DEVICES="emulated:1x8GiB", HOME=str(tmp_path))
+    env.pop("GPUPOOL_SERVER", None)
+    env.pop("GPUPOOL_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(pyz), "run", "-q", "-p", "0.5", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "gpupool.runner.session" in imported  # the listing is the run's
+    assert imported & {"typing", "logging", "ssl", "http.client"} == set()

@@ -8,10 +8,13 @@ Python >= 3.9 and nothing installed.
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
+from .. import TYPE_CHECKING
 from .main import WORKLOAD_MODULES
 from .main import main as _main
+
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 MODULES = WORKLOAD_MODULES
 
