@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.model import Device
 from ..core.usage import DeviceUsage, ProcessUsage
 from ..logs import get_logger
 from .health import is_emulated
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+    Sample = Tuple[Tuple[DeviceUsage, ...], Tuple[ProcessUsage, ...]]
 
 log = get_logger(__name__)
 
@@ -24,8 +29,6 @@ EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
 # A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.
 MAX_USAGE_FILE_BYTES = 1 << 20
 MIB = 1024 * 1024
-
-Sample = Tuple[Tuple[DeviceUsage, ...], Tuple[ProcessUsage, ...]]
 
 
 class UsageSampler:

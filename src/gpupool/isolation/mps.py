@@ -30,12 +30,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, Unavailable
 from ..core.usage import IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .env import MPS_LOG_ENV, MPS_PIPE_ENV
+
+if TYPE_CHECKING:
+    from typing import Dict, Mapping, Optional, Tuple
 
 log = get_logger(__name__)
 

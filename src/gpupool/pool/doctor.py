@@ -12,14 +12,17 @@ import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.invariants import Problem, pool_problems
 from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec, check_quotas_fit
 from ..store import DB_NAME
 from ..store.maintenance import integrity
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Tuple, Union
 
 
 @dataclass

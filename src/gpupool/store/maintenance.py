@@ -13,13 +13,16 @@ import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import List, Union
 
+from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from .db import DB_NAME, damaged_message
 from .lock import StateLock
 
-PathLike = Union[str, Path]
+if TYPE_CHECKING:
+    from typing import List, Union
+
+    PathLike = Union[str, Path]
 
 
 def integrity(db: PathLike) -> List[str]:
