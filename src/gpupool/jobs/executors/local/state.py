@@ -56,6 +56,7 @@ class JobState:
     ttl_s: float = 30.0  # lease TTL: how long GPUs stay held after the supervisor dies
     workdir: str = ""  # replicas' working directory (where submit ran, plus spec workingDir)
     restarts: int = 0
+    preemptions: int = 0  # times the pool preempted the job's lease and it queued again
     ports: List[int] = field(default_factory=list)
     replicas: Dict[str, ReplicaState] = field(default_factory=dict)
 

@@ -5,6 +5,12 @@ replica's GPUs as one gang claim (queued whole), starts the replicas with
 their rendezvous and isolation env, heartbeats the lease, applies the restart
 and success policies, and in every exit path stops the replicas and releases
 the lease and ports. SIGTERM (what `gpupool cancel` sends) cancels the job.
+
+A preempted lease (the job's queue borrowed GPUs that another queue needs back) requeues the job,
+as Kueue does with its workloads: every replica gets SIGTERM (SIGKILL after the lease's grace),
+the lease is released, the gang claims again, and the replicas start over with
+GPUPOOL_PREEMPTED=1 and GPUPOOL_ATTEMPT=N (a checkpointing trainer resumes). A preemption is
+no failure: it does not count against backoffLimit.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ....core.errors import GpupoolError, Unavailable
 from ....core.model import Holder, Lease
-from ....isolation.env import HOOK_DIR_ENV
+from ....isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, PREEMPTED_ENV
 from ....isolation.proctree import alive
 from ....runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
 from ...environment import expand_command, job_env, replica_env
@@ -36,6 +42,7 @@ from .state import JobState, JobStore
 if TYPE_CHECKING:
     from ....client.base import PoolClient
     from ....runner.heartbeat import Heartbeat
+    from ....runner.preemption import PreemptionWatch
     from ...rendezvous.kvstore import KVStoreServer
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,7 @@ class Supervisor:
         self.client: Optional[PoolClient] = None
         self.lease: Optional[Lease] = None
         self.heartbeat: Optional[Heartbeat] = None
+        self.watch: Optional[PreemptionWatch] = None  # hears at once that the pool preempted the lease
         self.kvstore: Optional[KVStoreServer] = None
         self.endpoints: Optional[Endpoints] = None
         self.gpu_envs: Dict[str, Dict[str, str]] = {}
@@ -136,12 +144,15 @@ class Supervisor:
         )
         self._save()
         self._claim()
-        self.state.status, self.state.message = Phase.RUNNING.value, ""
         self.state.started_at = time.time()
+        self._start_all()
+        self._watch()
+
+    def _start_all(self) -> None:
+        self.state.status, self.state.message = Phase.RUNNING.value, ""
         for rep in self.reps:
             self._start(rep)
         self._save()
-        self._watch()
 
     def _run_setup(self) -> None:
         """The spec's setup command, once, before any GPU is claimed (downloads, exports)."""
@@ -162,8 +173,9 @@ class Supervisor:
                 f"setup exited with {exit_code(proc.returncode)}; see gpupool logs {self.name} --replica setup"
             )
 
-    def _claim(self) -> None:
-        """One gang claim for every replica's GPUs: granted whole or queued whole."""
+    def _claim(self, why: str = "") -> None:
+        """One gang claim for every replica's GPUs: granted whole or queued whole (`why` leads the
+        message shown while queued)."""
         claim = gang_claim(self.spec)
         if claim is None:
             return
@@ -174,7 +186,7 @@ class Supervisor:
         try:
             self.lease = self.client.claim(claim, holder, wait_s=0.0, ttl_s=self.state.ttl_s)
         except Unavailable as err:
-            self.state.status, self.state.message = Phase.QUEUED.value, err.message
+            self.state.status, self.state.message = Phase.QUEUED.value, why + err.message
             self._save()
             limit = self.spec.active_deadline_seconds
             wait = 7 * 24 * 3600.0 if limit is None else max(0.0, limit - (time.time() - self.state.submitted_at))
@@ -190,6 +202,7 @@ class Supervisor:
         self._save()
         from ....isolation import isolation_env, shares, write_hook_dir
         from ....runner.heartbeat import Heartbeat
+        from ....runner.preemption import PreemptionWatch
 
         status = self.client.status()
         hook_dir = str(write_hook_dir(self.job_dir / "hook"))
@@ -198,8 +211,13 @@ class Supervisor:
                 self.gpu_envs[rep.name] = isolation_env(
                     self.lease.id, shares(self.lease, status.devices, rep.group), hook_dir, isolation=status.isolation
                 )
-        self.heartbeat = Heartbeat(self.client, self.lease.id, self.state.ttl_s / 3, log.warning)
+        # The watch only records the preemption: the main loop stops the replicas and requeues.
+        self.watch = PreemptionWatch(self.client, self.lease.id, lambda lease: None)
+        self.heartbeat = Heartbeat(
+            self.client, self.lease.id, self.state.ttl_s / 3, log.warning, on_lease=self.watch.notice
+        )
         self.heartbeat.start()
+        self.watch.start()
 
     def _start(self, rep: Replica) -> None:
         """Start (or restart) one replica, appending to its log."""
@@ -208,6 +226,8 @@ class Supervisor:
         extra = replica_env(
             self.spec, self.reps, self.endpoints, rep, str(self.job_dir), self.gpu_envs.get(rep.name), attempt
         )
+        if self.state.preemptions:  # as `gpupool run --requeue` sets them for its rerun
+            extra.update({PREEMPTED_ENV: "1", ATTEMPT_ENV: str(self.state.preemptions + 1)})
         env = _base_env()
         env.update(extra)
         hook = extra.get(HOOK_DIR_ENV)
@@ -240,6 +260,9 @@ class Supervisor:
         while True:
             self._check_cancel()
             self._check_deadline()
+            if self.watch is not None and self.watch.preempted is not None:
+                self._requeue(self.watch.preempted)
+                continue
             if self.heartbeat is not None and self.heartbeat.lost:
                 raise JobFailed(f"lease {self.state.lease_id} was lost (no heartbeat reached the pool in time)")
             changed = False
@@ -265,6 +288,29 @@ class Supervisor:
                 if decision.action is Action.RESTART:
                     self._restart(decision.replicas, decision.message)
             time.sleep(POLL_S)
+
+    def _requeue(self, preempted: Lease) -> None:
+        """Stop every replica, give the preempted lease back, claim again and start them all over."""
+        grace = preempted.preempt_grace_s
+        by = f" of queue {preempted.queue}" if preempted.queue else ""
+        self.state.status = Phase.QUEUED.value
+        self.state.message = (
+            f"lease {preempted.id}{by} was preempted (another queue needs its quota back): "
+            f"stopping the replicas (SIGTERM, SIGKILL after {grace:g}s), then queueing again"
+        )
+        log.warning(self.state.message)
+        self._save()
+        self._stop([r.name for r in self.reps], grace_s=grace)
+        for rep in self.reps:
+            rs = self.state.replicas[rep.name]
+            rs.status, rs.pid = Phase.PENDING.value, 0
+        self.procs.clear()
+        self.exits.clear()
+        self._give_back_lease()
+        self.state.preemptions += 1
+        self._save()
+        self._claim(why=f"preempted {self.state.preemptions}x, queued again: ")
+        self._start_all()
 
     def _restart(self, targets: Sequence[Replica], message: str) -> None:
         delay = backoff_delay(self.spec, self.state.restarts)
@@ -297,9 +343,9 @@ class Supervisor:
             waiting = [r for r in waiting if self.procs[r.name].poll() is None]
         self._stop([r.name for r in self.reps])
 
-    def _stop(self, names: List[str]) -> None:
+    def _stop(self, names: List[str], grace_s: float = 5.0) -> None:
         procs = [self.procs[n] for n in names if n in self.procs]
-        processes.stop_groups([p.pid for p in procs], children=procs)
+        processes.stop_groups([p.pid for p in procs], grace_s=grace_s, children=procs)
         for n in names:
             proc = self.procs.get(n)
             if proc is None:
@@ -321,15 +367,7 @@ class Supervisor:
             self._stop(list(self.procs))
             processes.sweep(self.job_dir)
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-            if self.lease is not None and self.client is not None:
-                try:
-                    self.client.release(self.lease.id)
-                except GpupoolError as err:  # expired already: nothing is held
-                    log.warning("release of lease %s: %s", self.lease.id, err.message)
-            if self.client is not None:
-                self.client.close()
+            self._give_back_lease()
             if self.kvstore is not None:
                 self.kvstore.stop()
             ports.release(self.store.root, self.name)
@@ -338,6 +376,22 @@ class Supervisor:
             if not self.state.phase.is_terminal:
                 self._finish(Phase.FAILED, self.state.message or "supervisor stopped")
             self._save()
+
+    def _give_back_lease(self) -> None:
+        """Stop the heartbeat and the watch, release the lease, close the pool's client."""
+        if self.watch is not None:
+            self.watch.stop()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.lease is not None and self.client is not None:
+            try:
+                self.client.release(self.lease.id)
+            except GpupoolError as err:  # expired already: nothing is held
+                log.warning("release of lease %s: %s", self.lease.id, err.message)
+        if self.client is not None:
+            self.client.close()  # also ends a watch in flight
+        self.watch = self.heartbeat = None
+        self.lease = self.client = None
 
     def _save(self) -> None:
         self.store.save(self.state)
