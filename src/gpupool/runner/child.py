@@ -15,6 +15,7 @@ from ..logs import get_logger
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+    # What signal.signal takes and returns (typeshed's private signal._HANDLER).
     SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 log = get_logger(__name__)
@@ -22,8 +23,6 @@ log = get_logger(__name__)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After this many forwarded signals the child is killed: the user means it.
 KILL_AFTER = 3
-
-# What signal.signal takes and returns (typeshed's private signal._HANDLER).
 
 
 class Interrupted(Exception):
