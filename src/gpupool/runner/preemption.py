@@ -32,6 +32,16 @@ RETRY_S = 2.0
 START_S = 0.1
 
 
+def preemption_notice(lease: Lease, what: str) -> str:
+    """The line that says `lease` was preempted and that `what` ("the command", "the replicas") is
+    being stopped with its grace: one wording for `gpupool run` and the job supervisor."""
+    by = f" of queue {lease.queue}" if lease.queue else ""
+    return (
+        f"lease {lease.id}{by} was preempted (another queue needs its quota back): "
+        f"stopping {what} (SIGTERM, SIGKILL after {lease.preempt_grace_s:g}s)"
+    )
+
+
 class PreemptionWatch(threading.Thread):
     """Calls `stop_command(lease)` once, on a thread of its own, when `lease_id` is seen preempted."""
 

@@ -281,13 +281,10 @@ def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> 
     SIGKILL what is left after the lease's grace. The main thread's child.wait() then returns."""
 
     def stop(lease: Lease) -> None:
-        grace = lease.preempt_grace_s
-        by = f" of queue {lease.queue}" if lease.queue else ""
-        warn(
-            f"lease {lease.id}{by} was preempted (another queue needs its quota back): "
-            f"stopping the command (SIGTERM, SIGKILL after {grace:g}s)"
-        )
-        _signal_tree(pgid, keep, grace, "after the preemption")
+        from .preemption import preemption_notice  # imported already: the watch calling this lives there
+
+        warn(preemption_notice(lease, "the command"))
+        _signal_tree(pgid, keep, lease.preempt_grace_s, "after the preemption")
 
     return stop
 

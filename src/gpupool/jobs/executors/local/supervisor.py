@@ -291,16 +291,13 @@ class Supervisor:
 
     def _requeue(self, preempted: Lease) -> None:
         """Stop every replica, give the preempted lease back, claim again and start them all over."""
-        grace = preempted.preempt_grace_s
-        by = f" of queue {preempted.queue}" if preempted.queue else ""
+        from ....runner.preemption import preemption_notice
+
         self.state.status = Phase.QUEUED.value
-        self.state.message = (
-            f"lease {preempted.id}{by} was preempted (another queue needs its quota back): "
-            f"stopping the replicas (SIGTERM, SIGKILL after {grace:g}s), then queueing again"
-        )
+        self.state.message = preemption_notice(preempted, "the replicas") + ", then queueing again"
         log.warning(self.state.message)
         self._save()
-        self._stop([r.name for r in self.reps], grace_s=grace)
+        self._stop([r.name for r in self.reps], grace_s=preempted.preempt_grace_s)
         for rep in self.reps:
             rs = self.state.replicas[rep.name]
             rs.status, rs.pid = Phase.PENDING.value, 0
