@@ -16,6 +16,7 @@ import sys
 
 from .. import TYPE_CHECKING, __version__, codecache, logs
 from ..core.errors import GpupoolError
+from .parser import Parser
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -52,7 +53,7 @@ WORKLOAD_MODULES: Tuple[str, ...] = ("run", "status")
 ALL = "*"
 # Stdlib modules the workload verbs import but do not use, made stand-ins (`defer_import`):
 # `dataclasses` imports `inspect` (a third of its import time) only to describe classes without
-# a docstring, and gpupool's have one; `shutil` (which argparse imports for the terminal width)
+# a docstring, and gpupool's have one; `shutil` (which the MPS isolation mode imports for `which`)
 # imports `zlib`, `bz2` and `lzma` only to know which archive formats it could write;
 # `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host;
 # pathlib needs `ntpath` only for Windows paths (whose import looks for `nt` five times over
@@ -71,7 +72,7 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     module); the other commands are placeholders, there only for help and for the error that
     lists them, so a known `load` gets none (None or an unknown name: all placeholders).
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpupool",
         description="Pool GPUs and share them fractionally between training jobs.",
     )
