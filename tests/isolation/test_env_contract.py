@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.isolation_mode import IsolationMode, NodeIsolation
 from gpupool.core.model import Device, Holder, Lease, Slice
-from gpupool.core.usage import IsolationMode, NodeIsolation
 from gpupool.isolation import child_env, context_reserve_mib, isolation_env, shares
 from gpupool.isolation import env as contract
 

@@ -12,7 +12,7 @@ from typing import Callable, List
 import pytest
 
 from gpupool.core.errors import Unavailable
-from gpupool.core.usage import IsolationMode
+from gpupool.core.isolation_mode import IsolationMode
 from gpupool.isolation import mps
 from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
 

@@ -150,8 +150,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle_webhook(args: argparse.Namespace) -> int:
     import threading
 
+    from ..core.isolation_mode import IsolationMode
     from ..core.quantity import parse_memory_mib
-    from ..core.usage import IsolationMode
     from ..kube.admission import WebhookApp, serve
     from ..kube.mutate import MutateConfig
     from ..kube.nodestate import (

@@ -94,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.filters import Filter
+    from ..core.isolation_mode import IsolationMode
     from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy, check_queue_name
     from ..core.quantity import parse_fraction, parse_memory_mib
-    from ..core.usage import IsolationMode
     from ..runner import RunOptions, progress, run
 
     command = list(args.cmd)

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 from .. import TYPE_CHECKING
+from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
-from ..core.usage import IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .base import PoolClient
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
+from ..core.isolation_mode import IsolationMode
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
-from ..core.usage import IsolationMode, UsageReport
 from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from typing import Callable, List, Optional, Sequence, Tuple
 
     from ..core.queues import QueueStatus
+    from ..core.usage import UsageReport
 
     Progress = Callable[[str], None]
 
@@ -216,7 +217,11 @@ def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda lin
         queues.extend(status.queues)
     if len(errors) == len(clients):
         raise errors[0]
-    usage = UsageReport.merge(usages) if usages else None
+    usage = None
+    if usages:
+        from ..core.usage import UsageReport
+
+        usage = UsageReport.merge(usages)
     return PoolStatus(
         tuple(devices), tuple(leases), queued, ",".join(n for n in nodes if n), usage=usage, queues=tuple(queues)
     )

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from .. import TYPE_CHECKING
 from .errors import InvalidClaim
 from .filters import Filter
-from .usage import NodeIsolation, UsageReport
+from .isolation_mode import NodeIsolation
 
 if TYPE_CHECKING:  # core.queues imports this module; PoolStatus converts its queues lazily
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
     from .queues import QueueStatus
+    from .usage import UsageReport
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -447,6 +448,11 @@ class PoolStatus:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
         queues = data.get("queues") or []
+        usage = None
+        if data.get("usage"):  # only then: the usage records are not needed to run a command
+            from .usage import UsageReport
+
+            usage = UsageReport.from_dict(data["usage"])
         if queues:  # only then: core.queues imports placement, which a run against a server never needs
             from .queues import QueueStatus  # it imports this module
 
@@ -456,7 +462,7 @@ class PoolStatus:
             queued=int(data.get("queued", 0)),
             node=str(data.get("node", "")),
             isolation=NodeIsolation.from_dict(data.get("isolation")),
-            usage=UsageReport.from_dict(data["usage"]) if data.get("usage") else None,
+            usage=usage,
             queues=tuple(QueueStatus.from_dict(q) for q in queues),
         )
 

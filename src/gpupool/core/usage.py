@@ -18,42 +18,6 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-class IsolationMode(enum.Enum):
-    """How a lease's limits are held on a node."""
-
-    MPS = "mps"  # CUDA MPS: the driver caps memory and SM share per client
-    HOOKS = "hooks"  # env + import hook: PyTorch/TensorFlow/JAX cap themselves
-    NONE = "none"  # CUDA_VISIBLE_DEVICES only
-
-    @classmethod
-    def parse(cls, text: str) -> IsolationMode:
-        try:
-            return cls(str(text).strip().lower())
-        except ValueError:
-            raise InvalidInput(f"isolation {text!r} is unknown: use mps, hooks or none") from None
-
-
-@dataclass(frozen=True)
-class NodeIsolation:
-    """A node's isolation mode, and in `mps` mode the folders of its MPS control daemon."""
-
-    mode: IsolationMode = IsolationMode.HOOKS
-    mps_pipe_dir: str = ""
-    mps_log_dir: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"mode": self.mode.value, "mps_pipe_dir": self.mps_pipe_dir, "mps_log_dir": self.mps_log_dir}
-
-    @classmethod
-    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> NodeIsolation:
-        data = data or {}
-        return cls(
-            IsolationMode.parse(data.get("mode", IsolationMode.HOOKS.value)),
-            str(data.get("mps_pipe_dir", "") or ""),
-            str(data.get("mps_log_dir", "") or ""),
-        )
-
-
 class EnforceMode(enum.Enum):
     """What the watchdog does about a process that breaks the rules."""
 
@@ -239,8 +203,6 @@ def check_interval(value: float, what: str, low: float = 0.05, high: float = 360
 
 
 __all__ = [
-    "IsolationMode",
-    "NodeIsolation",
     "EnforceMode",
     "Violation",
     "ProcessUsage",

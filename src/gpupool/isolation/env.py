@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
+from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import Device, Lease, Slice
-from ..core.usage import IsolationMode, NodeIsolation
 
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, Unavailable
-from ..core.usage import IsolationMode, NodeIsolation
+from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .env import MPS_LOG_ENV, MPS_PIPE_ENV
 

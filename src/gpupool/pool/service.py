@@ -39,6 +39,7 @@ from pathlib import Path
 from .. import TYPE_CHECKING
 from ..core.errors import Forbidden, GpupoolError, InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
+from ..core.isolation_mode import NodeIsolation
 from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
     MAX_PREEMPT_GRACE_S,
@@ -55,7 +56,6 @@ from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.placement import could_ever_fit, place
 from ..core.queues import QueueSpec, QueueStatus, UsageRow, check_quotas_fit, check_usage_key, reap_at
-from ..core.usage import NodeIsolation, UsageReport
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
@@ -65,6 +65,8 @@ from .admission import Decision, admit, check_claim_queue, unknown_queue
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+    from ..core.usage import UsageReport
 
 log = get_logger(__name__)
 
@@ -543,7 +545,7 @@ class Pool:
             queued,
             self.node,
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
-            UsageReport.from_dict(json.loads(usage)) if usage else None,
+            _usage_report(usage),
             tuple(queues),
         )
 
@@ -749,3 +751,13 @@ def _check_seconds(value: object, what: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise InvalidClaim(f"{what} {value!r} must be between {low:g} and {high:g} seconds")
     return float(value)
+
+
+def _usage_report(text: Optional[str]) -> Optional[UsageReport]:
+    """The watchdog's last report from its meta row (None before the first); core.usage is imported
+    only then, as a pool without a watchdog (every embedded one) never needs it."""
+    if not text:
+        return None
+    from ..core.usage import UsageReport
+
+    return UsageReport.from_dict(json.loads(text))

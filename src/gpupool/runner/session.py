@@ -15,9 +15,9 @@ from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
+from ..core.isolation_mode import IsolationMode
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease
 from ..core.quantity import format_mib
-from ..core.usage import IsolationMode
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from ..isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
 from ..logs import get_logger

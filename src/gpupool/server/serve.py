@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput, StateUnusable
+from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import DEFAULT_PREEMPT_GRACE_S, MAX_PREEMPT_GRACE_S, Device
-from ..core.usage import EnforceMode, IsolationMode, NodeIsolation
+from ..core.usage import EnforceMode
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock

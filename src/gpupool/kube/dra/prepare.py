@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...core.errors import GpupoolError, NotFound
 from ...core.filters import Filter
+from ...core.isolation_mode import IsolationMode
 from ...core.model import Claim, Device, GpuRequest, Holder, Lease
-from ...core.usage import IsolationMode
 from ...isolation.env import GpuShare, child_env, isolation_env
 from ...pool import Pool
 from .allocation import AllocatedDevice, allocated_devices
