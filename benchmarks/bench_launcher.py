@@ -22,6 +22,10 @@ a temporary folder so no client config is read):
 - embedded_zipapp:      `python gpupool-run.pyz` built by tools/build_pyz.py, embedded pool
 - server_entry_point:   the `gpupool` script against a local `gpupool server` subprocess
                         (loopback, auth on: the token in GPUPOOL_TOKEN)
+- stdlib_floor:         not gpupool: `python -c "import ..."` of exactly the standard-library
+                        modules an embedded `gpupool run` imports (read from its `-X importtime`),
+                        with the same stand-ins; what the run would cost if gpupool's own modules
+                        and the run's work (claim, guard, command, release) cost nothing
 
 Writes benchmarks/results/launcher.json and prints it.
 """
@@ -29,6 +33,7 @@ Writes benchmarks/results/launcher.json and prints it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -90,6 +95,49 @@ def prepare_install(python: str) -> str:
     return where
 
 
+def imported_modules(argv: Sequence[str], env: Dict[str, str]) -> List[str]:
+    """The modules a process imports, in the order they finish (`python -X importtime`)."""
+    done = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
+    names = []
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "package":  # the header line
+                names.append(name)
+    return names
+
+
+def stdlib_floor_argv(python: str, run_argv: Sequence[str], env: Dict[str, str]) -> List[str]:
+    """`python -c` importing the public standard-library modules `run_argv` imports beyond the
+    interpreter's start (their private helpers follow), after the stand-ins gpupool puts in place."""
+    from gpupool.cli.main import DEFERRED_FUNCTIONS, DEFERRED_IMPORTS
+
+    at_start = set(imported_modules([python, "-c", "pass"], env))
+    modules = [
+        name
+        for name in imported_modules(run_argv, env)
+        if name not in at_start
+        and not name.startswith("gpupool")
+        and not any(part.startswith("_") and not part.endswith("__") for part in name.split("."))
+        and importlib.util.find_spec(name) is not None  # not a probe that failed (subprocess's `msvcrt`)
+    ]
+    stand_ins = [(name, DEFERRED_FUNCTIONS.get(name, ())) for name in DEFERRED_IMPORTS]
+    code = (
+        "import importlib, sys, types\n"
+        f"for name, functions in {stand_ins!r}:\n"
+        "    module = sys.modules[name] = types.ModuleType(name)\n"
+        "    for function in functions:\n"
+        "        setattr(module, function, print)\n"
+        "    parent, _, child = name.rpartition('.')\n"
+        "    if parent:\n"
+        "        setattr(importlib.import_module(parent), child, module)\n"
+        f"import {', '.join(dict.fromkeys(modules))}\n"
+    )
+    return [python, "-c", code]
+
+
 def build_zipapp(target: Path) -> Path:
     subprocess.run([sys.executable, str(REPO / "tools" / "build_pyz.py"), str(target)], check=True, capture_output=True)
     return target
@@ -140,6 +188,8 @@ def main() -> int:
                 "embedded_zipapp": ([python, str(pyz), *RUN], dict(env, GPUPOOL_STATE=str(tmp / "s3"))),
                 "server_entry_point": ([str(script), *RUN], dict(env, GPUPOOL_SERVER=url, GPUPOOL_TOKEN=token)),
             }
+            floor_env = dict(env, GPUPOOL_STATE=str(tmp / "s4"))
+            cases["stdlib_floor"] = (stdlib_floor_argv(python, [python, str(script), *RUN], floor_env), env)
             if args.cases != "all":
                 cases = {name: cases[name] for name in args.cases.split(",")}
             bare_argv = [python, "-c", "pass"]

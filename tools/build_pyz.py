@@ -31,13 +31,16 @@ from typing import Iterator, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "gpupool"
+sys.path.insert(0, str(SRC.parent))
+# The workload side: its whole packages (all standard library only) and its CLI modules, as the
+# dataclass table covers them.
+from gpupool.codecache import CLI_MODULES, PACKAGES  # noqa: E402
+
 SHEBANG = b"#!/usr/bin/env python3\n"
-# Whole packages of the workload side (all standard library only).
-PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
 # Top-level modules of the package that the workload side imports.
 TOP_FILES = ("__init__.py", "logs.py", "codecache.py")
 # Only the stdlib verbs of the CLI.
-CLI_FILES = ("__init__.py", "main.py", "run.py", "status.py", "pool_options.py", "workload.py")
+CLI_FILES = ("__init__.py", *(f"{name}.py" for name in CLI_MODULES))
 MAIN = """\
 import sys
 

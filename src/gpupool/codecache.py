@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 NAME = "dataclass-code"
 # The table covers the workload side (`gpupool run`, `status`, `release`, the zipapp): every
-# module of these packages, and these CLI modules, are imported when it is written.
+# module of these packages, and these CLI modules, are imported when it is written (and
+# tools/build_pyz.py puts the same in the zipapp).
 PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
-CLI_MODULES = ("main", "run", "status", "pool_options", "workload")
+CLI_MODULES = ("main", "parser", "run", "status", "pool_options", "workload")
 
 
 def table_path(package_dir: str) -> Optional[str]:
