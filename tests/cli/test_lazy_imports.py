@@ -11,13 +11,10 @@ import sys
 from typing import Dict, List, Set
 
 import pytest
+from workload_imports import EMBEDDED_NEVER
 
 from gpupool.cli.main import COMMANDS, build_parser
 
-# Costly imports the embedded pool never needs (`typing`: annotations only, see gpupool.TYPE_CHECKING;
-# `shutil`: argparse's help width, read by gpupool.cli.parser instead; the usage records: only a
-# server's watchdog writes them).
-EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "typing", "shutil", "gpupool.core.usage")
 # The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
 # nor the embedded pool's SQLite store, nor placement (one server places its own claims), nor the
 # "idna" codec (an ASCII host name is resolved as bytes).
