@@ -23,6 +23,9 @@ HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
 # The lease a process belongs to; the runner's guard and the server's watchdog find processes by it.
 LEASE_ID_ENV = "GPUPOOL_LEASE_ID"
 HOOK_DIR_ENV = "GPUPOOL_HOOK_DIR"
+# Read from the runner's environment: "off" keeps a lease's processes out of a cgroup of their own
+# (the guard, their subreaper, still ends them); anything else uses one where cgroup v2 is writable.
+LEASE_CGROUP_ENV = "GPUPOOL_LEASE_CGROUP"
 # Set by `gpupool run --requeue` on a rerun after a preemption: "1", and the attempt number (2 on
 # the first rerun), so a command can tell it should resume from its checkpoint.
 PREEMPTED_ENV = "GPUPOOL_PREEMPTED"

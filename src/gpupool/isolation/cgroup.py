@@ -1,0 +1,198 @@
+"""One cgroup v2 per lease, below the runner's own (stdlib only): what the kernel counts as the
+lease's processes, whatever they do to their env, session, parent or name, and ends at once.
+
+The runner creates `gpupool-<lease id>` beside nothing else it owns, its command joins it between
+fork and exec (so it cannot fork before), and at release or when the runner dies the whole cgroup
+is killed (`cgroup.kill`, Linux >= 5.14; before that frozen, each member SIGKILLed, thawed),
+waited empty (`cgroup.events`: populated 0) and removed. Where cgroup v2 is not mounted or not
+writable (most containers, a user's systemd session) `LeaseCgroup.create` says None and the
+runner's guard, the command's subreaper, ends the tree alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from .. import TYPE_CHECKING
+from .env import LEASE_CGROUP_ENV
+
+if TYPE_CHECKING:
+    from typing import List, Mapping, Optional, Tuple
+
+# The value of LEASE_CGROUP_ENV that keeps a lease out of a cgroup of its own.
+OFF = "off"
+NAME_PREFIX = "gpupool-"
+# After cgroup.kill the kernel still tears the processes down; wait at most this long for empty.
+KILL_SETTLE_S = 2.0
+_POLL_S = 0.002
+
+
+def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[Tuple[str, str]]:
+    """(mount point, the hierarchy's path mounted there) of the cgroup2 file system, or None.
+
+    /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a hybrid one; a container with its
+    own cgroup namespace mounts its root as "/".
+    """
+    try:
+        with open(mountinfo, errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER"
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if sep and tail.split()[:1] == ["cgroup2"] and len(fields) >= 5:
+            return _unescape(fields[4]), _unescape(fields[3])
+    return None
+
+
+def own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> Optional[str]:
+    """This process's cgroup v2 path (the '0::' line), or None (no cgroup v2, or a deleted one)."""
+    try:
+        with open(proc_cgroup, errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::/"):
+            path = line[3:]
+            return None if path.endswith(" (deleted)") else path
+    return None
+
+
+def lease_cgroup_parent(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The folder a lease cgroup is made in (this process's own cgroup), or None where there is
+    none to make: no cgroup v2, not writable by this user, or LEASE_CGROUP_ENV=off."""
+    env = os.environ if environ is None else environ
+    if env.get(LEASE_CGROUP_ENV, "").strip().lower() == OFF:
+        return None
+    mount, path = cgroup2_mount(), own_cgroup()
+    if mount is None or path is None:
+        return None
+    point, root = mount
+    if root != "/" and not (path == root or path.startswith(root + "/")):
+        return None  # our cgroup is outside what is mounted here
+    relative = path[len(root) :] if root != "/" else path
+    folder = point.rstrip("/") + relative.rstrip("/") if relative != "/" else point
+    # Moving a process needs write access to cgroup.procs of the common ancestor: our own cgroup.
+    if not (os.access(folder, os.W_OK | os.X_OK) and os.access(os.path.join(folder, "cgroup.procs"), os.W_OK)):
+        return None
+    return folder
+
+
+class LeaseCgroup:
+    """A lease's cgroup folder: join it, list it, kill it, remove it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, lease_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[LeaseCgroup]:
+        """Make the cgroup of `lease_id` below this process's own; None where that cannot be done."""
+        parent = lease_cgroup_parent(environ)
+        if parent is None:
+            return None
+        safe = "".join(ch for ch in lease_id if ch.isalnum() or ch in "-_")[:32]
+        path = os.path.join(parent, f"{NAME_PREFIX}{safe}-{os.getpid()}")
+        try:
+            os.mkdir(path)
+        except OSError:  # a read-only mount despite the mode bits, a limit on descendants
+            return None
+        if not os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+            cls(path).remove()
+            return None
+        return cls(path)
+
+    def join_fd(self) -> int:
+        """An fd on cgroup.procs: writing b"0" to it moves the writer in (done between fork and exec)."""
+        return os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    def pids(self) -> List[int]:
+        """The processes in the cgroup now ([] once it is gone)."""
+        try:
+            with open(os.path.join(self.path, "cgroup.procs"), "rb") as handle:
+                return [int(x) for x in handle.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def populated(self) -> bool:
+        """Whether any live process is in the cgroup (zombies do not count; gone counts as empty)."""
+        try:
+            with open(os.path.join(self.path, "cgroup.events"), "rb") as handle:
+                return b"populated 1" in handle.read()
+        except OSError:
+            return False
+
+    def kill(self, settle_s: float = KILL_SETTLE_S) -> bool:
+        """SIGKILL every process in the cgroup and wait until it is empty; returns whether it is."""
+        if not self._write("cgroup.kill", b"1"):
+            self._kill_frozen()
+        deadline = time.monotonic() + settle_s
+        while self.populated():
+            if time.monotonic() > deadline:
+                return False
+            self._kill_each()  # a kernel without cgroup.kill: catch what forked meanwhile
+            time.sleep(_POLL_S)
+        return True
+
+    def remove(self, settle_s: float = KILL_SETTLE_S) -> bool:
+        """Kill what is left and remove the cgroup folder; returns whether it is gone."""
+        self.kill(settle_s)
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                os.rmdir(self.path)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:  # EBUSY until the last member has left
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(_POLL_S)
+
+    def _kill_frozen(self) -> None:
+        """Linux < 5.14: freeze (nothing forks while we list), SIGKILL each member, thaw."""
+        frozen = self._write("cgroup.freeze", b"1")
+        self._kill_each()
+        if frozen:
+            self._write("cgroup.freeze", b"0")
+
+    def _kill_each(self) -> None:
+        if os.path.exists(os.path.join(self.path, "cgroup.kill")):
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _write(self, name: str, value: bytes) -> bool:
+        try:
+            fd = os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.write(fd, value)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+
+def _unescape(field: str) -> str:
+    r"""A mountinfo path with its octal escapes (\040 for a space ...) decoded."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
