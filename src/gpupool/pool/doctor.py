@@ -20,6 +20,7 @@ from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec, check_quotas_fit
 from ..store import DB_NAME
 from ..store.maintenance import integrity
+from ..store.marker import lost_message, lost_problem
 
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Tuple, Union
@@ -70,6 +71,10 @@ def check_state(state_dir: Union[str, Path]) -> Report:
     """Check the pool database of `state_dir` (nothing is written)."""
     db = Path(state_dir).expanduser() / DB_NAME
     report = Report(str(db))
+    lost = lost_problem(db)  # before SQLite, which reads a lost file as an empty, healthy pool
+    if lost is not None:
+        report.problems = [Problem("integrity", lost_message(db, lost))]
+        return report
     damage = integrity(db)
     if damage:
         report.problems = [Problem("integrity", f"SQLite: {line}") for line in damage]

@@ -30,6 +30,7 @@ from pathlib import Path
 from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
+from .marker import MARKER_NAME, POOL_ID_KEY, new_pool_id, refuse_lost, write_marker
 from .schema import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 from .tx import Tx
 
@@ -107,8 +108,11 @@ class Store:
         self._write_lock = threading.Lock()
         self._checkpointer: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        # Before SQLite sees the file: it would make an empty pool of a lost one (store.marker).
+        refuse_lost(self.path)
         try:
             self._init_schema()
+            self._ensure_marker()
         except (sqlite3.Error, UnicodeEncodeError) as err:
             self.close()
             raise self._explained(err) from None
@@ -238,6 +242,18 @@ class Store:
             if version is None or int(version) < SCHEMA_VERSION:
                 tx.set_meta("schema_version", str(SCHEMA_VERSION))
             tx.conn.execute(f"PRAGMA user_version={SCHEMA_FINGERPRINT}")
+
+    def _ensure_marker(self) -> None:
+        """Write STATE/pool.id once the database exists (a state dir of an older gpupool gets one
+        at its next open); later opens only find it."""
+        if (self.state_dir / MARKER_NAME).exists():
+            return
+        with self.write() as tx:
+            pool_id = tx.meta(POOL_ID_KEY)
+            if pool_id is None:
+                pool_id = new_pool_id()
+                tx.set_meta(POOL_ID_KEY, pool_id)
+        write_marker(self.state_dir, pool_id)
 
     @contextmanager
     def write(self) -> Iterator[Tx]:

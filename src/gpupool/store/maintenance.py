@@ -18,6 +18,7 @@ from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from .db import DB_NAME, damaged_message
 from .lock import StateLock
+from .marker import POOL_ID_KEY, write_marker
 
 if TYPE_CHECKING:
     from typing import List, Union
@@ -93,5 +94,8 @@ def restore(state_dir: PathLike, backup_file: PathLike) -> Path:
             closing(sqlite3.connect(str(partial))) as dst,
         ):
             src.backup(dst)
+            row = dst.execute("SELECT value FROM meta WHERE key = ?", (POOL_ID_KEY,)).fetchone()
         os.replace(partial, db)
+        if row is not None:  # pool.id names the pool the state dir holds now (a backup of another pool's)
+            write_marker(state, str(row[0]))
     return aside

@@ -1,0 +1,185 @@
+"""Issue 23 item 7: a state dir that held a pool never silently restarts as an empty one.
+
+A zero-length or missing pool.db next to STATE/pool.id stops `gpupool server`, `run`, `status`
+and `token` with exit 7 and one line naming the file and the fix; `gpupool doctor` says damaged;
+`gpupool restore` brings the pool back; a fresh state dir still starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import httpx
+import pytest
+
+from gpupool.store import DB_NAME, Store
+from gpupool.store.marker import MARKER_NAME, POOL_ID_KEY
+
+DEVICES = "emulated:2x16GiB"
+
+
+def gpupool(state: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m gpupool ARGV` (STATE for "S") in a process of its own, with no developer config."""
+    env: Dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(state.parent / "home"))
+    args = [sys.executable, "-m", "gpupool", *(str(state) if a == "S" else a for a in argv)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def serve(state: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Start `gpupool server` on STATE; it must exit by itself (a server that serves is killed: a failure)."""
+    args = [sys.executable, "-m", "gpupool", "server", "--listen", "127.0.0.1:0", "--state", str(state)]
+    proc = subprocess.Popen([*args, "--devices", DEVICES], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the server started on a lost database instead of refusing:\n{err}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpupool: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def held(server_factory, tmp_path) -> Path:
+    """A state dir a real server served: one lease of alice's and one token, then the server stopped."""
+    server = server_factory(state=tmp_path / "state")
+    alice = httpx.post(server.url + "/v1/tokens", json={"name": "alice"}, headers=server.headers()).json()["token"]
+    claim = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "ttl_s": 600}
+    r = httpx.post(server.url + "/v1/leases", json=claim, headers={"Authorization": f"Bearer {alice}"})
+    assert r.status_code == 201, r.text
+    assert server.stop() == 0
+    return server.state
+
+
+def truncate(state: Path) -> None:
+    """What the issue found: pool.db cut to 0 bytes (its -wal and -shm left as they were)."""
+    os.truncate(state / DB_NAME, 0)
+
+
+def delete(state: Path) -> None:
+    (state / DB_NAME).unlink()
+    for extra in ("-wal", "-shm"):
+        (state / (DB_NAME + extra)).unlink(missing_ok=True)
+
+
+def assert_refused(line: str, state: Path, what: str) -> None:
+    assert str(state / DB_NAME) in line and what in line, line
+    assert f"gpupool restore --state {state}" in line and f"gpupool doctor --state {state}" in line, line
+    assert str(state / MARKER_NAME) in line, line
+
+
+@pytest.mark.parametrize("lose, what", [(truncate, "empty (0 bytes)"), (delete, "missing")])
+def test_a_lost_database_stops_the_server_with_exit_7(held, lose, what):
+    lose(held)
+    result = serve(held)
+    assert result.returncode == 7, result.stderr
+    assert_refused(error_line(result), held, what)
+    assert not (held / DB_NAME).exists() or (held / DB_NAME).stat().st_size == 0  # nothing was written
+
+
+@pytest.mark.parametrize("lose, what", [(truncate, "empty (0 bytes)"), (delete, "missing")])
+def test_a_lost_database_stops_the_embedded_pool_and_doctor_says_damaged(held, lose, what):
+    lose(held)
+    tar = str(held.parent / "bob.tar")
+    token = ["token", "create", "--server", "http://h:1", "--state", "S", "--name", "bob", "--out", tar]
+    for argv in (["status", "--state", "S"], ["run", "--state", "S", "-p", "0.5", "--", "true"], token):
+        result = gpupool(held, *argv)
+        assert result.returncode == 7, (argv, result.stderr)
+        assert_refused(error_line(result), held, what)
+    doctor = gpupool(held, "doctor", "--state", "S", "--json")
+    assert doctor.returncode == 7, doctor.stdout + doctor.stderr
+    report = json.loads(doctor.stdout)
+    assert report["healthy"] is False and report["problems"][0]["kind"] == "integrity"
+    assert what in report["problems"][0]["message"]
+
+
+def test_restore_brings_the_pool_back(held, tmp_path):
+    copy = tmp_path / "backup.db"
+    assert gpupool(held, "backup", "--state", "S", str(copy)).returncode == 0
+    truncate(held)
+    assert gpupool(held, "status", "--state", "S").returncode == 7
+    restored = gpupool(held, "restore", "--state", "S", str(copy))
+    assert restored.returncode == 0, restored.stderr
+    status = gpupool(held, "status", "--state", "S", "--json")
+    assert status.returncode == 0, status.stderr
+    (lease,) = json.loads(status.stdout)["leases"]
+    assert lease["holder"]["name"] == "alice"
+    assert gpupool(held, "doctor", "--state", "S").returncode == 0
+
+
+def test_removing_pool_id_starts_an_empty_pool_on_purpose(held):
+    old = (held / MARKER_NAME).read_text().strip()
+    delete(held)
+    (held / MARKER_NAME).unlink()
+    status = gpupool(held, "status", "--state", "S", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["leases"] == []
+    assert (held / MARKER_NAME).read_text().strip() not in ("", old)  # a new pool, a new id
+
+
+def test_a_fresh_state_dir_still_starts_and_is_marked(tmp_path):
+    state = tmp_path / "fresh"
+    status = gpupool(state, "status", "--state", "S")
+    assert status.returncode == 0, status.stderr
+    pool_id = (state / MARKER_NAME).read_text().strip()
+    store = Store(state)
+    try:
+        with store.read() as tx:
+            assert tx.meta(POOL_ID_KEY) == pool_id and len(pool_id) == 32
+    finally:
+        store.close()
+    assert gpupool(state, "doctor", "--state", "S").returncode == 0
+
+
+def test_racing_first_opens_of_a_fresh_dir_all_start(tmp_path):
+    """Several embedded pools opening one new state dir at once: SQLite creates the file empty, but
+    pool.id appears only after its schema committed, so none of them takes the new file for a lost one."""
+    state = tmp_path / "race"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(tmp_path / "home"))
+    args = [sys.executable, "-m", "gpupool", "status", "--state", str(state)]
+    procs: List[subprocess.Popen] = [
+        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)
+    ]
+    try:
+        errors = [(p.wait(60), p.stderr.read() if p.stderr else "") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+            if p.stderr:
+                p.stderr.close()
+    assert all(code == 0 for code, _ in errors), errors
+    assert len((state / MARKER_NAME).read_text().strip()) == 32
+
+
+def test_an_older_state_dir_gets_its_marker_at_the_next_open(tmp_path):
+    state = tmp_path / "old"
+    Store(state).close()
+    (state / MARKER_NAME).unlink()  # as an older gpupool left it
+    store = Store(state)
+    try:
+        with store.read() as tx:
+            pool_id = tx.meta(POOL_ID_KEY)
+    finally:
+        store.close()
+    assert pool_id and (state / MARKER_NAME).read_text().strip() == pool_id
+    os.truncate(state / DB_NAME, 0)
+    from gpupool.core.errors import StateUnusable
+
+    with pytest.raises(StateUnusable, match="empty"):
+        Store(state)
