@@ -54,6 +54,7 @@ from ..core.model import (
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
+from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
 from ..core.queues import QueueSpec, QueueStatus, UsageRow, check_quotas_fit, check_usage_key, reap_at
 from ..isolation.proctree import alive
@@ -62,6 +63,7 @@ from ..store import Store
 from ..store.tx import Tx
 from . import accounting
 from .admission import Decision, admit, check_claim_queue, unknown_queue
+from .resume import resume, stamp_alive
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -105,6 +107,7 @@ class Waiter:
     wait_s: float = 0.0
     started: float = 0.0  # pool clock when it was queued
     begun: float = field(default_factory=time.monotonic)  # when its wait began (waiter_pauses counts from it)
+    key: str = ""  # the client's key of the claim: a retry (after a restart) finds its ticket or lease
 
 
 @dataclass
@@ -136,6 +139,8 @@ class Pool:
         node: the node name reported by status (default: the host name).
         clock: wall clock in seconds, injectable for tests.
         preempt_grace_s: the grace of a preempted lease whose claim gives none.
+        serving: this pool is a server's (or node agent's), which holds the state dir's lock: its
+            open renews what was live when the last server stopped, its sweeps stamp it (pool/resume.py).
     """
 
     def __init__(
@@ -147,8 +152,10 @@ class Pool:
         synchronous: Optional[str] = None,
         background_checkpoint: bool = False,
         preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S,
+        serving: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.serving = serving
         # what a preempted lease's runner waits between SIGTERM and SIGKILL, unless its claim says
         self.preempt_grace_s = _check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
         self._next_history_prune = 0.0  # the first sweep prunes
@@ -182,6 +189,8 @@ class Pool:
                 if changed:
                     for problem in self.status().problems():
                         log.warning("%s", problem)
+            if serving:
+                self._resume()
         except BaseException:
             self.store.close()  # no pool to close it later: NVML missing must not leak connections
             raise
@@ -189,6 +198,20 @@ class Pool:
     @classmethod
     def open(cls, state_dir: Union[str, Path], **kwargs: Any) -> Pool:
         return cls(state_dir, **kwargs)
+
+    def _resume(self) -> None:
+        """A server's start: renew what was live when the last server stopped (pool/resume.py)."""
+        with self.store.write() as tx:
+            resumed = resume(tx, self.clock())
+        if resumed.leases or resumed.tickets:
+            log.warning(
+                "resumed after %.1f s without a server: %d lease(s) renewed for a full TTL, %d waiting claim(s) "
+                "keep their place for %g s",
+                resumed.down_s,
+                resumed.leases,
+                resumed.tickets,
+                TICKET_REATTACH_S,
+            )
 
     def close(self) -> None:
         self._closed.set()
@@ -242,7 +265,9 @@ class Pool:
         return expired
 
     # --- claims ----------------------------------------------------------------
-    def claim(self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S) -> Lease:
+    def claim(
+        self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S, key: str = ""
+    ) -> Lease:
         """Grant `claim` to `holder` now, or wait in the FIFO queue up to `wait_s` seconds.
 
         Raises Unsatisfiable when no state of the pool could hold it, and
@@ -250,7 +275,7 @@ class Pool:
         """
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
         begun = time.monotonic()  # the wait counts from here, before the first transaction
-        started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+        started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s, key=key)
         if isinstance(started, Lease):
             return started
         waiter = started
@@ -269,12 +294,14 @@ class Pool:
                 self.cancel(waiter)
 
     def begin_claim(
-        self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S
+        self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S, key: str = ""
     ) -> Union[Lease, Waiter]:
         """Grant now, or (when `wait_s` > 0) take a ticket and return the Waiter to poll.
 
         The building block of `claim`; the HTTP server polls with asyncio
-        instead of holding a thread per waiting claim.
+        instead of holding a thread per waiting claim. `key` (the client's name for this claim,
+        the same in each try of it) makes a retry find what an earlier try got: the lease granted
+        while its answer was lost, or the ticket that keeps its place in the queue.
         """
         ttl_s = _check_seconds(ttl_s, "ttl_s", MIN_TTL_S, MAX_TTL_S)
         wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
@@ -289,14 +316,18 @@ class Pool:
             reason = ""
             outcome: Union[Lease, Waiter, Exception, None] = None
             queued = view.tickets if view.tickets is not None else tx.ticket_count()
-            if view.queues or claim.queue:
-                outcome = self._begin_in_queue(tx, view, claim, holder, wait_s, ttl_s, now)
+            if key:
+                outcome = self._reattach(tx, view, claim, holder, wait_s, ttl_s, now, key)
+            if outcome is not None:
+                pass
+            elif view.queues or claim.queue:
+                outcome = self._begin_in_queue(tx, view, claim, holder, wait_s, ttl_s, now, key)
             elif queued == 0:
                 # Fits now: it could ever fit, and could_ever_fit need not be asked.
                 placement = place(devices, view.allocated, claim, self.mix.frag)
                 if placement.fits:
                     assert placement.slices is not None
-                    outcome = self._grant(tx, view, placement.slices, claim, holder, ttl_s, now)
+                    outcome = self._grant(tx, view, placement.slices, claim, holder, ttl_s, now, key)
                 else:
                     reason = placement.reason
             else:
@@ -311,16 +342,36 @@ class Pool:
                         "wait for it with a wait time (e.g. --wait 600) or ask for less"
                     )
                 else:
-                    ticket = self._take_ticket(tx, claim, holder, now)
+                    ticket = self._take_ticket(tx, claim, holder, now, key)
                     view.tickets = None
-                    outcome = Waiter(ticket, claim, holder, ttl_s, reason, wait_s, now)
+                    outcome = Waiter(ticket, claim, holder, ttl_s, reason, wait_s, now, key=key)
                     log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
         # Raised after COMMIT so the expiry done above is kept.
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    def _take_ticket(self, tx: Tx, claim: Claim, holder: Holder, now: float) -> int:
+    def _reattach(
+        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
+    ) -> Union[Lease, Waiter, None]:
+        """A retried claim: the lease its key was granted, or its ticket, now polled by this process; None
+        for a first try. Only the same holder (the token's name with auth on) finds them."""
+        lease = tx.lease_by_key(key, holder.name)
+        if lease is not None:
+            log.info("claim %s retried: lease %s was granted to it", key, lease.id)
+            return lease
+        ticket = tx.ticket_by_key(key, holder.name)
+        if ticket is None:
+            return None
+        tx.adopt_ticket(ticket, self._host, os.getpid(), now + TICKET_TTL_S)
+        view.tickets = None
+        log.info("claim %s retried: back in the queue as ticket %d", key, ticket)
+        # Its place is kept, so one poll at least, even when the retry has no wait left.
+        return Waiter(
+            ticket, claim, holder, ttl_s, "back in its place in the queue", max(wait_s, POLL_MIN_S), now, key=key
+        )
+
+    def _take_ticket(self, tx: Tx, claim: Claim, holder: Holder, now: float, key: str = "") -> int:
         """A place in the queue for `claim`, held while this process polls it (see TICKET_TTL_S)."""
         return tx.add_ticket(
             claim.to_dict(),
@@ -331,10 +382,11 @@ class Pool:
             now + TICKET_TTL_S,
             queue=claim.queue,
             priority=claim.priority,
+            key=key,
         )
 
     def _begin_in_queue(
-        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float
+        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
     ) -> Union[Lease, Waiter, Exception]:
         """begin_claim in a pool with queues: take a ticket, and let admission decide at once."""
         try:
@@ -349,16 +401,16 @@ class Pool:
             placement = place(view.devices, view.allocated, claim, self.mix.frag)
             if placement.fits:
                 assert placement.slices is not None
-                return self._grant(tx, view, placement.slices, claim, holder, ttl_s, now)
+                return self._grant(tx, view, placement.slices, claim, holder, ttl_s, now, key)
         ever = could_ever_fit(view.devices, claim)
         if not ever.fits:
             return Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
-        ticket = self._take_ticket(tx, claim, holder, now)
+        ticket = self._take_ticket(tx, claim, holder, now, key)
         view.tickets = None
         decision = self._admit(tx, view, ticket, claim, now)
         if decision.slices is not None:
             tx.delete_ticket(ticket)
-            return self._grant(tx, view, decision.slices, claim, holder, ttl_s, now)
+            return self._grant(tx, view, decision.slices, claim, holder, ttl_s, now, key)
         wait = max(wait_s, decision.wait_at_least_s)
         if wait <= 0:
             tx.delete_ticket(ticket)
@@ -367,7 +419,7 @@ class Pool:
                 "wait for it with a wait time (e.g. --wait 600) or ask for less"
             )
         log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, decision.reason)
-        return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now)
+        return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now, key=key)
 
     def _admit(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Decision:
         decision = admit(tx, ticket, claim, view.queues, view.devices, view.allocated, self.mix.frag, now)
@@ -408,7 +460,7 @@ class Pool:
             view.tickets = None
             if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
                 # We were silent long enough to be taken for dead: queue again, at the back.
-                waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now)
+                waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now, waiter.key)
                 log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
             if view.queues or waiter.claim.queue:
                 return self._grant_in_queue(tx, view, waiter, now)
@@ -422,7 +474,7 @@ class Pool:
                 return None
             assert placement.slices is not None
             tx.delete_ticket(waiter.ticket)
-            return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now)
+            return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
 
     def _grant_in_queue(self, tx: Tx, view: _View, waiter: Waiter, now: float) -> Optional[Lease]:
         if waiter.claim.queue and waiter.claim.queue not in view.queues:
@@ -435,7 +487,7 @@ class Pool:
                 waiter.wait_s = max(waiter.wait_s, now - waiter.started + decision.wait_at_least_s)
             return None
         tx.delete_ticket(waiter.ticket)
-        return self._grant(tx, view, decision.slices, waiter.claim, waiter.holder, waiter.ttl_s, now)
+        return self._grant(tx, view, decision.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
 
     def cancel(self, waiter: Waiter) -> None:
         """Leave the queue (timeout, client gone)."""
@@ -450,7 +502,15 @@ class Pool:
         )
 
     def _grant(
-        self, tx: Tx, view: _View, slices: Iterable[Slice], claim: Claim, holder: Holder, ttl_s: float, now: float
+        self,
+        tx: Tx,
+        view: _View,
+        slices: Iterable[Slice],
+        claim: Claim,
+        holder: Holder,
+        ttl_s: float,
+        now: float,
+        key: str = "",
     ) -> Lease:
         lease = Lease(
             id=os.urandom(8).hex(),  # secrets.token_hex(8), without importing secrets
@@ -463,7 +523,7 @@ class Pool:
             priority=claim.priority,
             preempt_grace_s=self.preempt_grace_s if claim.preempt_grace_s is None else claim.preempt_grace_s,
         )
-        tx.insert_lease(lease)
+        tx.insert_lease(lease, key)
         allocated = view.allocated
         for sl in lease.slices:
             allocated[sl.device_uuid] = allocated.get(sl.device_uuid, 0) + sl.memory_mib
@@ -524,6 +584,8 @@ class Pool:
         # rebuilding a view (a SUM over every slice) under the write lock would be wasted.
         with self.store.write() as tx:
             now = self.clock()
+            if self.serving:  # what the next start renews (pool/resume.py)
+                stamp_alive(tx, now)
             if now >= self._next_history_prune:
                 tx.prune_history(now - HISTORY_RETENTION_S)
                 self._next_history_prune = now + HISTORY_PRUNE_EVERY_S

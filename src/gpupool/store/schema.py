@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS leases (
     queue       TEXT NOT NULL DEFAULT '',
     priority    INTEGER NOT NULL DEFAULT 0,
     preempt_grace_s REAL NOT NULL DEFAULT 30.0,
-    preempted_at REAL                   -- NULL until the pool tells its holder to stop
+    preempted_at REAL,                  -- NULL until the pool tells its holder to stop
+    claim_key   TEXT NOT NULL DEFAULT ''  -- the client's key of the claim it answers ('' = none)
 );
 CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
 CREATE TABLE IF NOT EXISTS slices (
@@ -54,7 +55,8 @@ CREATE TABLE IF NOT EXISTS tickets (
     created_at  REAL NOT NULL,
     expires_at  REAL NOT NULL,      -- refreshed by the waiter while it polls
     queue       TEXT NOT NULL DEFAULT '',
-    priority    INTEGER NOT NULL DEFAULT 0
+    priority    INTEGER NOT NULL DEFAULT 0,
+    claim_key   TEXT NOT NULL DEFAULT ''  -- the client's key of the claim, to re-attach after a restart
 );
 CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
@@ -98,6 +100,16 @@ ADDED_COLUMNS = {
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ("preempt_grace_s", "REAL NOT NULL DEFAULT 30.0"),
         ("preempted_at", "REAL"),
+        ("claim_key", "TEXT NOT NULL DEFAULT ''"),
     ),
-    "tickets": (("queue", "TEXT NOT NULL DEFAULT ''"), ("priority", "INTEGER NOT NULL DEFAULT 0")),
+    "tickets": (
+        ("queue", "TEXT NOT NULL DEFAULT ''"),
+        ("priority", "INTEGER NOT NULL DEFAULT 0"),
+        ("claim_key", "TEXT NOT NULL DEFAULT ''"),
+    ),
 }
+
+# The index a retried claim finds its lease by (Tx.lease_by_key). Made by a server's start
+# (pool/resume.py), not with the tables: an older database has the column only after the ALTERs
+# of ADDED_COLUMNS, and the embedded pool sends no keys; claims without a key add no entry.
+KEY_INDEX = "CREATE INDEX IF NOT EXISTS leases_by_key ON leases (claim_key) WHERE claim_key != ''"

@@ -11,6 +11,7 @@ import sqlite3
 from .. import TYPE_CHECKING
 from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec
+from .schema import KEY_INDEX
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -85,10 +86,11 @@ class Tx:
         rows = self.conn.execute("DELETE FROM leases WHERE id = ? RETURNING holder_name", (lease_id,)).fetchall()
         return (rows[0][0], slices) if rows else None
 
-    def insert_lease(self, lease: Lease) -> None:
+    def insert_lease(self, lease: Lease, key: str = "") -> None:
+        """Write `lease`; `key` is the client's key of the claim it answers ('' = none)."""
         self.conn.execute(
             "INSERT INTO leases (id, holder_name, holder, ttl_s, created_at, expires_at, queue, priority, "
-            "preempt_grace_s, preempted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "preempt_grace_s, preempted_at, claim_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.id,
                 lease.holder.name,
@@ -100,6 +102,7 @@ class Tx:
                 lease.priority,
                 lease.preempt_grace_s,
                 lease.preempted_at,
+                key,
             ),
         )
         insert = "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)"
@@ -138,6 +141,17 @@ class Tx:
             by_lease.setdefault(lease_id, []).append((uuid, mib, grp))
         return [_lease(row, by_lease.get(row[0], [])) for row in rows]
 
+    def ensure_key_index(self) -> None:
+        """Create the index of leases by claim key if missing (schema.KEY_INDEX)."""
+        self.conn.execute(KEY_INDEX)
+
+    def lease_by_key(self, key: str, holder_name: str) -> Optional[Lease]:
+        """The lease granted to the claim with client key `key` of `holder_name`, or None."""
+        row = self.conn.execute(
+            "SELECT id FROM leases WHERE claim_key = ? AND claim_key != '' AND holder_name = ?", (key, holder_name)
+        ).fetchone()
+        return None if row is None else self.get_lease(row[0])
+
     def has_expired_leases(self, now: float) -> bool:
         return self.conn.execute("SELECT 1 FROM leases WHERE expires_at < ? LIMIT 1", (now,)).fetchone() is not None
 
@@ -169,11 +183,12 @@ class Tx:
         expires_at: float,
         queue: str = "",
         priority: int = 0,
+        key: str = "",
     ) -> int:
         cur = self.conn.execute(
-            "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at, queue, priority) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at, queue, priority),
+            "INSERT INTO tickets (claim, holder, host, pid, created_at, expires_at, queue, priority, claim_key) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (json.dumps(claim), json.dumps(holder), host, pid, now, expires_at, queue, priority, key),
         )
         ticket_id = cur.lastrowid
         if ticket_id is None:  # never after an INSERT; sqlite3 types it Optional
@@ -209,6 +224,32 @@ class Tx:
     def refresh_ticket(self, ticket_id: int, expires_at: float) -> bool:
         cur = self.conn.execute("UPDATE tickets SET expires_at = ? WHERE id = ?", (expires_at, ticket_id))
         return cur.rowcount > 0
+
+    def ticket_by_key(self, key: str, holder_name: str) -> Optional[int]:
+        """The ticket of the waiting claim with client key `key` of `holder_name`, or None."""
+        rows = self.conn.execute(
+            "SELECT id, holder FROM tickets WHERE claim_key = ? AND claim_key != ''", (key,)
+        ).fetchall()
+        for ticket_id, holder in rows:
+            if json.loads(holder).get("name") == holder_name:
+                return int(ticket_id)
+        return None
+
+    def adopt_ticket(self, ticket_id: int, host: str, pid: int, expires_at: float) -> None:
+        """Make a ticket the waiting claim of process `pid` on `host` (a client re-attached to it)."""
+        self.conn.execute(
+            "UPDATE tickets SET host = ?, pid = ?, expires_at = ? WHERE id = ?", (host, pid, expires_at, ticket_id)
+        )
+
+    def keep_keyed_tickets(self, live_at: float, expires_at: float) -> int:
+        """Tickets with a client key that were live at `live_at` wait for their client until `expires_at`,
+        owned by no process (pid 0: dropped only by expiry); returns how many."""
+        return int(
+            self.conn.execute(
+                "UPDATE tickets SET pid = 0, expires_at = ? WHERE claim_key != '' AND expires_at >= ?",
+                (expires_at, live_at),
+            ).rowcount
+        )
 
     def delete_ticket(self, ticket_id: int) -> None:
         self.conn.execute("DELETE FROM tickets WHERE id = ?", (ticket_id,))
