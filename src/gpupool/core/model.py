@@ -37,6 +37,16 @@ QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
 MAX_PREEMPT_GRACE_S = 3600.0
+# The size of a claim. Placement costs about (requests x GPUs of the pool) and runs inside the
+# server's event loop: 30,000 requests held it for 1.1 s. 256 requests cover a gang of 256 replicas
+# (32 nodes of 8 GPUs) in one all-or-nothing claim; 4,096 GPUs per request is the most GPUs an
+# emulated inventory may list, and far over any real node (a count over the pool's GPUs is refused
+# as Unsatisfiable anyway).
+MAX_REQUESTS_PER_CLAIM = 256
+MAX_GPUS_PER_REQUEST = 4096
+# Linux's PID_MAX_LIMIT (2^22, include/linux/threads.h): no pid is ever above it. holder.pid is a
+# label, but one out of range (2^64, -1) is a client's mistake or a probe, never a process.
+PID_MAX = 4194304
 
 
 def check_queue_name(name: object, error: type = InvalidClaim) -> str:
@@ -55,6 +65,21 @@ def _check_priority(priority: object) -> int:
             f"priority {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)"
         )
     return priority
+
+
+def _check_request_count(count: int) -> None:
+    if count > MAX_REQUESTS_PER_CLAIM:
+        raise InvalidClaim(
+            f"a claim of {count} GPU requests is over the limit of {MAX_REQUESTS_PER_CLAIM}: ask for several GPUs "
+            "in one request (count), or split the work into several claims"
+        )
+
+
+def check_pid(pid: object) -> int:
+    """`pid` if it is a whole number in 0..PID_MAX (0: no process), else InvalidClaim with the range."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid <= PID_MAX:
+        raise InvalidClaim(f"holder.pid {pid!r} is not a process id: give one between 1 and {PID_MAX}, or 0 for none")
+    return pid
 
 
 def _check_grace(grace: object) -> Optional[float]:
@@ -136,6 +161,8 @@ class GpuRequest:
     def __post_init__(self) -> None:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise InvalidClaim(f"GPU count {self.count!r} must be a whole number >= 1 (e.g. -n 1)")
+        if self.count > MAX_GPUS_PER_REQUEST:
+            raise InvalidClaim(f"GPU count {self.count} is over the limit of {MAX_GPUS_PER_REQUEST} GPUs per request")
         if (self.fraction is None) == (self.memory_mib is None):
             raise InvalidClaim(
                 "give exactly one of a memory fraction (-p 0.5) or a memory size per GPU (-m 8192), not "
@@ -218,6 +245,7 @@ class Claim:
     def __post_init__(self) -> None:
         if not self.requests:
             raise InvalidClaim("a claim needs at least one GPU request")
+        _check_request_count(len(self.requests))
         if self.queue != "":
             check_queue_name(self.queue)
         _check_priority(self.priority)
@@ -258,6 +286,7 @@ class Claim:
         requests = data.get("requests")
         if not isinstance(requests, list) or not requests:
             raise InvalidClaim("claim.requests must be a non-empty list of GPU requests")
+        _check_request_count(len(requests))  # before parsing each of them
         queue = data.get("queue") or ""
         if not isinstance(queue, str):
             check_queue_name(queue)  # raises with the message
@@ -312,15 +341,19 @@ class Holder:
         return {"name": self.name, "pid": self.pid, "host": self.host, "label": self.label}
 
     @classmethod
-    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> Holder:
+    def from_dict(cls, data: Optional[Mapping[str, Any]], recorded: bool = False) -> Holder:
+        """The holder of a request (InvalidClaim for a pid out of range) or, `recorded`, of a lease
+        the pool kept from before that check (a stored row, a server's answer): such a pid reads as 0."""
         data = data or {}
         try:
             pid = int(data.get("pid", 0) or 0)
         except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is inf
             raise InvalidClaim(f"holder.pid {data.get('pid')!r} must be an integer") from None
+        if recorded and not 0 <= pid <= PID_MAX:
+            pid = 0
         return cls(
             name=str(data.get("name", "") or ""),
-            pid=pid,
+            pid=check_pid(pid),
             host=str(data.get("host", "") or ""),
             label=str(data.get("label", "") or ""),
         )
@@ -380,7 +413,7 @@ class Lease:
         preempted_at = data.get("preempted_at")
         return cls(
             id=str(data["id"]),
-            holder=Holder.from_dict(data.get("holder")),
+            holder=Holder.from_dict(data.get("holder"), recorded=True),
             slices=tuple(Slice.from_dict(s) for s in data["devices"]),
             ttl_s=float(data["ttl_s"]),
             created_at=float(data["created_at"]),
@@ -485,4 +518,8 @@ __all__: List[str] = [
     "MAX_PRIORITY",
     "DEFAULT_PREEMPT_GRACE_S",
     "MAX_PREEMPT_GRACE_S",
+    "MAX_REQUESTS_PER_CLAIM",
+    "MAX_GPUS_PER_REQUEST",
+    "PID_MAX",
+    "check_pid",
 ]

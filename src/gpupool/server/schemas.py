@@ -14,7 +14,17 @@ from typing import Any, Dict, List, Tuple
 
 from pydantic import BaseModel
 
-from ..core.model import MAX_PREEMPT_GRACE_S, MAX_PRIORITY, MIN_FRACTION, QUEUE_NAME_RE, Claim, Policy
+from ..core.model import (
+    MAX_GPUS_PER_REQUEST,
+    MAX_PREEMPT_GRACE_S,
+    MAX_PRIORITY,
+    MAX_REQUESTS_PER_CLAIM,
+    MIN_FRACTION,
+    PID_MAX,
+    QUEUE_NAME_RE,
+    Claim,
+    Policy,
+)
 from ..core.queues import USAGE_KEYS
 from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
 from .auth import ADMIN_NAME, NAME_PATTERN
@@ -65,7 +75,8 @@ _NUM = {"type": "number"}
 
 def component_schemas() -> Dict[str, Any]:
     """Every body of the API as an OpenAPI (JSON Schema 2020-12) component schema."""
-    holder_fields = {"name": _STR, "pid": _INT, "host": _STR, "label": _STR}
+    pid = {"type": "integer", "minimum": 0, "maximum": PID_MAX, "description": "0: none"}
+    holder_fields: Dict[str, Dict[str, Any]] = {"name": _STR, "pid": pid, "host": _STR, "label": _STR}
     device_fields = {
         "uuid": _STR,
         "index": _INT,
@@ -79,7 +90,13 @@ def component_schemas() -> Dict[str, Any]:
         "GpuRequestBody": {
             **_object(
                 {
-                    "count": {"type": "integer", "minimum": 1, "default": 1, "description": "distinct GPUs"},
+                    "count": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": MAX_GPUS_PER_REQUEST,
+                        "default": 1,
+                        "description": "distinct GPUs",
+                    },
                     "fraction": {
                         "type": ["number", "null"],
                         "minimum": MIN_FRACTION,
@@ -103,7 +120,13 @@ def component_schemas() -> Dict[str, Any]:
         },
         "ClaimBody": _object(
             {
-                "requests": {"type": "array", "minItems": 1, "items": ref("GpuRequestBody")},
+                "requests": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_REQUESTS_PER_CLAIM,
+                    "items": ref("GpuRequestBody"),
+                    "description": "granted all together or not at all (a gang: one per replica)",
+                },
                 "policy": {"type": "string", "enum": [p.value for p in Policy], "default": DEFAULT_POLICY},
                 "queue": {
                     "type": "string",
@@ -128,7 +151,7 @@ def component_schemas() -> Dict[str, Any]:
             ("requests",),
         ),
         "HolderRequest": {
-            **_object({key: {"type": [kind["type"], "null"]} for key, kind in holder_fields.items()}),
+            **_object({key: dict(kind, type=[kind["type"], "null"]) for key, kind in holder_fields.items()}),
             "type": ["object", "null"],
             "description": "name is set by the server from the token's name when auth is on",
         },

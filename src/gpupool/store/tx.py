@@ -358,7 +358,7 @@ def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Leas
     lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at = row
     return Lease(
         id=lease_id,
-        holder=Holder.from_dict(json.loads(holder)),
+        holder=Holder.from_dict(json.loads(holder), recorded=True),
         slices=tuple(Slice(u, int(m), int(g)) for u, m, g in slices),
         ttl_s=float(ttl_s),
         created_at=float(created_at),
