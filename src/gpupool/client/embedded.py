@@ -63,8 +63,8 @@ class EmbeddedPoolClient(PoolClient):
             self._pool.close()
             raise
 
-    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0) -> Lease:
-        return self._pool.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0, key: str = "") -> Lease:
+        return self._pool.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s, key=key)
 
     def heartbeat(self, lease_id: str) -> Lease:
         return self._pool.heartbeat(lease_id)

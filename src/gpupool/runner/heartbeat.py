@@ -1,4 +1,9 @@
-"""Keep a lease alive from a background thread while the workload runs."""
+"""Keep a lease alive from a background thread while the workload runs.
+
+Through an outage of the pool server it keeps trying, with backoff (core.outage) capped at its
+interval, until the server answers or the command ends: a restarted server renews the leases
+that were live when it stopped, so only a lease the server no longer knows is lost.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
 from ..core.model import Lease
+from ..core.outage import backoff
 from ..logs import get_logger
 
 if TYPE_CHECKING:
@@ -51,14 +57,18 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         failing = False
-        while not self._stop_event.wait(self.interval_s):
+        pause = self.interval_s
+        retries = backoff(self.interval_s)
+        while not self._stop_event.wait(pause):
+            pause = self.interval_s
             try:
                 lease = self.client.heartbeat(self.lease_id)
                 if self.on_lease is not None:
                     self.on_lease(lease)
                 if failing:
-                    self.warn(f"heartbeat to {self.client.address} works again")
+                    self.warn(f"heartbeat to {self.client.address} works again: lease {self.lease_id} renewed")
                 failing = False
+                retries = backoff(self.interval_s)
             except NotFound:
                 self.lost = True
                 if self.on_lost is not None:
@@ -72,13 +82,15 @@ class Heartbeat(threading.Thread):
                 return
             except GpupoolError as err:
                 if not failing:
-                    self.warn(f"warning: heartbeat failed, retrying: {err.message}")
+                    self.warn(f"warning: heartbeat failed, retrying until the pool answers: {err.message}")
                 failing = True
+                pause = next(retries)
             except Exception as err:  # keep beating whatever a transport throws
                 log.exception("heartbeat error")
                 if not failing:
-                    self.warn(f"warning: heartbeat failed, retrying: {err!r}")
+                    self.warn(f"warning: heartbeat failed, retrying until the pool answers: {err!r}")
                 failing = True
+                pause = next(retries)
             self._housekeeping()
 
     def _housekeeping(self) -> None:
