@@ -20,7 +20,9 @@ from gpupool.core.usage import EnforceMode, UsageReport, Violation
 from gpupool.devices import emulated_devices
 from gpupool.devices.usage import UsageSampler, parse_usage
 from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
+from gpupool.enforcement.attest import Attestations
 from gpupool.isolation.env import LEASE_ID_ENV
+from gpupool.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.pool import Pool
 
 GIB = 1024
@@ -58,6 +60,11 @@ def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
     os.replace(tmp, path)
 
 
+# What the node's attestation socket records (tests/enforcement/test_attest_listener.py drives the
+# socket itself); here the test process stands in for a runner that attested its lease.
+ATTESTED = Attestations()
+
+
 def watchdog(pool: Pool, usage_file: Path, clock: Clock, kills: Kills, **config: object) -> Watchdog:
     settings = {"interval_s": 1.0, "grace_s": 5.0}
     settings.update(config)
@@ -65,14 +72,18 @@ def watchdog(pool: Pool, usage_file: Path, clock: Clock, kills: Kills, **config:
         pool,
         WatchdogConfig(**settings),  # type: ignore[arg-type]
         sampler=UsageSampler(pool.devices(), str(usage_file)),
-        attributor=Attributor(host=socket.gethostname()),
+        attributor=Attributor(ATTESTED),
         clock=clock,
         terminate=kills,
     )
 
 
 def own_lease(pool: Pool, fraction: float, pid: int) -> Tuple[str, str]:
+    """A lease whose runner `pid` attested it (the node's record, as its socket makes it)."""
     lease = pool.claim(Claim.single(1, fraction=fraction), Holder("alice", pid, socket.gethostname()))
+    ticks = start_ticks(pid)
+    assert ticks is not None
+    ATTESTED.add(lease.id, Witness(pid, ticks, os.getuid()))
     return lease.id, lease.slices[0].device_uuid
 
 
@@ -155,8 +166,10 @@ def test_unleased_process_is_listed_and_killed_only_in_kill_mode(pool, tmp_path,
     assert kills.calls == [[child.pid]]
 
 
-def test_a_process_carrying_the_lease_id_is_attributed_even_off_the_holders_tree(pool, tmp_path):
-    lease_id, uuid = own_lease(pool, 0.5, 999_999_999)  # the holder pid is nobody here
+def test_the_lease_id_in_the_env_alone_attributes_nothing(pool, tmp_path):
+    # Any process can set GPUPOOL_LEASE_ID: off every attested tree it is a hint, never evidence.
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice", os.getpid(), socket.gethostname()))
+    lease_id, uuid = lease.id, lease.slices[0].device_uuid  # not attested: the holder pid is a label
     env = dict(os.environ, **{LEASE_ID_ENV: lease_id})
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     stranger = subprocess.Popen(
@@ -169,21 +182,47 @@ def test_a_process_carrying_the_lease_id_is_attributed_even_off_the_holders_tree
         time.sleep(0.1)  # the children have exec'd: their environ is the one given
         report = watchdog(pool, usage, Clock(), Kills()).step()
         owners = {p.pid: p.lease_id for p in report.processes}
-        assert owners == {proc.pid: lease_id, stranger.pid: ""}
+        assert owners == {proc.pid: "", stranger.pid: ""}
     finally:
         for p in (proc, stranger):
             p.kill()
             p.wait()
 
 
-def test_a_pod_process_is_attributed_by_its_cgroup(pool, tmp_path):
-    uid = "0b9d6c2a-7a51-4c4e-9a0c-2f1f7a5d9e11"
-    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("team", 7, "pod-host", f"pod:ns/train:{uid}"))
-    attributor = Attributor(host="node-a", pod_of=lambda pid: uid if pid == 4242 else None, lease_of=lambda pid: None)
-    rows = attributor.attribute(
-        [_row(4242, lease.slices[0].device_uuid), _row(4343, lease.slices[0].device_uuid)], pool.status().leases
-    )
-    assert [(r.pid, r.lease_id) for r in rows] == [(4242, lease.id), (4343, "")]
+def test_a_pod_process_is_attributed_by_the_cgroup_of_an_attested_runner(pool, tmp_path):
+    uid, other = "0b9d6c2a-7a51-4c4e-9a0c-2f1f7a5d9e11", "1c9d6c2a-7a51-4c4e-9a0c-2f1f7a5d9e22"
+    pods = {4242: uid, 4343: other, 4444: uid}
+    # The claim's label names the other pod: a label, never read.
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("team", 7, "pod-host", f"pod:ns/train:{other}"))
+    attested = Attestations()
+    attested.add(lease.id, Witness(os.getpid(), start_ticks(os.getpid()) or 0, os.getuid(), uid))
+    envs = {4444: "not-this-lease"}
+    attributor = Attributor(attested, lambda: NodeView(pod_of=pods.get, lease_env_of=envs.get))
+    uuid = lease.slices[0].device_uuid
+    rows = attributor.attribute([_row(4242, uuid), _row(4343, uuid), _row(4444, uuid)], pool.status().leases)
+    assert [(r.pid, r.lease_id) for r in rows] == [(4242, lease.id), (4343, ""), (4444, lease.id)]
+
+    # Two leases attested from one pod: the env chooses between them, and only between them.
+    second = pool.claim(Claim.single(1, fraction=0.25), Holder("team", 8, "pod-host"))
+    attested.add(second.id, Witness(os.getppid(), start_ticks(os.getppid()) or 0, os.getuid(), uid))
+    envs.update({4242: second.id, 4343: second.id})
+    rows = attributor.attribute([_row(4242, uuid), _row(4343, uuid), _row(4444, uuid)], pool.status().leases)
+    assert [(r.pid, r.lease_id) for r in rows] == [(4242, second.id), (4343, ""), (4444, "")]
+
+
+def test_a_reused_pid_and_a_released_lease_lose_their_attestation(pool, tmp_path, child):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice", child.pid, socket.gethostname()))
+    uuid = lease.slices[0].device_uuid
+    attested = Attestations()
+    ticks = start_ticks(child.pid) or 0
+    attested.add(lease.id, Witness(child.pid, ticks - 1, os.getuid()))  # another process once had this pid
+    rows = Attributor(attested).attribute([_row(child.pid, uuid)], pool.status().leases)
+    assert rows[0].lease_id == ""
+    attested.add(lease.id, Witness(child.pid, ticks, os.getuid()))
+    assert Attributor(attested).attribute([_row(child.pid, uuid)], pool.status().leases)[0].lease_id == lease.id
+    pool.release(lease.id)
+    assert Attributor(attested).attribute([_row(child.pid, uuid)], pool.status().leases)[0].lease_id == ""
+    assert attested.current({lease.id}) == {}, "the records end with their lease"
 
 
 def _row(pid: int, uuid: str):

@@ -10,6 +10,7 @@ from ..core.model import Claim, Holder, Lease, PoolStatus
 if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes
     from typing import List, Optional
 
+    from ..core.attestation import AttestTicket
     from ..core.queues import QueueSpec, QueueStatus, UsageRow
 
 
@@ -62,6 +63,11 @@ class PoolClient(abc.ABC):
     def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
         """GPU-seconds used between epoch seconds `since` and `until` (default now), per queue,
         holder or label (`core.queues.USAGE_KEYS`)."""
+
+    def attest_ticket(self, lease_id: str) -> Optional[AttestTicket]:
+        """The key and node socket to attest a lease this client claimed; None where no watchdog
+        attributes processes (the embedded pool), AttestTicket('', '') when the server gave none."""
+        return None
 
     def close(self) -> None:  # noqa: B027  # optional hook: most clients have nothing to free
         """Free connections or files; the default has nothing to free."""

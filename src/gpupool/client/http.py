@@ -17,6 +17,7 @@ import threading
 import urllib.parse
 
 from .. import TYPE_CHECKING
+from ..core.attestation import AttestTicket
 from ..core.errors import (
     GpupoolError,
     InvalidInput,
@@ -75,6 +76,8 @@ class HttpPoolClient(PoolClient):
         # A watch holds its connection for up to a minute: on a connection of its own, so the
         # heartbeats of the same lease (another thread, the main channel) are never held behind it.
         self._watching = _Channel()
+        # The attestation ticket of each lease claimed here: only a claim's answer carries one.
+        self._tickets: Dict[str, AttestTicket] = {}
 
     # -- PoolClient -------------------------------------------------------
 
@@ -82,13 +85,19 @@ class HttpPoolClient(PoolClient):
         body = {"claim": claim.to_dict(), "holder": holder.to_dict(), "wait_s": wait_s, "ttl_s": ttl_s}
         # The server holds the request while the claim waits in its queue.
         data = self.request("POST", "/v1/leases", body, timeout_s=wait_s + self._timeout_s, retry=False)
-        return Lease.from_dict(data)
+        lease = Lease.from_dict(data)
+        self._tickets[lease.id] = AttestTicket.from_answer(data) or AttestTicket("", "")
+        return lease
+
+    def attest_ticket(self, lease_id: str) -> Optional[AttestTicket]:
+        return self._tickets.get(lease_id, AttestTicket("", ""))
 
     def heartbeat(self, lease_id: str) -> Lease:
         return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/heartbeat"))
 
     def release(self, lease_id: str) -> None:
         self.request("DELETE", f"/v1/leases/{_quote(lease_id)}")
+        self._tickets.pop(lease_id, None)
 
     def status(self) -> PoolStatus:
         return PoolStatus.from_dict(self.request("GET", "/v1/status"))

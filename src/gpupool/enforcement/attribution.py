@@ -1,77 +1,68 @@
 """Map each process seen on a GPU to the live lease it belongs to, or to none.
 
-In order of trust:
-1. on this host, the process is the holder of a lease or one of its descendants
-   (the runner is a child subreaper, so daemonised children stay below it);
-2. on Kubernetes, the pod UID in the process's cgroup is the pod that holds the
-   lease (the runner labels its claim with the pod UID);
-3. the process carries the lease id in its environment (GPUPOOL_LEASE_ID), which
-   every child of `gpupool run` inherits: this catches descendants whose parent
-   chain was cut (reparented to init) and holders on another host.
+Only what the node itself witnessed counts (`isolation.evidence`, `attest.Attestations`); a claim's
+holder pid, host and label are labels for people and are never read here. The rules:
+
+1. Attested runner: the process is a runner that proved its lease on the node's attestation socket
+   (pid from SO_PEERCRED, so the kernel's word; start time from /proc, so not a reused pid), or
+   a descendant of one in the process table. The runner is a child subreaper, so daemonised
+   children stay below it. The nearest attested ancestor wins (a `gpupool run` inside another).
+2. Kubernetes pod: the process's own cgroup, below the kubelet's kubepods hierarchy, names the
+   pod UID that the node read from an attested runner's cgroup (trusts the kubelet's cgroups).
+3. Lease id in the environment (GPUPOOL_LEASE_ID, which any process can set) only chooses among
+   the leases that rules 1 and 2 already tie the process to (a pod holding several leases); it
+   never attributes a process alone.
+
+A process no rule ties to a lease is unleased; no claim, token or body can move it into a lease.
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from ..core.model import Lease
 from ..core.usage import ProcessUsage
-from ..isolation import proctree
-
-PodOf = Callable[[int], Optional[str]]
-LeaseOf = Callable[[int], Optional[str]]
+from ..isolation.evidence import NodeView
+from .attest import Attestations
 
 
 class Attributor:
-    """Attributes sampled processes to leases; `host` is this node's host name."""
+    """Attributes sampled processes to leases from the node's attestations."""
 
-    def __init__(
-        self,
-        host: Optional[str] = None,
-        pod_of: PodOf = proctree.pod_uid_of,
-        lease_of: LeaseOf = proctree.lease_id_of,
-    ) -> None:
-        self.host = host or socket.gethostname()
-        self.pod_of = pod_of
-        self.lease_of = lease_of
+    def __init__(self, attestations: Optional[Attestations] = None, view: Callable[[], NodeView] = NodeView) -> None:
+        self.attestations = attestations if attestations is not None else Attestations()
+        self.view = view
 
     def attribute(self, processes: Iterable[ProcessUsage], leases: Sequence[Lease]) -> List[ProcessUsage]:
         """`processes` with `lease_id` set to their live lease ('' for none)."""
         rows = list(processes)
-        if not rows:
-            return rows
-        by_id = {lease.id: lease for lease in leases}
-        local = {
-            lease.holder.pid: lease.id for lease in leases if lease.holder.host == self.host and lease.holder.pid > 0
-        }
-        by_pod: Dict[str, str] = {}
-        for lease in leases:
-            uid = lease.holder.pod_uid
-            if uid:
-                by_pod.setdefault(uid, lease.id)
-        table = proctree.process_table() if local else {}
-        result = []
-        for row in rows:
-            lease_id = self._lease_of(row.pid, local, table, by_pod, by_id)
-            result.append(replace(row, lease_id=lease_id))
-        return result
+        live = {lease.id for lease in leases}
+        attested = self.attestations.current(live)
+        if not rows or not attested:
+            return [replace(row, lease_id="") for row in rows]
+        view = self.view()
+        runners: Dict[int, str] = {}
+        pods: Dict[str, Set[str]] = {}
+        for lease_id, witnesses in attested.items():
+            for witness in witnesses:
+                if view.started(witness.pid) != witness.start_ticks:
+                    continue  # ended, or its pid now names another process
+                runners[witness.pid] = lease_id
+                if witness.pod_uid:
+                    pods.setdefault(witness.pod_uid, set()).add(lease_id)
+        return [replace(row, lease_id=self._lease_of(row.pid, view, runners, pods)) for row in rows]
 
-    def _lease_of(
-        self,
-        pid: int,
-        local: Dict[int, str],
-        table: Dict[int, proctree.ProcessInfo],
-        by_pod: Dict[str, str],
-        by_id: Dict[str, Lease],
-    ) -> str:
-        for holder_pid, lease_id in local.items():
-            if pid == holder_pid or proctree.is_descendant(pid, holder_pid, table):
-                return lease_id
-        if by_pod:
-            uid = self.pod_of(pid)
-            if uid and uid in by_pod:
-                return by_pod[uid]
-        claimed = self.lease_of(pid)
-        return claimed if claimed and claimed in by_id else ""
+    @staticmethod
+    def _lease_of(pid: int, view: NodeView, runners: Dict[int, str], pods: Dict[str, Set[str]]) -> str:
+        for ancestor in view.lineage(pid):  # rule 1
+            if ancestor in runners:
+                return runners[ancestor]
+        if not pods:
+            return ""
+        uid = view.pod_of(pid)  # rule 2
+        candidates = pods.get(uid, set()) if uid else set()
+        if len(candidates) == 1:
+            return next(iter(candidates))
+        hint = view.lease_env_of(pid) if candidates else None  # rule 3: only among rule 2's leases
+        return hint if hint in candidates else ""

@@ -21,6 +21,7 @@ from ..core.quantity import format_mib
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from ..isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
 from ..logs import get_logger
+from .attest import attest_lease
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
 from .guard import Guard
 from .heartbeat import Heartbeat
@@ -170,6 +171,7 @@ def _run_once(
             )
         else:
             client, lease = _claim_again(clients, claim, options, say)
+        attest_lease(client, lease, warn)  # before the command starts: the node's watchdog then sees its tree
         # Before any thread exists (the guard is a fork): orphans of the child re-parent to the
         # runner, and the guard ends the lease's processes if the runner is killed.
         subreaper = become_subreaper()

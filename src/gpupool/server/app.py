@@ -23,6 +23,7 @@ from starlette.routing import Match
 
 from .. import __version__
 from ..core.errors import GpupoolError, InvalidInput
+from ..enforcement.attest import AttestKeys
 from ..pool import DEFAULT_TTL_S, Pool
 from .auth import Authenticator
 from .dashboard import install as install_dashboard
@@ -55,7 +56,8 @@ def create_app(
         + (" Send `Authorization: Bearer <token>` on /v1." if auth is not None else " This server runs without auth."),
         lifespan=_expiry(pool, metrics, expire_interval_s),
     )
-    app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s)  # what the routes' dependencies hand out
+    # What the routes' dependencies hand out; claims are answered with their lease's attestation key.
+    app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s, AttestKeys(pool.state_dir))
     for router in (*ROUTERS, queue_routes):
         app.include_router(router)
     install_dashboard(app, jobs=jobs)  # the web dashboard at /: the same tokens, the same status record

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 
+from ..core.attestation import TICKET_FIELD
 from ..core.errors import (
     Forbidden,
     GpupoolError,
@@ -25,6 +26,7 @@ from ..core.errors import (
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease, Policy
+from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
@@ -41,8 +43,17 @@ Disconnected = Callable[[], Awaitable[bool]]
 class LeaseApi:
     """Lease operations over one pool, with auth and metrics."""
 
-    def __init__(self, pool: Pool, auth: Optional[Authenticator], metrics: Metrics, default_ttl_s: float) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        auth: Optional[Authenticator],
+        metrics: Metrics,
+        default_ttl_s: float,
+        keys: Optional[AttestKeys] = None,
+    ) -> None:
         self.pool = pool
+        # Lease keys for the claim's answer only: the runner attests its pid with one (enforcement/attest).
+        self.keys = keys
         self.auth = auth
         self.metrics = metrics
         self.default_ttl_s = default_ttl_s
@@ -65,7 +76,10 @@ class LeaseApi:
             claim, holder, wait_s, ttl_s = parse_claim(raw, identity, self.auth is not None, self.default_ttl_s)
             lease = await self._claim(claim, holder, wait_s, ttl_s, disconnected)
             result = "granted"
-            return lease.to_dict()
+            granted = lease.to_dict()
+            if self.keys is not None:  # in the claimant's answer only, never in a status or listing
+                granted[TICKET_FIELD] = self.keys.ticket(lease.id).to_dict()
+            return granted
         except Unsatisfiable:
             result = "unsatisfiable"
             raise

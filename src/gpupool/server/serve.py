@@ -118,9 +118,12 @@ class Prepared:
             else:
                 self.pool.set_isolation(NodeIsolation(self.isolation))
             from ..enforcement import Watchdog
+            from ..enforcement.attest_listener import attestation_service
 
-            watchdog = Watchdog(self.pool, self.watch).start()
-            yield
+            # Attribution trusts only the runners that proved their lease on the node's socket.
+            with attestation_service(self.pool) as attributor:
+                watchdog = Watchdog(self.pool, self.watch, attributor=attributor).start()
+                yield
         finally:
             if watchdog is not None:
                 watchdog.stop()

@@ -1,0 +1,227 @@
+"""The node's attestation socket: a runner proves, over a local Unix socket, that it holds a lease.
+
+The caller sends one line (`core.attestation`): the lease id and the key the claim's answer gave
+it. The node takes the caller's pid and uid from the kernel (SO_PEERCRED), its start time and pod
+from /proc, and records them for the lease if the key is the lease's and the lease is live. The
+socket is 0666: any local user may attest its own lease, the key proves which lease is its own.
+
+Bounds: one line of at most MAX_LINE_BYTES, CONNECTION_TIMEOUT_S per connection from accept to
+answer, MAX_CONNECTIONS served at once (more are answered "busy" and closed), and
+MAX_PIDS_PER_LEASE records per lease (`attest.Attestations`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, answer_line, parse_request
+from ..core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unavailable
+from ..isolation.evidence import uptime_ticks, witness_peer
+from ..pool import Pool
+from .attest import RECORDS_FILE, Attestations, AttestKeys, socket_path
+from .attribution import Attributor
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 16
+# sockaddr_un.sun_path holds 108 bytes with its NUL: a longer path is bound through its folder's fd.
+_SUN_PATH_MAX = 107
+_ACCEPT_POLL_S = 0.5
+
+
+class AttestListener:
+    """Serves the attestation socket at `path` from a thread, between `start()` and `stop()`."""
+
+    def __init__(
+        self,
+        path: Path,
+        keys: AttestKeys,
+        attestations: Attestations,
+        is_live: Callable[[str], bool],
+        max_connections: int = MAX_CONNECTIONS,
+        timeout_s: float = CONNECTION_TIMEOUT_S,
+    ) -> None:
+        self.path = Path(path)
+        self.keys = keys
+        self.attestations = attestations
+        self.is_live = is_live
+        self.timeout_s = timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._sock: Optional[socket.socket] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> AttestListener:
+        """Bind the socket (replacing a dead server's) and serve it from a daemon thread."""
+        folder = self.path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)  # pods mount this folder: it holds the socket and nothing else
+        try:
+            self.path.unlink()  # a killed server's socket: the state lock says no server uses it
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with _short_path(self.path) as address:
+                sock.bind(address)
+            os.chmod(self.path, 0o666)
+            sock.listen(64)
+            sock.settimeout(_ACCEPT_POLL_S)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name="gpupool-attest", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, remove the socket file; idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=_ACCEPT_POLL_S + 2)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                log.warning("attestation socket: accept failed", exc_info=True)
+                time.sleep(0.1)
+                continue
+            accepted = uptime_ticks()
+            if not self._slots.acquire(blocking=False):
+                _answer(conn, Unavailable("the node is busy with other attestations: try again in a second").to_dict())
+                conn.close()
+                continue
+            threading.Thread(
+                target=self._handle, args=(conn, accepted), name="gpupool-attest-conn", daemon=True
+            ).start()
+
+    def _handle(self, conn: socket.socket, accepted: Optional[int]) -> None:
+        try:
+            _answer(conn, self.attest(conn, accepted))
+        except OSError:  # the caller went away: nothing to answer
+            pass
+        except Exception:  # a bug must not end the listener
+            log.exception("attestation failed")
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def attest(self, conn: socket.socket, accepted: Optional[int]) -> Dict[str, Any]:
+        """Read the caller's line and record its attestation; the answer as a dict."""
+        try:
+            line = _read_line(conn, time.monotonic() + self.timeout_s)
+            lease_id, key = parse_request(line)
+            witness = witness_peer(conn, accepted)
+            if witness is None:
+                raise Forbidden(
+                    "the node cannot see the connecting process (another pid namespace, or gone): "
+                    "attest from the runner itself, on the node that runs it"
+                )
+            if not self.keys.check(lease_id, key):
+                raise Forbidden(f"the key is not lease {lease_id!r}'s: use the key its claim's answer gave")
+            if not self.is_live(lease_id):
+                raise NotFound(f"lease {lease_id!r} is not live here (released or expired)")
+            self.attestations.add(lease_id, witness)
+        except GpupoolError as err:
+            log.info("attestation refused: %s", err.message)
+            return err.to_dict()
+        log.info("lease %s attested by pid %d (uid %d)", lease_id, witness.pid, witness.uid)
+        return {"attested": {"lease_id": lease_id, "pid": witness.pid}}
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes:
+    """One line of at most MAX_LINE_BYTES, read before `deadline`; InvalidInput otherwise."""
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise InvalidInput(f"no complete line within {CONNECTION_TIMEOUT_S:g}s: send the line at once")
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(MAX_LINE_BYTES + 1 - len(data))
+        except socket.timeout:
+            continue
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_LINE_BYTES and b"\n" not in data:
+            raise InvalidInput(
+                f"the attestation line is over {MAX_LINE_BYTES} bytes: send one line of lease_id and key"
+            )
+    return data.split(b"\n", 1)[0]
+
+
+def _answer(conn: socket.socket, payload: Dict[str, Any]) -> None:
+    try:
+        conn.settimeout(0.5)
+        conn.sendall(answer_line(payload))
+    except OSError:
+        pass
+
+
+class _short_path:
+    """A bindable address for `path`: itself, or /proc/self/fd/N/NAME through its folder when too long."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: Optional[int] = None
+
+    def __enter__(self) -> str:
+        if len(os.fsencode(str(self.path))) <= _SUN_PATH_MAX:
+            return str(self.path)
+        self._fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        return f"/proc/self/fd/{self._fd}/{self.path.name}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+
+@contextlib.contextmanager
+def attestation_service(pool: Pool) -> Iterator[Attributor]:
+    """The node's attestation socket for as long as it serves, and the Attributor that trusts it."""
+    state = Path(pool.state_dir)
+    attestations = Attestations(state / RECORDS_FILE)
+    path = socket_path(state)
+
+    def is_live(lease_id: str) -> bool:
+        try:
+            pool.lease(lease_id)
+        except NotFound:
+            return False
+        return True
+
+    listener = AttestListener(path, AttestKeys(state), attestations, is_live)
+    try:
+        listener.start()
+    except OSError as err:
+        raise InvalidInput(
+            f"cannot listen on the attestation socket {path}: {err.strerror}; give the server a writable --state"
+        ) from None
+    try:
+        yield Attributor(attestations)
+    finally:
+        listener.stop()
