@@ -7,7 +7,8 @@ dropped anyway: `get_logger(__name__)` skips those without importing it, and han
 above (and everything, once `logging` is loaded) to `logging.getLogger(name)`, as before.
 
 `defer(setup)` lets the CLI postpone its `logging.basicConfig` to the first record that needs it.
-Stdlib only; every floor may import it.
+`escaping_formatter()` is the formatter of every log gpupool writes: a record is one line, whatever
+control characters a client put in the names it logs. Stdlib only; every floor may import it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from . import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import logging as _logging_module
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable, Dict, Optional
 
 # logging's levels, for `isEnabledFor` without importing it.
 DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+# What a continuation line of a record (its traceback) starts with, so no line of it reads as a record.
+CONTINUATION = "  "
 
 _pending: Optional[Callable[[], None]] = None
 
@@ -91,3 +95,37 @@ class Logger:
 def get_logger(name: str) -> Logger:
     """The logger of module `name` (use `get_logger(__name__)` at module level)."""
     return Logger(name)
+
+
+_ESCAPES: Dict[int, str] = {}
+
+
+def escape_controls(text: str) -> str:
+    """`text` with its control characters (C0, DEL, C1, U+2028/2029) written as escapes, as repr()
+    writes them: a newline in a holder's host or a lease label never starts a forged log line, and
+    no terminal escape sequence reaches the operator's terminal."""
+    if text.isprintable():  # the common case, in C
+        return text
+    if not _ESCAPES:
+        for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029):
+            _ESCAPES[code] = repr(chr(code))[1:-1]
+    return text.translate(_ESCAPES)
+
+
+def escaping_formatter(fmt: str = LOG_FORMAT) -> _logging_module.Formatter:
+    """A `logging.Formatter` of `fmt` whose every record is one line plus, for a traceback,
+    continuation lines that start with CONTINUATION: control characters of the message (client
+    text) are escaped, and those of an exception's message cannot start a line either."""
+    import logging
+
+    class EscapingFormatter(logging.Formatter):
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return escape_controls(super().formatMessage(record))
+
+        def format(self, record: logging.LogRecord) -> str:
+            head, sep, rest = super().format(record).partition("\n")  # the head has no newline left
+            if not sep:
+                return head
+            return head + "".join(f"\n{CONTINUATION}{escape_controls(line)}" for line in rest.split("\n"))
+
+    return EscapingFormatter(fmt)

@@ -197,11 +197,9 @@ def run_command(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -
     def setup_logging() -> None:
         import logging
 
-        logging.basicConfig(
-            level=(logging.WARNING, logging.INFO, logging.DEBUG)[verbosity],
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-            stream=sys.stderr,
-        )
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logs.escaping_formatter())  # client text never forges a log line
+        logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[verbosity], handlers=[handler])
 
     if verbosity or COMMANDS.get(command or "", ("",))[0] not in WORKLOAD_MODULES:
         logs.defer(None)

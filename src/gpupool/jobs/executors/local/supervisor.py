@@ -30,6 +30,7 @@ from ....core.errors import GpupoolError, Unavailable
 from ....core.model import Holder, Lease
 from ....isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, PREEMPTED_ENV
 from ....isolation.proctree import alive
+from ....logs import escaping_formatter
 from ....runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
 from ...environment import expand_command, job_env, replica_env
 from ...lifecycle import Action, backoff_delay, decide
@@ -419,11 +420,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("usage: python -m gpupool.jobs.executors.local.supervisor STATE_DIR JOB_NAME", file=sys.stderr)
         return 2
     store = JobStore(Path(args[0]))
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(message)s",
-        filename=str(store.job_dir(args[1]) / "logs" / "supervisor.log"),
-    )
+    handler = logging.FileHandler(store.job_dir(args[1]) / "logs" / "supervisor.log")
+    handler.setFormatter(escaping_formatter("%(asctime)s %(levelname)s %(message)s"))  # one line per record
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     return Supervisor(store, args[1]).run()
 
 

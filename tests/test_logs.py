@@ -1,0 +1,70 @@
+"""Issue 23 item 8: client text never forges a line of a gpupool log (gpupool.logs.escaping_formatter)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+
+from gpupool.logs import CONTINUATION, escape_controls, escaping_formatter
+
+FORGED = "a\nFAKE LINE 2026-11-25 00:00:00,000 gpupool.server WARNING admin token leaked\r\x1b[2Jb\u2028c"
+
+
+def test_escape_controls_writes_every_control_character_as_an_escape():
+    assert escape_controls("gpu-node-1 ünïcode") == "gpu-node-1 ünïcode"
+    escaped = escape_controls(FORGED)
+    assert escaped.isprintable() and "\\n" in escaped and "\\r" in escaped and "\\x1b" in escaped
+    assert "\\u2028" in escaped and "\\x85" in escape_controls("\x85") and "\\x7f" in escape_controls("\x7f")
+
+
+def test_a_record_is_one_line_and_its_traceback_cannot_start_one():
+    formatter = escaping_formatter("%(levelname)s %(message)s")
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "host %s", (FORGED,), None)
+    (line,) = formatter.format(record).splitlines()
+    assert line.startswith("WARNING host a\\nFAKE LINE")
+    try:
+        raise ValueError(FORGED)
+    except ValueError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    first, *rest = formatter.format(record).split("\n")
+    assert first == "ERROR failed" and rest and all(line.startswith(CONTINUATION) for line in rest), rest
+    assert f"{CONTINUATION}ValueError: a" in rest and any(line.startswith(f"{CONTINUATION}FAKE LINE") for line in rest)
+    assert all(line.isprintable() for line in rest)  # the \r and the terminal escape too
+
+
+def test_a_newline_in_a_holder_field_forges_no_line_of_a_real_servers_log(tmp_path):
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path), PYTHONUNBUFFERED="1")
+    args = [sys.executable, "-m", "gpupool", "-v", "server", "--listen", "127.0.0.1:0"]
+    args += ["--state", str(tmp_path / "state"), "--devices", "emulated:2x16GiB"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (match := re.search(r"listening on (\S+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        url = match.group(1)
+        holder = {"host": FORGED, "name": "x\nFAKE NAME", "label": "job\nFAKE LABEL", "pid": 1}
+        body = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": holder, "ttl_s": 60}
+        r = httpx.post(url + "/v1/leases", json=body, timeout=30)
+        assert r.status_code == 201, r.text
+        assert r.json()["holder"]["host"] == FORGED  # the data is kept as sent: only the log escapes it
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "a\\nFAKE LINE" in text, text  # the claim was logged, escaped
+    assert not [line for line in text.splitlines() if line.startswith("FAKE")], text
+    assert "\x1b" not in text and "\u2028" not in text
