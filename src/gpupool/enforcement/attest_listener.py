@@ -34,6 +34,9 @@ MAX_CONNECTIONS = 16
 # sockaddr_un.sun_path holds 108 bytes with its NUL: a longer path is bound through its folder's fd.
 _SUN_PATH_MAX = 107
 _ACCEPT_POLL_S = 0.5
+# After its answer, a caller's excess input is read and dropped for at most this long and this much.
+_DRAIN_S = 0.2
+_DRAIN_BYTES = 1 << 20
 
 
 class AttestListener:
@@ -111,7 +114,8 @@ class AttestListener:
                 continue
             accepted = uptime_ticks()
             if not self._slots.acquire(blocking=False):
-                _answer(conn, Unavailable("the node is busy with other attestations: try again in a second").to_dict())
+                busy = Unavailable("the node is busy with other attestations: try again in a second")
+                _answer(conn, busy.to_dict(), drain=False)
                 conn.close()
                 continue
             threading.Thread(
@@ -174,10 +178,23 @@ def _read_line(conn: socket.socket, deadline: float) -> bytes:
     return data.split(b"\n", 1)[0]
 
 
-def _answer(conn: socket.socket, payload: Dict[str, Any]) -> None:
+def _answer(conn: socket.socket, payload: Dict[str, Any], drain: bool = True) -> None:
+    """Send the answer line, then drop what the caller sent beyond its line: closing a Unix socket
+    with unread input resets it, and the caller would lose the answer that says what was wrong."""
     try:
         conn.settimeout(0.5)
         conn.sendall(answer_line(payload))
+        if not drain:  # the accept loop's own answer ("busy") never waits on the caller
+            return
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + _DRAIN_S
+        dropped = 0
+        while dropped < _DRAIN_BYTES and time.monotonic() < deadline:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            dropped += len(chunk)
     except OSError:
         pass
 
