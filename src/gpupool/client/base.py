@@ -27,8 +27,10 @@ class PoolClient(abc.ABC):
     address: str = ""
 
     @abc.abstractmethod
-    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0) -> Lease:
-        """Grant `claim` to `holder`, waiting in the FIFO queue up to `wait_s` seconds."""
+    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0, key: str = "") -> Lease:
+        """Grant `claim` to `holder`, waiting in the FIFO queue up to `wait_s` seconds; `key`
+        (core.outage.new_key, the same in each try of one claim) makes a retry find what an earlier
+        try got: the lease granted to it, or its place in the queue."""
 
     @abc.abstractmethod
     def heartbeat(self, lease_id: str) -> Lease:

@@ -81,8 +81,10 @@ class HttpPoolClient(PoolClient):
 
     # -- PoolClient -------------------------------------------------------
 
-    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0) -> Lease:
+    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0, key: str = "") -> Lease:
         body = {"claim": claim.to_dict(), "holder": holder.to_dict(), "wait_s": wait_s, "ttl_s": ttl_s}
+        if key:
+            body["key"] = key
         # The server holds the request while the claim waits in its queue.
         data = self.request("POST", "/v1/leases", body, timeout_s=wait_s + self._timeout_s, retry=False)
         lease = Lease.from_dict(data)

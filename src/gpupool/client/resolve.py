@@ -7,12 +7,14 @@ config (client.yaml + servers.conf) > the embedded pool on the state dir.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.isolation_mode import IsolationMode
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.outage import RETRY_MAX_S, backoff, new_key
 from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
@@ -180,14 +182,47 @@ def choose_and_claim(
 def _claim_one(
     client: PoolClient, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, progress: Progress
 ) -> Lease:
-    """Try at once; when it does not fit and a wait is allowed, say so and queue."""
+    """Try at once; when it does not fit and a wait is allowed, say so and queue.
+
+    Every try of the claim carries one key, so a try after a lost answer gets the lease granted
+    to it; a claim with a wait rides out an outage of the server until its wait runs out.
+    """
+    key = new_key()
+    deadline = time.monotonic() + wait_s
     try:
-        return client.claim(claim, holder, wait_s=0.0, ttl_s=ttl_s)
+        return client.claim(claim, holder, wait_s=0.0, ttl_s=ttl_s, key=key)
     except Unavailable as err:
         if wait_s <= 0:
             raise Unavailable(f"{err.message} (pass --wait SECONDS to queue for it)") from None
         progress(f"Waiting up to {wait_s:g}s in the queue of {client.address}: {err.message}")
-    return client.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s)
+    except ServerUnreachable as err:
+        if wait_s <= 0:
+            raise
+        _outlast(client, err, deadline, progress)
+    while True:
+        try:
+            return client.claim(claim, holder, wait_s=max(0.0, deadline - time.monotonic()), ttl_s=ttl_s, key=key)
+        except ServerUnreachable as err:
+            _outlast(client, err, deadline, progress)
+
+
+def _outlast(client: PoolClient, err: ServerUnreachable, deadline: float, progress: Progress) -> None:
+    """Wait (with backoff) until `client`'s server answers again, saying so once when it goes and
+    once when it is back; re-raise `err` when `deadline` comes first."""
+    progress(f"warning: {err.message}; the claim keeps its place and tries again until its wait runs out")
+    for pause in backoff(RETRY_MAX_S):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise err
+        time.sleep(min(pause, remaining))
+        try:
+            client.status()
+        except ServerUnreachable:
+            continue
+        except GpupoolError:  # it answered, if only with an error: the claim says the rest
+            pass
+        progress(f"the pool server at {client.address} answers again: back to the claim's place in its queue")
+        return
 
 
 def merged_status(clients: Sequence[PoolClient], progress: Progress = lambda line: None) -> PoolStatus:

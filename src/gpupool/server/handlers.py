@@ -26,6 +26,7 @@ from ..core.errors import (
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease, Policy
+from ..core.outage import check_key
 from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
@@ -34,7 +35,7 @@ from .wire import json_object
 
 log = logging.getLogger(__name__)
 
-CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s"}
+CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s", "key"}
 POLICIES = tuple(p.value for p in Policy)
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -73,8 +74,8 @@ class LeaseApi:
         started = time.perf_counter()
         result = "error"
         try:
-            claim, holder, wait_s, ttl_s = parse_claim(raw, identity, self.auth is not None, self.default_ttl_s)
-            lease = await self._claim(claim, holder, wait_s, ttl_s, disconnected)
+            claim, holder, wait_s, ttl_s, key = parse_claim(raw, identity, self.auth is not None, self.default_ttl_s)
+            lease = await self._claim(claim, holder, wait_s, ttl_s, disconnected, key)
             result = "granted"
             granted = lease.to_dict()
             if self.keys is not None:  # in the claimant's answer only, never in a status or listing
@@ -107,11 +108,11 @@ class LeaseApi:
         return {"released": lease_id}
 
     async def _claim(
-        self, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, disconnected: Disconnected
+        self, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, disconnected: Disconnected, key: str = ""
     ) -> Lease:
         """Grant now, or poll the queue ticket until granted, the wait runs out or the client leaves."""
         pool = self.pool
-        started = pool.begin_claim(claim, holder, wait_s, ttl_s)
+        started = pool.begin_claim(claim, holder, wait_s, ttl_s, key)
         if isinstance(started, Lease):
             return started
         waiter: Optional[Waiter] = started
@@ -132,8 +133,10 @@ class LeaseApi:
                 pool.cancel(waiter)
 
 
-def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: float) -> Tuple[Claim, Holder, Any, Any]:
-    """The claim request body -> (claim, holder, wait_s, ttl_s); the pool checks the numbers."""
+def parse_claim(
+    raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: float
+) -> Tuple[Claim, Holder, Any, Any, str]:
+    """The claim request body -> (claim, holder, wait_s, ttl_s, key); the pool checks the numbers."""
     body = json_object(raw)
     unknown = set(body) - CLAIM_KEYS
     if unknown:
@@ -162,7 +165,13 @@ def parse_claim(raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: fl
         holder = Holder("anonymous", holder.pid, holder.host, holder.label)
     wait_s = body.get("wait_s")
     ttl_s = body.get("ttl_s")
-    return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s
+    key = body.get("key")
+    if key is not None:
+        try:
+            key = check_key(key)
+        except ValueError as err:
+            raise InvalidClaim(str(err)) from None
+    return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s, key or ""
 
 
 def bind_queue(claim: Claim, identity: Identity) -> Claim:

@@ -196,6 +196,7 @@ def prepare(config: ServerConfig) -> Prepared:
             node=config.node,
             background_checkpoint=True,
             preempt_grace_s=config.preempt_grace_s,
+            serving=True,  # renews what was live when the last server stopped (pool/resume.py)
         )
         _doctor(state)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None

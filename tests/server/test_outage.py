@@ -1,0 +1,184 @@
+"""Issue 23 (2, 3): a server's downtime is no holder's fault.
+
+A real `gpupool server` is killed with SIGKILL and started again on the same state dir and port
+while real `gpupool run`s heartbeat, wait in its queue, or stop for a preemption.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import httpx
+import pytest
+from conftest import ServerProcess, start_server
+
+FULL = ["-n", "2", "-p", "1.0"]  # the whole pool of two emulated GPUs
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 30.0) -> object:
+    """Poll `check` until it returns something true; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class Restartable:
+    """A server that can be killed -9 and started again on the same state dir and port."""
+
+    def __init__(self, state: Path, *extra: str) -> None:
+        self.extra = extra
+        self.server: ServerProcess = start_server(state, *extra)
+        self.port = int(self.server.url.rsplit(":", 1)[1])
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def kill(self) -> None:
+        self.server.proc.send_signal(signal.SIGKILL)
+        self.server.proc.wait(10)
+
+    def start(self) -> None:
+        self.server = start_server(self.server.state, *self.extra, "--listen", f"127.0.0.1:{self.port}")
+        assert self.server.url.endswith(f":{self.port}")
+
+    def get(self, path: str) -> Dict:
+        return httpx.get(self.url + path, headers=self.server.headers(), timeout=10).json()
+
+    def stop(self) -> None:
+        self.server.stop(signal.SIGKILL)
+
+
+class Runner:
+    """A `gpupool run` against the server, its stderr in a file."""
+
+    def __init__(self, server: Restartable, tmp_path: Path, name: str, args: List[str], command: List[str]) -> None:
+        self.err = tmp_path / f"{name}.err"
+        env = server.server.client_env(tmp_path)
+        argv = [sys.executable, "-m", "gpupool", "run", "--server", server.url, *args, "--", *command]
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path)
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def cleanup():
+    owned: List[object] = []
+    yield owned
+    for thing in reversed(owned):
+        thing.kill() if isinstance(thing, Runner) else thing.stop()  # type: ignore[attr-defined]
+
+
+def until_file(path: Path) -> List[str]:
+    """A command that runs until `path` exists (the test says when it ends)."""
+    return ["sh", "-c", f"while [ ! -e {path} ]; do sleep 0.05; done"]
+
+
+def leases(server: Restartable) -> List[Dict]:
+    return server.get("/v1/leases")["leases"]
+
+
+def test_a_runner_at_ttl_4_survives_6_s_of_downtime(tmp_path, cleanup):
+    server = Restartable(tmp_path / "state")
+    cleanup.append(server)
+    done = tmp_path / "done"
+    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(done))
+    cleanup.append(runner)
+    lease_id = wait_until("the runner's lease", lambda: [x["id"] for x in leases(server)])[0]
+    server.kill()
+    time.sleep(6.0)  # the outage itself, longer than the TTL (nothing is asserted after it)
+    server.start()
+    wait_until("the heartbeat back", lambda: "works again" in runner.stderr(), timeout=20)
+    assert [x["id"] for x in leases(server)] == [lease_id]
+    done.touch()
+    assert runner.wait() == 0, runner.stderr()
+    err = runner.stderr()
+    assert "lost" not in err
+    assert err.count("heartbeat failed") == 1 and err.count("works again") == 1, err
+
+
+def test_a_waiting_claim_keeps_its_place_through_a_restart(tmp_path, cleanup):
+    server = Restartable(tmp_path / "state", "--ttl", "30")
+    cleanup.append(server)
+    headers = server.server.headers()
+    body = {"claim": {"requests": [{"count": 2, "fraction": 1.0}]}, "holder": {"name": "full"}, "ttl_s": 600}
+    full = httpx.post(server.url + "/v1/leases", json=body, headers=headers, timeout=10).json()["id"]
+    order = tmp_path / "order"
+    first = Runner(server, tmp_path, "b", [*FULL, "--wait", "120"], ["sh", "-c", f"echo b >> {order}"])
+    cleanup.append(first)
+    wait_until("b in the queue", lambda: server.get("/v1/status")["queued"] == 1)
+    server.kill()
+    wait_until("b to notice", lambda: "keeps its place" in first.stderr())
+    server.start()
+    later = Runner(server, tmp_path, "c", [*FULL, "--wait", "120"], ["sh", "-c", f"echo c >> {order}"])
+    cleanup.append(later)
+    wait_until("b back and c queued", lambda: server.get("/v1/status")["queued"] == 2)
+    wait_until("b back", lambda: "answers again" in first.stderr())
+    assert httpx.delete(f"{server.url}/v1/leases/{full}", headers=headers, timeout=10).status_code == 200
+    assert first.wait() == 0, first.stderr()
+    assert later.wait() == 0, later.stderr()
+    assert order.read_text().split() == ["b", "c"]
+    assert first.stderr().count("warning: cannot reach") == 1
+
+
+def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup):
+    server = Restartable(tmp_path / "state", "--ttl", "30", "--preempt-grace", "60")
+    cleanup.append(server)
+    headers = server.server.headers()
+    for name in ("a", "b"):
+        r = httpx.put(f"{server.url}/v1/queues/{name}", json={"quota": 1}, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+    stop = tmp_path / "stop"
+    term = tmp_path / "got-term"
+    # The borrower hears SIGTERM and goes on until the test says: the preemption stays half-way.
+    borrower_cmd = ["sh", "-c", f"trap 'touch {term}' TERM; while [ ! -e {stop} ]; do sleep 0.05; done"]
+    borrower = Runner(server, tmp_path, "borrower", [*FULL, "--queue", "b", "--ttl", "6"], borrower_cmd)
+    cleanup.append(borrower)
+    victim = wait_until("the borrower's lease", lambda: leases(server))[0]["id"]
+    claimant = Runner(server, tmp_path, "claimant", ["-n", "1", "-p", "1.0", "--queue", "a", "--wait", "120"], ["true"])
+    cleanup.append(claimant)
+
+    def preempted() -> Optional[Dict]:
+        lease = server.get(f"/v1/leases/{victim}")
+        return lease if lease.get("preempted_at") and term.exists() else None
+
+    wait_until("the preemption to reach the borrower", preempted)
+    server.kill()
+    time.sleep(8.0)  # the outage: longer than the borrower's TTL
+    server.start()
+    wait_until("the claimant back", lambda: "answers again" in claimant.stderr())
+    assert [x["id"] for x in leases(server)] == [victim], "the preempted lease is neither lost nor done yet"
+    stop.touch()
+    assert claimant.wait() == 0, claimant.stderr()
+    assert borrower.wait() == 8, borrower.stderr()  # stopped by its preemption (exit 8), not lost (exit 6)
+    assert "was lost" not in borrower.stderr()
+    assert "Locked 1 GPUs" in claimant.stderr()
+
+
+def test_a_retried_claim_gets_the_lease_granted_to_it(running_server):
+    body = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "key": "k" * 32}
+    url, headers = running_server.url + "/v1/leases", running_server.headers()
+    first = httpx.post(url, json=body, headers=headers, timeout=10).json()
+    again = httpx.post(url, json=body, headers=headers, timeout=10).json()
+    assert again["id"] == first["id"]
+    bad = httpx.post(url, json={**body, "key": "x\n"}, headers=headers, timeout=10)
+    assert bad.status_code == 422 and "key" in bad.json()["error"]["message"]
