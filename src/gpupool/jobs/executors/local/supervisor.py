@@ -202,6 +202,10 @@ class Supervisor:
         self.state.lease_id = self.lease.id
         self._save()
         from ....isolation import isolation_env, shares, write_hook_dir
+        from ....runner.attest import attest_lease
+
+        # The replicas are this process's children: the node's watchdog counts them once it saw us attest.
+        attest_lease(self.client, self.lease, log.warning)
         from ....runner.heartbeat import Heartbeat
         from ....runner.preemption import PreemptionWatch
 

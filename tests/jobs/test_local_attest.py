@@ -1,0 +1,47 @@
+"""A local job on a pool server: its supervisor attests the gang lease, so the server's watchdog
+counts the replicas (its children) against that lease (issue 23 item 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+
+from gpupool.devices.usage import EMULATED_USAGE_ENV
+
+SLEEPER = ["python", "-c", "import time; print('up', flush=True); time.sleep(600)"]
+
+
+def test_the_supervisor_attests_and_its_replicas_are_attributed(shell, server_factory, tmp_path, monkeypatch):
+    usage = tmp_path / "usage.json"
+    monkeypatch.setenv(EMULATED_USAGE_ENV, str(usage))
+    server = server_factory("--usage-interval", "0.2", "--enforce-grace", "30")
+    shell.env.update(GPUPOOL_TOKEN=server.token or "")
+    spec = {
+        "name": "attested",
+        "framework": "pytorch",
+        "roles": {"worker": {"replicas": 2, "command": SLEEPER, "gpu": {"count": 1, "fraction": 0.25}}},
+    }
+    shell.run("submit", "--server", server.url, shell.write_spec(spec))
+    state = shell.wait_for("attested", lambda s: all(r.get("pid") for r in s["replicas"].values()), timeout=60)
+    pids = [r["pid"] for r in state["replicas"].values()]
+    (lease,) = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json()["leases"]
+    rows = {}
+    for index, pid in enumerate(pids):
+        rows.setdefault(lease["devices"][index % len(lease["devices"])]["uuid"], {})[str(pid)] = 512
+    tmp = usage.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, usage)
+    started = time.time()
+    deadline = time.monotonic() + 10
+    while True:
+        record = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json().get("usage") or {}
+        if record.get("sampled_at", 0) > started:
+            break
+        assert time.monotonic() < deadline, "no fresh usage sample"
+        time.sleep(0.05)
+    assert {p["pid"]: p["lease_id"] for p in record["processes"]} == {pid: lease["id"] for pid in pids}
+    assert "not attested" not in (shell.state / "jobs" / "attested" / "logs" / "supervisor.log").read_text()
+    shell.run("cancel", "attested")
