@@ -183,3 +183,16 @@ def test_an_older_state_dir_gets_its_marker_at_the_next_open(tmp_path):
 
     with pytest.raises(StateUnusable, match="empty"):
         Store(state)
+
+
+def test_the_damaged_message_s_way_to_an_empty_pool_works(held):
+    """A damaged file's message says to move pool.db *and* pool.id aside; doing so starts an empty pool."""
+    (held / DB_NAME).write_bytes(b"\x17garbage" * 700)
+    for extra in ("-wal", "-shm"):
+        (held / (DB_NAME + extra)).unlink(missing_ok=True)
+    line = error_line(gpupool(held, "status", "--state", "S"))
+    assert "damaged" in line and f"move {DB_NAME} and {MARKER_NAME} aside" in line, line
+    (held / DB_NAME).rename(held / "pool.db.damaged")
+    assert gpupool(held, "status", "--state", "S").returncode == 7  # pool.id still says a pool lived here
+    (held / MARKER_NAME).rename(held / "pool.id.damaged")
+    assert gpupool(held, "status", "--state", "S").returncode == 0

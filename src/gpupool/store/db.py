@@ -57,7 +57,7 @@ def damaged_message(path: Path, what: str) -> str:
     state = path.parent
     return (
         f"the pool database {path} is damaged ({what}): restore the last backup with "
-        f"`gpupool restore --state {state} BACKUP.db`, or move {path.name} aside to start an empty pool "
+        f"`gpupool restore --state {state} BACKUP.db`, or move {path.name} and {MARKER_NAME} aside to start an empty pool "
         f"(its leases and tokens are lost); `gpupool doctor --state {state}` says more"
     )
 
