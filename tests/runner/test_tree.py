@@ -75,7 +75,7 @@ UNGUARDED = """\
 import sys
 from gpupool.cli.workload import main
 from gpupool.runner import session
-session.Guard.spawn = lambda lease_id, grace_s: None
+session.Guard.spawn = lambda *args: None
 sys.exit(main())
 """
 

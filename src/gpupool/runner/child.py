@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     # What signal.signal takes and returns (typeshed's private signal._HANDLER).
     SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
+    from .guard import GuardedChild
+
+    # The command: started by the runner itself, or by its guard.
+    Child = Union[subprocess.Popen[bytes], GuardedChild]
+
 log = get_logger(__name__)
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -49,7 +54,7 @@ class SignalRelay:
     """
 
     def __init__(self) -> None:
-        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.child: Optional[Child] = None
         self.received: List[int] = []
         self._previous: Dict[int, SignalHandler] = {}
 

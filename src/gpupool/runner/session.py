@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,10 +26,12 @@ from .guard import Guard
 from .heartbeat import Heartbeat
 from .prctl import become_subreaper, parent_death_signal
 from .tree import end_tree, reap_all, reap_orphans
+from .workdir import make_workdir, remove_tree
 
 if TYPE_CHECKING:
     from typing import Callable, List, Optional, Sequence, Set, Tuple
 
+    from .child import Child
     from .preemption import PreemptionWatch
 
 log = get_logger(__name__)
@@ -153,7 +154,7 @@ def _run_once(
     heartbeat: Optional[Heartbeat] = None
     watch: Optional[PreemptionWatch] = None
     guard: Optional[Guard] = None
-    child = None
+    child: Optional[Child] = None
     subreaper = False
     try:
         addresses = ", ".join(c.address for c in clients)
@@ -172,13 +173,11 @@ def _run_once(
         else:
             client, lease = _claim_again(clients, claim, options, say)
         attest_lease(client, lease, warn)  # before the command starts: the node's watchdog then sees its tree
-        # Before any thread exists (the guard is a fork): orphans of the child re-parent to the
-        # runner, and the guard ends the lease's processes if the runner is killed.
+        # Orphans of an unguarded child re-parent to the runner (the guard's, to the guard).
         subreaper = become_subreaper()
-        guard = Guard.spawn(lease.id, options.grace_s)
         status = client.status()
         gpus = shares(lease, status.devices)
-        workdir = _workdir(lease.id)
+        workdir = make_workdir(lease.id)
         contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")), isolation=status.isolation)
         if attempt > 1:
             contract = {**contract, PREEMPTED_ENV: "1", ATTEMPT_ENV: str(attempt)}
@@ -192,12 +191,12 @@ def _run_once(
             f"configuration saved to {config_file}"
         )
         say(f"Running client command '{_join(command)}' on GPUs [{contract['CUDA_VISIBLE_DEVICES']}]")
-        # SIGKILL from the kernel the moment the runner dies, whatever becomes of the guard (it
-        # costs a fork rather than a vfork, about 1.5 ms of every run; without it an H100 job of a
-        # killed runner left the GPU 1.81 s later instead of 1.35 s, ended by the guard).
-        child = start(command, child_env(os.environ, contract), parent_death_signal())
-        if guard is not None:
-            guard.watch(child.pid)
+        # The guard (a fork: before any thread exists) starts the command as its subreaper parent,
+        # in the lease's cgroup where it can, and ends the lease's processes if the runner is killed.
+        # Unguarded, the command gets SIGKILL from the kernel the moment the runner dies.
+        env = child_env(os.environ, contract)
+        guard = Guard.spawn(lease.id, options.grace_s, command, env, workdir)
+        child = guard.child() if guard is not None else start(command, env, parent_death_signal())
         relay.child = child
         keep = {child.pid} | ({guard.pid} if guard is not None else set())
         on_lost = None
@@ -247,10 +246,11 @@ def _run_once(
             heartbeat.stop()
         if child is not None:
             _end_run_tree(child, guard, options.grace_s, None if subreaper else lease)
-        if guard is not None:
-            guard.done()
+        elif guard is not None:  # it may have started the command: it ends it, before the release
+            guard.abort()
         _release(client, lease, workdir, say)
-        if guard is not None:
+        if guard is not None:  # after the release: a runner killed in it still has its folder removed
+            guard.done()
             guard.collect()
         if watch is not None and watch.preempted is not None and watch.is_alive():
             # A rerun follows only a preemption, after which the watch ends at once: no thread of
@@ -317,9 +317,7 @@ def _signal_tree(pgid: int, keep: Set[int], grace_s: float, why: str) -> None:
         log.exception("ending the tree %s", why)
 
 
-def _end_run_tree(
-    child: subprocess.Popen[bytes], guard: Optional[Guard], grace_s: float, lease: Optional[Lease]
-) -> None:
+def _end_run_tree(child: Child, guard: Optional[Guard], grace_s: float, lease: Optional[Lease]) -> None:
     """End everything the command left (background jobs, daemons) before the lease is released,
     then reap it. `lease` is given where there is no subreaper: its env finds the orphans then."""
     exclude = {guard.pid} if guard is not None else set()
@@ -332,6 +330,8 @@ def _end_run_tree(
     except Exception:  # the release must happen whatever went wrong here
         log.exception("ending the command's process tree")
     finally:
+        if guard is not None:
+            guard.end_cgroup()  # what no tree walk found (the guard died): the kernel knows
         reap_all()
 
 
@@ -353,50 +353,8 @@ def _release(
     except Exception as err:  # the lease expires anyway; the user must hear why it lingers
         say(f"warning: could not release lease {lease.id} ({err!r}); it expires after {lease.ttl_s:g}s")
     if workdir is not None:
-        _remove_tree(workdir)
+        remove_tree(workdir)
     say(f"Released GPUs on {released} servers and removed generated config file")
-
-
-def _workdir(lease_id: str) -> Path:
-    """A private folder for the lease file and the hook (removed at release).
-
-    As tempfile.mkdtemp (mode 0700, a random name, in $XDG_RUNTIME_DIR when writable, else
-    $TMPDIR, $TEMP, $TMP, /tmp ...), without importing tempfile, random and shutil at every `gpupool run`.
-    """
-    safe = "".join(ch for ch in lease_id if ch.isalnum() or ch in "-_")[:16]
-    env = [os.environ.get(k, "") for k in ("XDG_RUNTIME_DIR", "TMPDIR", "TEMP", "TMP")]
-    error: Optional[OSError] = None
-    for parent in [p for p in env if p] + ["/tmp", "/var/tmp", "/usr/tmp"]:
-        for _ in range(10):
-            path = os.path.join(parent, f"gpupool-run-{safe}-{os.urandom(4).hex()}")
-            try:
-                os.mkdir(path, 0o700)
-                return Path(path)
-            except FileExistsError:
-                continue
-            except OSError as err:  # not there, or not writable: the next candidate
-                error = err
-                break
-    raise error or FileExistsError(f"no free name for the run's folder ({safe})")
-
-
-def _remove_tree(top: Path) -> None:
-    """shutil.rmtree(top, ignore_errors=True) without importing shutil: links are removed, not followed."""
-    for folder, dirs, files in os.walk(top, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(folder, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(top)
-    except OSError:
-        pass
 
 
 def _join(command: Sequence[str]) -> str:

@@ -1,0 +1,181 @@
+"""A lease's processes end with it, whatever they do (issue 23, item 5): env scrubbing, setsid, a
+double fork and a renamed command, with the runner killed by SIGKILL; once in the lease's own
+cgroup (where cgroup v2 is writable) and once with the guard as their subreaper alone.
+
+Each test marks its processes with a unique sleep duration and looks for it in /proc/*/cmdline:
+the processes hide their lease id, group and parent, not their command line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import pytest
+
+from gpupool.isolation.cgroup import lease_cgroup_parent
+from gpupool.isolation.env import LEASE_CGROUP_ENV
+
+_serial = itertools.count(1)
+
+CGROUP_PARENT = lease_cgroup_parent()
+MODES = [
+    pytest.param(
+        "cgroup",
+        marks=pytest.mark.skipif(CGROUP_PARENT is None, reason="cgroup v2 is not writable here (no lease cgroup)"),
+    ),
+    "subreaper",
+]
+
+
+def marker() -> str:
+    """A sleep duration no other process on the machine uses."""
+    return f"1000.{os.getpid()}{next(_serial):03d}4242"
+
+
+def marked(mark: str, program: str = "") -> List[int]:
+    """The pids whose command line holds `mark` (zombies have none): the runner and its guard too,
+    unless `program` names the one to look for (argv[0])."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        if mark.encode() in data and (not program or data.split(b"\0")[0] == program.encode()):
+            found.append(int(name))
+    return found
+
+
+def poll(predicate: Callable[[], object], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {seconds:g}s")
+        time.sleep(0.02)
+
+
+def cgroup_of(pid: int) -> Optional[str]:
+    """The cgroup v2 path of `pid` (the '0::' line), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    return next((line[3:] for line in lines if line.startswith("0::")), None)
+
+
+def env_for(pool, mode: str, tmp_path: Path) -> Dict[str, str]:
+    env = dict(pool.env)
+    env[LEASE_CGROUP_ENV] = "auto" if mode == "cgroup" else "off"
+    # The runner's private folder lands here, where the test can look for it.
+    env.pop("XDG_RUNTIME_DIR", None)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def kill_all(pids: List[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def check_placement(pids: List[int], mode: str) -> None:
+    """In the cgroup mode every process is in the lease's cgroup; in the other, none is."""
+    paths = {cgroup_of(pid) for pid in pids} - {None}
+    if mode == "cgroup":
+        assert len(paths) == 1 and next(iter(paths)).rsplit("/", 1)[-1].startswith("gpupool-"), paths
+    else:
+        assert not any(p.rsplit("/", 1)[-1].startswith("gpupool-") for p in paths), paths
+
+
+# Each holds the runner's command running until it is killed, and leaves processes behind that
+# hide from a sweep by process group and by GPUPOOL_LEASE_ID.
+SHAPES = {
+    # The issue's command; -w keeps util-linux setsid in the foreground (as a group leader it would
+    # fork and return at once, and the runner would end the tree at a normal exit).
+    "setsid-sh": lambda m: ["env", "-u", "GPUPOOL_LEASE_ID", "setsid", "-w", "sh", "-c", f"sleep {m} & sleep {m}"],
+    # A renamed daemon: its own session, no lease id, and the command itself exec'd into a sleep.
+    "renamed": lambda m: ["sh", "-c", f"env -u GPUPOOL_LEASE_ID setsid sleep {m} & exec sleep {m}"],
+    # A double fork: the daemon's parent exits at once, the daemon is re-parented.
+    "double-fork": lambda m: ["sh", "-c", f"(env -u GPUPOOL_LEASE_ID setsid sleep {m} &); exec sleep {m}"],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, shape):
+    mark = marker()
+    env = env_for(pool, mode, tmp_path)
+    runner = pool.start("run", "-p", "0.5", "--ttl", "30", "--", *SHAPES[shape](mark), env=env)
+    pids: List[int] = []
+    try:
+        poll(lambda: len(marked(mark, "sleep")) >= 2, 15, "the command and its daemon started")
+        pids = marked(mark, "sleep")
+        check_placement(pids, mode)
+        assert runner.poll() is None, runner.communicate()[1]
+        assert list((tmp_path / "tmp").glob("gpupool-run-*")), "the runner's folder was not where expected"
+        runner.kill()
+        runner.wait(timeout=5)
+        poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        # Issue 23 item 8: the runner's private folder goes with it.
+        poll(lambda: not list((tmp_path / "tmp").glob("gpupool-run-*")), 2.0, "the runner's folder removed")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait(timeout=10)
+        kill_all(pids + marked(mark))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_path, mode):
+    mark = marker()
+    stop = tmp_path / "stop"
+    script = f"env -u GPUPOOL_LEASE_ID setsid sleep {mark} & while [ ! -e {stop} ]; do sleep 0.02; done; exit 3"
+    runner = pool.start("run", "-p", "0.5", "--", "sh", "-c", script, env=env_for(pool, mode, tmp_path))
+    pids: List[int] = []
+    try:
+        poll(lambda: marked(mark, "sleep"), 15, "the daemon started")
+        pids = marked(mark, "sleep")
+        check_placement(pids, mode)
+        path = cgroup_of(pids[0])
+        stop.touch()
+        _, err = runner.communicate(timeout=15)
+        assert runner.returncode == 3, err
+        assert marked(mark) == [], "the daemon outlived the lease"
+        assert "Released GPUs on 1 servers" in err
+        assert pool.status()["leases"] == []
+        if mode == "cgroup":
+            # The runner's cgroup is this test's: the lease's is a folder in CGROUP_PARENT.
+            assert CGROUP_PARENT is not None and path is not None
+            assert not (Path(CGROUP_PARENT) / path.rsplit("/", 1)[-1]).exists(), f"cgroup {path} left behind"
+        assert not list((tmp_path / "tmp").glob("gpupool-run-*"))
+    finally:
+        stop.touch()
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait(timeout=10)
+        kill_all(pids + marked(mark))
+
+
+@pytest.mark.skipif(CGROUP_PARENT is None, reason="cgroup v2 is not writable here (no lease cgroup)")
+def test_a_command_that_cannot_start_leaves_no_cgroup_and_no_lease(pool, tmp_path):
+    runner = pool.start("run", "-p", "0.5", "--", "no-such-command-h2", env=env_for(pool, "cgroup", tmp_path))
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 2, err
+    assert "command 'no-such-command-h2' was not found: check the name or give a full path" in err
+    assert "Traceback" not in err
+    # The lease's cgroup is named after the runner's pid (and lives in this test's cgroup).
+    assert not list(Path(CGROUP_PARENT).glob(f"gpupool-*-{runner.pid}"))
+    assert pool.status()["leases"] == []
+    assert not list((tmp_path / "tmp").glob("gpupool-run-*"))
