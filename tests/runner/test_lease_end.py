@@ -138,6 +138,25 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_the_issues_command_leaves_nothing_after_a_kill_9(pool, tmp_path, mode):
+    """Literally the issue's: util-linux setsid forks and its first process exits at once, so the
+    runner may be ending the tree itself (a normal exit) when it is killed; nothing may remain."""
+    mark = marker()
+    command = ["env", "-u", "GPUPOOL_LEASE_ID", "setsid", "sh", "-c", f"sleep {mark} & sleep {mark}"]
+    runner = pool.start("run", "-p", "0.5", "--", *command, env=env_for(pool, mode, tmp_path))
+    try:
+        poll(lambda: len(marked(mark, "sleep")) >= 2 or runner.poll() is not None, 15, "the daemon started")
+        runner.kill()
+        runner.wait(timeout=5)
+        poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait(timeout=10)
+        kill_all(marked(mark))
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_path, mode):
     mark = marker()
     stop = tmp_path / "stop"
