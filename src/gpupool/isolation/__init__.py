@@ -1,8 +1,8 @@
 """The env and hooks that hold a process to its share, and the process tree (stdlib only).
 
 Owns: the runner env contract (`env`: every variable name, defined once), the post-import
-hook (`hook/`, `hookdir`), MPS daemon supervision (`mps`), and /proc process trees
-(`proctree`, with the one `alive(pid)`).
+hook (`hook/`, `hookdir`), MPS daemon supervision (`mps`), /proc process trees
+(`proctree`, with the one `alive(pid)`), and a lease's cgroup v2 (`cgroup`).
 May import: core (floor 1: its own floor and core); the standard library only.
 """
 

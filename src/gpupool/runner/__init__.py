@@ -1,7 +1,7 @@
 """`gpupool run`: claim, isolate, supervise the child, release (stdlib only).
 
-Owns: the run session, the child's whole process tree (subreaper, parent-death signal,
-guard), signal forwarding, heartbeats, and the exit-code mapping (`child.exit_code`).
+Owns: the run session, the child's whole process tree (the guard: its parent and subreaper,
+the lease's cgroup where writable; parent-death signal), the run's folder, signal forwarding, heartbeats, and the exit-code mapping (`child.exit_code`).
 May import: core, floor 1 and floor 2 (client); the standard library only (workload side,
 shipped in gpupool-run.pyz).
 """

@@ -15,8 +15,8 @@ log = get_logger(__name__)
 
 
 def tree_pids(child_pgid: Optional[int], exclude: Iterable[int] = (), lease_id: Optional[str] = None) -> List[int]:
-    """Every process that belongs to this run: the runner's descendants (orphans re-parent to it,
-    a subreaper), the child's process group, and, given `lease_id`, every process started with it."""
+    """Every process that belongs to this run: the runner's descendants (orphans re-parent to the
+    guard or the runner, subreapers), the child's process group, and, given `lease_id`, every process started with it."""
     if lease_id is None and _nothing_left(child_pgid, set(exclude)):
         return []
     me = os.getpid()
