@@ -138,3 +138,20 @@ def test_a_retry_with_the_key_gets_the_lease_granted_to_it(tmp_path):
     other = pool.claim(Claim.single(1, fraction=0.5), Holder("z"), key="a" * 32)
     assert other.id != first.id
     assert len(pool.status().leases) == 2
+
+
+def test_a_preemption_whose_claim_did_not_outlive_the_stop_is_undone(tmp_path):
+    clock = Clock()
+    pool = serving(tmp_path, clock)
+    pool.set_queue(QueueSpec("a", quota=1))
+    pool.set_queue(QueueSpec("b", quota=1))
+    borrower = pool.claim(Claim.single(2, fraction=1.0, queue="b"), Holder("b"), ttl_s=30)
+    pool.begin_claim(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60)  # a client without keys
+    assert pool.lease(borrower.id).preempted_at is not None
+    pool.expire()
+    pool.close()
+    clock.now += 10
+    again = serving(tmp_path, clock)
+    lease = again.lease(borrower.id)
+    assert lease.preempted_at is None, "no claim is left to take its room: the preemption is undone"
+    assert lease.expires_at == clock.now + 30

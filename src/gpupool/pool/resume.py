@@ -4,7 +4,10 @@ Every lease live at the last server's last sweep (`ALIVE_KEY`, stamped by each s
 serving pool) gets a full TTL from the return; a preempted one has its preemption and reaping
 moved by the downtime (its runner may not have heard of it yet, and its claimant waits for
 it); every waiting claim with a client key keeps its ticket, owned by no process, for
-`TICKET_REATTACH_S`, so its client re-attaches to its place in the queue.
+`TICKET_REATTACH_S`, so its client re-attaches to its place in the queue. A preemption half-way
+(leases marked, their claimant still waiting) thus completes once the claimant is back; when no
+waiting claim outlived the stop to take their room, it is undone instead: the leases are no longer
+preempted, and a runner that had not yet heard of it never will.
 
 Why a stamp and not "renew every unreleased lease": leases (and tickets) that had run out
 while the server still ran, their holders gone, are reaped as before instead of being revived
@@ -32,6 +35,7 @@ class Resumed:
     down_s: float = 0.0
     leases: int = 0
     tickets: int = 0
+    undone: int = 0  # preemptions undone: no waiting claim outlived the stop to take their room
 
 
 def stamp_alive(tx: Tx, now: float) -> None:
@@ -54,14 +58,17 @@ def resume(tx: Tx, now: float) -> Resumed:
     if not math.isfinite(alive_at):
         return Resumed()
     down = max(0.0, now - alive_at)  # a clock that went back makes up for nothing
+    kept = tx.keep_keyed_tickets(alive_at, now + TICKET_REATTACH_S)
     leases = tx.leases("expires_at >= ?", (alive_at,))
+    undone = 0
     for lease in leases:
-        if lease.preempted_at is None:
-            tx.set_lease_expiry(lease.id, max(lease.expires_at, now + lease.ttl_s))
+        if lease.preempted_at is None or not kept:
+            if lease.preempted_at is not None:
+                undone += 1
+            tx.set_lease_expiry(lease.id, max(lease.expires_at, now + lease.ttl_s), undo_preemption=True)
             continue
         moved = replace(lease, preempted_at=lease.preempted_at + down)
         # It may still be renewed by heartbeats up to its reaping, as before the outage.
         expires_at = min(max(lease.expires_at + down, now + lease.ttl_s), reap_at(moved) or math.inf)
         tx.set_lease_preempted(lease.id, lease.preempted_at + down, expires_at)
-    kept = tx.keep_keyed_tickets(alive_at, now + TICKET_REATTACH_S)
-    return Resumed(down, len(leases), kept)
+    return Resumed(down, len(leases), kept, undone)

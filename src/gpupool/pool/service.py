@@ -206,11 +206,12 @@ class Pool:
         if resumed.leases or resumed.tickets:
             log.warning(
                 "resumed after %.1f s without a server: %d lease(s) renewed for a full TTL, %d waiting claim(s) "
-                "keep their place for %g s",
+                "keep their place for %g s, %d preemption(s) with no claim left waiting undone",
                 resumed.down_s,
                 resumed.leases,
                 resumed.tickets,
                 TICKET_REATTACH_S,
+                resumed.undone,
             )
 
     def close(self) -> None:

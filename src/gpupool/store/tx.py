@@ -159,8 +159,14 @@ class Tx:
         self.conn.execute("DELETE FROM slices WHERE lease_id = ?", (lease_id,))
         return self.conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
 
-    def set_lease_expiry(self, lease_id: str, expires_at: float) -> None:
-        self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
+    def set_lease_expiry(self, lease_id: str, expires_at: float, undo_preemption: bool = False) -> None:
+        """Move the lease's expiry; `undo_preemption` also makes it no longer preempted."""
+        if not undo_preemption:
+            self.conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
+        else:
+            self.conn.execute(
+                "UPDATE leases SET expires_at = ?, preempted_at = NULL WHERE id = ?", (expires_at, lease_id)
+            )
 
     def set_lease_preempted(self, lease_id: str, preempted_at: float, expires_at: float) -> None:
         """Mark a lease preempted; it is reaped at `expires_at` unless released before."""
