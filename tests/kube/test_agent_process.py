@@ -25,6 +25,7 @@ import pytest
 from conftest import stop_process
 
 from gpupool.client.http import HttpPoolClient
+from gpupool.core.attestation import SOCKET_ENV
 from gpupool.core.model import Claim, Holder
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
@@ -184,6 +185,11 @@ def test_registers_streams_units_and_allocates_the_agent_address(node):
         envs = resp.container_responses[0].envs
         assert envs["GPUPOOL_SERVER"] == agent.url and envs["GPUPOOL_NODE_AGENT"] == agent.url
         assert envs["GPUPOOL_UNITS"] == "50"
+        # The attestation socket's folder, read-only, from Allocate: the pod spec needs no hostPath.
+        attest = (agent.kubelet_dir.parent / "state").resolve() / "attest"
+        assert envs[SOCKET_ENV] == str(attest / "attest.sock")
+        mounts = [(m.container_path, m.host_path, m.read_only) for m in resp.container_responses[0].mounts]
+        assert mounts == [(str(attest), str(attest), True)]
 
 
 def test_serves_the_node_pool(node):
@@ -258,6 +264,9 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
         assert [d["memory_mib"] for d in lease["devices"]] == [8192]
         child_env = json.loads(seen.read_text())
         assert child_env["GPUPOOL_LEASE_ID"] == lease["id"]
+        # The runner proved its pid on the agent's socket: the watchdog counts its tree against the lease.
+        attested = json.loads((agent.kubelet_dir.parent / "state" / "attestations.json").read_text())
+        assert [w["pid"] for w in attested[lease["id"]]] == [runner.pid]
         assert child_env["CUDA_VISIBLE_DEVICES"] == lease["devices"][0]["uuid"]
 
         # A pod that is gone, whose runner never released (node crash, kill -9).

@@ -18,7 +18,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Callable, List, Optional, Set, Tuple
 
+from ..core.attestation import SOCKET_ENV
 from ..core.model import Lease, pod_uid_of_label
+from ..enforcement.attest import socket_path
 from ..pool import Pool
 from ..server.serve import NodeEnforcement
 from ..store import Store
@@ -255,7 +257,18 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     advertise = config.advertise or f"{scheme}://{os.environ.get('NODE_IP', '127.0.0.1')}:{port}"
     stop = threading.Event()
     # In mps mode the webhook mounts the agent's MPS pipe folder (STATE/mps/pipe) into GPU pods.
-    plugin = DevicePlugin(devices, PluginConfig(kubelet_dir=config.kubelet_dir, agent_url=advertise))
+    # Containers get the agent's attestation folder read-only (the runner proves its pid there) from
+    # Allocate, as NVIDIA's plugin gives its files: no hostPath in the pod, which stays at Pod Security baseline.
+    attest = socket_path(prepared.pool.state_dir)  # the state hostPath has the same path on the host
+    plugin = DevicePlugin(
+        devices,
+        PluginConfig(
+            kubelet_dir=config.kubelet_dir,
+            agent_url=advertise,
+            envs={SOCKET_ENV: str(attest)},
+            mounts=[(str(attest.parent), str(attest.parent), True)],
+        ),
+    )
     # On a DRA-only node the device-plugin folder may not exist: DRA serves alone there.
     with_device_plugin = config.device_plugin and (not config.dra or os.path.isdir(config.kubelet_dir))
     if config.device_plugin and not with_device_plugin:
