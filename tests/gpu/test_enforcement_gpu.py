@@ -95,7 +95,9 @@ def alive(pid: int) -> bool:
 
 def test_watchdog_stops_a_driver_api_job_over_its_share(tmp_path):
     from gpupool.core.usage import EnforceMode
-    from gpupool.enforcement import Watchdog, WatchdogConfig
+    from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
+    from gpupool.enforcement.attest import Attestations
+    from gpupool.isolation.evidence import Witness, start_ticks
     from gpupool.pool import Pool
 
     state = tmp_path / "state"
@@ -107,7 +109,15 @@ def test_watchdog_stops_a_driver_api_job_over_its_share(tmp_path):
         pid = int(wait_for_file(marker, runner))
         pool = Pool(state)
         grace = 1.0
-        dog = Watchdog(pool, WatchdogConfig(interval_s=0.5, grace_s=grace, over_share=EnforceMode.KILL))
+        # The node's evidence: the runner is this process's own child (an embedded pool has no attestation socket).
+        (lease,) = pool.status().leases
+        attested = Attestations()
+        attested.add(lease.id, Witness(runner.pid, start_ticks(runner.pid) or 0, os.getuid()))
+        dog = Watchdog(
+            pool,
+            WatchdogConfig(interval_s=0.5, grace_s=grace, over_share=EnforceMode.KILL),
+            attributor=Attributor(attested),
+        )
         seen = dog.step()
         mine = [p for p in seen.processes if p.lease_id]
         started = time.monotonic()
