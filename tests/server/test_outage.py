@@ -182,3 +182,18 @@ def test_a_retried_claim_gets_the_lease_granted_to_it(running_server):
     assert again["id"] == first["id"]
     bad = httpx.post(url, json={**body, "key": "x\n"}, headers=headers, timeout=10)
     assert bad.status_code == 422 and "key" in bad.json()["error"]["message"]
+
+
+def test_a_lease_released_by_an_admin_after_the_return_still_ends_the_run_with_exit_6(tmp_path, cleanup):
+    server = Restartable(tmp_path / "state")
+    cleanup.append(server)
+    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(tmp_path / "never"))
+    cleanup.append(runner)
+    lease_id = wait_until("the runner's lease", lambda: [x["id"] for x in leases(server)])[0]
+    server.kill()
+    wait_until("the runner to notice", lambda: "heartbeat failed" in runner.stderr())
+    server.start()
+    r = httpx.delete(f"{server.url}/v1/leases/{lease_id}", headers=server.server.headers(), timeout=10)
+    assert r.status_code == 200, r.text
+    assert runner.wait(30) == 6, runner.stderr()
+    assert "was lost" in runner.stderr()
