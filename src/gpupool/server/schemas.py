@@ -211,6 +211,11 @@ def component_schemas() -> Dict[str, Any]:
                 "priority": _INT,
                 "preempt_grace_s": _NUM,
                 "preempted_at": {"type": ["number", "null"], "description": "when the pool told it to stop"},
+                "attest": {
+                    **_object({"key": _STR, "socket": _STR}, ("key", "socket")),
+                    "description": "in a claim's answer only: the lease's key and the node's attestation "
+                    "socket, where the claimant proves its pid (gpupool run does)",
+                },
             },
             ("id", "holder", "devices", "ttl_s", "created_at", "expires_at"),
         ),
