@@ -88,6 +88,8 @@ class AttestListener:
     def stop(self) -> None:
         """Stop accepting, remove the socket file; idempotent."""
         self._stop.set()
+        if self._sock is not None:
+            self._wake()
         if self._thread is not None:
             self._thread.join(timeout=_ACCEPT_POLL_S + 2)
             self._thread = None
@@ -98,6 +100,15 @@ class AttestListener:
                 self.path.unlink()
             except OSError:
                 pass
+
+    def _wake(self) -> None:
+        """Connect once, so the thread's accept() returns now and sees the stop (no wait for its poll)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, _short_path(self.path) as address:
+                sock.settimeout(0.5)
+                sock.connect(address)
+        except OSError:
+            pass  # the poll ends it anyway
 
     def _serve(self) -> None:
         assert self._sock is not None
@@ -112,6 +123,9 @@ class AttestListener:
                 log.warning("attestation socket: accept failed", exc_info=True)
                 time.sleep(0.1)
                 continue
+            if self._stop.is_set():
+                conn.close()
+                return
             accepted = uptime_ticks()
             if not self._slots.acquire(blocking=False):
                 busy = Unavailable("the node is busy with other attestations: try again in a second")
