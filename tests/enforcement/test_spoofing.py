@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
+from gpupool.runner.attest import AttestFailed, attest
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
@@ -135,13 +136,27 @@ def test_spoofed_holder_fields_never_reach_another_lease(watched, tmp_path):
             spoofed.append(answer.json()["id"])
 
         # Alice within her 8 GiB; Bob's child within his 4 GiB; Bob's shell and a stranger on the GPU too.
+        # Nor can Bob attest Alice's lease: not with his own lease's key, not with a made-up one.
+        bob_key = answer.json()["attest"]["key"]
+        for key in (bob_key, "0" * 64):
+            with pytest.raises(AttestFailed, match="not lease"):
+                attest(answer.json()["attest"]["socket"], alice_lease["id"], key)
+
         started = time.time()
         write_usage(
             usage,
             {uuid: {alice_child: 6 * GIB, bob_child: 2 * GIB, bob_shell.pid: 512, stranger.pid: 256}},
         )
-        time.sleep(GRACE_S + 6 * INTERVAL_S)
-        record = usage_since(server, started + GRACE_S + 2 * INTERVAL_S)
+        # Every sample of the next grace periods: no spoofed lease is ever counted anything.
+        samples = {}
+        while time.time() < started + GRACE_S + 8 * INTERVAL_S:
+            sample = usage_since(server, started)
+            samples[sample["sampled_at"]] = sample
+            time.sleep(INTERVAL_S / 2)
+        assert len(samples) >= 5
+        for sample in samples.values():
+            assert not [p for p in sample["processes"] if p["lease_id"] in spoofed], sample["processes"]
+        record = usage_since(server, max(samples))
 
         owners = {p["pid"]: p["lease_id"] for p in record["processes"]}
         assert owners == {
