@@ -24,6 +24,9 @@ CONNECTION_TIMEOUT_S = 2.0
 # The node's attestation folder below its state dir (mounted read-only into pods) and the socket in it.
 SOCKET_DIR = "attest"
 SOCKET_NAME = "attest.sock"
+# sockaddr_un.sun_path holds 108 bytes with its NUL: a longer socket path is bound and reached
+# through its folder (/proc/self/fd/N/NAME).
+SUN_PATH_MAX = 107
 # The claim answer's field with the ticket.
 TICKET_FIELD = "attest"
 # Read from the runner's environment: the node's socket as the runner sees it (a pod mounts the

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, answer_line, parse_request
+from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SUN_PATH_MAX, answer_line, parse_request
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unavailable
 from ..isolation.evidence import uptime_ticks, witness_peer
 from ..pool import Pool
@@ -31,8 +31,6 @@ from .attribution import Attributor
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 16
-# sockaddr_un.sun_path holds 108 bytes with its NUL: a longer path is bound through its folder's fd.
-_SUN_PATH_MAX = 107
 _ACCEPT_POLL_S = 0.5
 # After its answer, a caller's excess input is read and dropped for at most this long and this much.
 _DRAIN_S = 0.2
@@ -221,7 +219,7 @@ class _short_path:
         self._fd: Optional[int] = None
 
     def __enter__(self) -> str:
-        if len(os.fsencode(str(self.path))) <= _SUN_PATH_MAX:
+        if len(os.fsencode(str(self.path))) <= SUN_PATH_MAX:
             return str(self.path)
         self._fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
         return f"/proc/self/fd/{self._fd}/{self.path.name}"

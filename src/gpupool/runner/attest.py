@@ -12,16 +12,13 @@ import json
 import os
 
 from .. import TYPE_CHECKING
-from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SOCKET_ENV, request_line
+from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SOCKET_ENV, SUN_PATH_MAX, request_line
 
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
     from ..client.base import PoolClient
     from ..core.model import Lease
-
-# sockaddr_un.sun_path holds 108 bytes with its NUL: a longer path is reached through its folder's fd.
-_SUN_PATH_MAX = 107
 
 
 class AttestFailed(Exception):
@@ -58,7 +55,7 @@ def attest(path: str, lease_id: str, key: str, timeout_s: float = CONNECTION_TIM
     try:
         sock.settimeout(timeout_s)
         address = path
-        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        if len(os.fsencode(path)) > SUN_PATH_MAX:
             fd = os.open(os.path.dirname(path) or ".", os.O_PATH)
             address = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
         sock.connect(address)
