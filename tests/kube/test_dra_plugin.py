@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.core.usage import ProcessUsage
 from gpupool.devices import discover
+from gpupool.enforcement.attest import node_attestations
+from gpupool.enforcement.attribution import Attributor
 from gpupool.isolation.env import LEASE_ID_ENV, MEMORY_LIMIT_ENV
+from gpupool.isolation.evidence import NodeView, Witness
 from gpupool.kube.dra.apiclient import KubeApi
 from gpupool.kube.dra.plugin import DraConfig, DraPlugin
 from gpupool.kube.dra.prepare import claim_uid_of_label
@@ -98,6 +102,26 @@ def test_prepare_8gib_share_gives_cdi_ids_a_lease_and_unprepare_removes_both(nod
     assert dra_leases(pool) == []
     assert list((base / "cdi").glob("*.json")) == []
     assert kubelet.unprepare(CLAIM).claims[UID].error == ""  # again: still fine
+
+
+def test_the_pods_a_claim_is_reserved_for_are_the_leases_evidence(node):
+    """No runner attests in a DRA container: the node records the claim's pods (status.reservedFor)
+    and its watchdog attributes their processes (kubepods cgroup) to the lease, no one else's."""
+    api, pool, plugin, kubelet, base = node
+    api.add_claim(resource_claim(NS, "trainer-gpu", UID, [result("gpu-0", "8Gi")]))
+    kubelet.register(plugin.registration_socket)
+    assert kubelet.prepare(CLAIM).claims[UID].error == ""
+    [lease] = dra_leases(pool)
+    pod = "9d0c1b7a-0000-4000-8000-000000000001"  # the stand-in claim's reservedFor
+    evidence = node_attestations(pool.state_dir)
+    assert evidence.current({lease.id}) == {lease.id: [Witness(0, 0, -1, pod)]}
+    # Its pod's processes count against it; another pod's carrying the lease id in its env do not.
+    pods, envs = {4242: pod, 4343: "1c9d6c2a-7a51-4c4e-9a0c-2f1f7a5d9e22"}, {4343: lease.id}
+    attributor = Attributor(evidence, lambda: NodeView(pod_of=pods.get, lease_env_of=envs.get))
+    rows = attributor.attribute([ProcessUsage(pid, lease.slices[0].device_uuid, 100) for pid in pods], [lease])
+    assert [(r.pid, r.lease_id) for r in rows] == [(4242, lease.id), (4343, "")]
+    assert kubelet.unprepare(CLAIM).claims[UID].error == ""
+    assert evidence.current({live.id for live in pool.status().leases}) == {}, "the records end with their lease"
 
 
 def test_preparing_twice_gives_the_same_answer_and_one_lease(node):

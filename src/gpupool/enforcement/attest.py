@@ -4,9 +4,12 @@ A lease's key is HMAC-SHA256(node secret, lease id): the server hands it to the 
 claim's answer only (never in a status or a listing), and recomputes it to check an attestation,
 so nothing per lease is stored. The secret is STATE/attest.key (0600), made at the first start.
 
-An attestation is a `Witness` (pid and start time from the kernel) recorded for a live lease; the
-records are kept in memory and mirrored to STATE/attestations.json (0600), so a restarted server
-still knows its runners. They end with their lease (`current` drops those of leases no longer live).
+An attestation is a `Witness` (pid and start time from the kernel) recorded for a live lease, or
+a pod the node itself assigned the lease to (the DRA plugin: the pods its ResourceClaim is reserved
+for, from the API server; a witness with pid 0). The records are kept in memory and mirrored to
+STATE/attestations.json (0600), so a restarted server still knows its runners; one registry per
+state dir in a process (`node_attestations`), shared by the socket and the DRA plugin. They end
+with their lease (`current` drops those of leases no longer live).
 """
 
 from __future__ import annotations
@@ -81,6 +84,19 @@ def _load_or_create_secret(path: Path) -> bytes:
     return secret
 
 
+_REGISTRIES: Dict[Path, Attestations] = {}
+_REGISTRIES_LOCK = threading.Lock()
+
+
+def node_attestations(state_dir: Path) -> Attestations:
+    """The one registry of `state_dir` in this process (mirrored to STATE/attestations.json)."""
+    path = Path(state_dir).resolve() / RECORDS_FILE
+    with _REGISTRIES_LOCK:
+        if path not in _REGISTRIES:
+            _REGISTRIES[path] = Attestations(path)
+        return _REGISTRIES[path]
+
+
 class Attestations:
     """Witnessed runners per lease; safe to share between the listener's threads and the watchdog."""
 
@@ -94,7 +110,9 @@ class Attestations:
         """Record that `witness` attested `lease_id`; InvalidInput past the per-lease cap."""
         with self._lock:
             mine = self._by_lease.setdefault(lease_id, [])
-            if any(w.pid == witness.pid and w.start_ticks == witness.start_ticks for w in mine):
+            if any(w.pid == witness.pid and w.start_ticks == witness.start_ticks for w in mine if w.pid):
+                return
+            if not witness.pid and witness in mine:
                 return
             # A pid reused since (another start time) is not this lease's any more.
             mine[:] = [w for w in mine if w.pid != witness.pid]
@@ -105,6 +123,10 @@ class Attestations:
                 )
             mine.append(witness)
             self._save()
+
+    def add_pod(self, lease_id: str, pod_uid: str) -> None:
+        """Record that the node assigned `lease_id` to pod `pod_uid` (no runner: its processes are the pod's)."""
+        self.add(lease_id, Witness(0, 0, -1, pod_uid))
 
     def current(self, live: Collection[str]) -> Dict[str, List[Witness]]:
         """The attestations of the live leases `live`; those of every other lease are forgotten."""

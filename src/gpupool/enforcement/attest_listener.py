@@ -25,7 +25,7 @@ from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SUN_PATH_MA
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unavailable
 from ..isolation.evidence import uptime_ticks, witness_peer
 from ..pool import Pool
-from .attest import RECORDS_FILE, Attestations, AttestKeys, socket_path
+from .attest import Attestations, AttestKeys, node_attestations, socket_path
 from .attribution import Attributor
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class _short_path:
 def attestation_service(pool: Pool) -> Iterator[Attributor]:
     """The node's attestation socket for as long as it serves, and the Attributor that trusts it."""
     state = Path(pool.state_dir)
-    attestations = Attestations(state / RECORDS_FILE)
+    attestations = node_attestations(state)
     path = socket_path(state)
 
     def is_live(lease_id: str) -> bool:

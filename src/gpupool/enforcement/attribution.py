@@ -8,7 +8,9 @@ holder pid, host and label are labels for people and are never read here. The ru
    a descendant of one in the process table. The runner is a child subreaper, so daemonised
    children stay below it. The nearest attested ancestor wins (a `gpupool run` inside another).
 2. Kubernetes pod: the process's own cgroup, below the kubelet's kubepods hierarchy, names the
-   pod UID that the node read from an attested runner's cgroup (trusts the kubelet's cgroups).
+   pod UID that the node read from an attested runner's cgroup (trusts the kubelet's cgroups), or
+   a pod the node's DRA plugin prepared the lease for (the ResourceClaim's status.reservedFor,
+   from the API server).
 3. Lease id in the environment (GPUPOOL_LEASE_ID, which any process can set) only chooses among
    the leases that rules 1 and 2 already tie the process to (a pod holding several leases); it
    never attributes a process alone.
@@ -46,9 +48,10 @@ class Attributor:
         pods: Dict[str, Set[str]] = {}
         for lease_id, witnesses in attested.items():
             for witness in witnesses:
-                if view.started(witness.pid) != witness.start_ticks:
-                    continue  # ended, or its pid now names another process
-                runners[witness.pid] = lease_id
+                if witness.pid:  # a runner; pid 0: a pod the node assigned the lease to (DRA)
+                    if view.started(witness.pid) != witness.start_ticks:
+                        continue  # ended, or its pid now names another process
+                    runners[witness.pid] = lease_id
                 if witness.pod_uid:
                     pods.setdefault(witness.pod_uid, set()).add(lease_id)
         return [replace(row, lease_id=self._lease_of(row.pid, view, runners, pods)) for row in rows]

@@ -51,3 +51,15 @@ def allocated_devices(claim: Mapping[str, Any], driver: str) -> List[AllocatedDe
             )
         )
     return out
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> List[str]:
+    """The UIDs of the pods `claim` is reserved for (status.reservedFor, written by the scheduler)."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    if not isinstance(reserved, list):
+        return []
+    return [
+        str(r["uid"])
+        for r in reserved
+        if isinstance(r, Mapping) and r.get("resource") == "pods" and isinstance(r.get("uid"), str) and r["uid"]
+    ]

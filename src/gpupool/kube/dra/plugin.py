@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 import grpc
 
 from ...core.errors import InvalidInput
+from ...enforcement.attest import node_attestations
 from ...isolation.hookdir import write_hook_dir
 from ...pool import Pool
 from . import DEFAULT_DRIVER
@@ -110,7 +111,16 @@ class DraPlugin:
         state = Path(config.state_dir) / "dra"
         self.checkpoint = Checkpoint(state / "checkpoint.json")
         self.hook_dir = str(write_hook_dir(state / "hook"))
-        self.preparer = Preparer(pool, api, self.checkpoint, config.driver, config.node, config.cdi_dir, self.hook_dir)
+        self.preparer = Preparer(
+            pool,
+            api,
+            self.checkpoint,
+            config.driver,
+            config.node,
+            config.cdi_dir,
+            self.hook_dir,
+            node_attestations(pool.state_dir),  # the pods of each claim, for the agent's watchdog
+        )
         self.registration = RegistrationService(config.driver, self.service_socket)
         self.slices = SlicePublisher(api, config.driver, config.node, nvml_attributes(pool.devices()))
         self.stopping = threading.Event()

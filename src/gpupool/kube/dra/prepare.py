@@ -19,9 +19,10 @@ from ...core.errors import GpupoolError, NotFound
 from ...core.filters import Filter
 from ...core.isolation_mode import IsolationMode
 from ...core.model import Claim, Device, GpuRequest, Holder, Lease
+from ...enforcement.attest import Attestations
 from ...isolation.env import GpuShare, child_env, isolation_env
 from ...pool import Pool
-from .allocation import AllocatedDevice, allocated_devices
+from .allocation import AllocatedDevice, allocated_devices, reserved_pods
 from .apiclient import ApiError, KubeApi
 from .cdi import CdiDevice, CdiMount, remove_spec, write_spec
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -68,6 +69,8 @@ class Preparer:
 
     Args:
         hook_dir: the host folder holding the post-import hook (None: no hook is mounted).
+        evidence: where the node records the pods a claim's lease is for (its watchdog attributes
+            their processes to the lease: there is no runner in a DRA container to attest).
     """
 
     def __init__(
@@ -79,8 +82,10 @@ class Preparer:
         node: str,
         cdi_dir: str,
         hook_dir: Optional[str] = None,
+        evidence: Optional[Attestations] = None,
     ) -> None:
         self.pool, self.api, self.checkpoint = pool, api, checkpoint
+        self.evidence = evidence
         self.driver, self.node, self.cdi_dir, self.hook_dir = driver, node, cdi_dir, hook_dir
         self._lock = threading.Lock()
 
@@ -97,13 +102,16 @@ class Preparer:
                 raise PrepareError(f"claim {ref}: {err}") from None
 
     def _prepare(self, ref: ClaimRef) -> PreparedClaim:
-        allocated = self._allocated(ref)
+        allocated, pods = self._allocated(ref)
         if not allocated:  # only other drivers' devices: nothing to do here, and nothing to remember
             return PreparedClaim(ref.uid, ref.namespace, ref.name, "", ())
         devices = self._devices_of(allocated)
         lease = self._lease(ref, allocated, devices)
         try:
             prepared = self._write_cdi(ref, lease, allocated, devices)
+            if self.evidence is not None:
+                for pod_uid in pods:
+                    self.evidence.add_pod(lease.id, pod_uid)
             self.checkpoint.put(prepared)
         except BaseException:
             self._release(lease.id)
@@ -112,7 +120,8 @@ class Preparer:
         log.info("prepared claim %s: lease %s on %s", ref, lease.id, ", ".join(sorted({a.device for a in allocated})))
         return prepared
 
-    def _allocated(self, ref: ClaimRef) -> List[AllocatedDevice]:
+    def _allocated(self, ref: ClaimRef) -> Tuple[List[AllocatedDevice], List[str]]:
+        """This driver's devices in the claim's allocation, and the UIDs of the pods it is reserved for."""
         path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
         try:
             claim = self.api.request("GET", path)
@@ -129,7 +138,7 @@ class Preparer:
                 raise PrepareError(
                     f"claim {ref}: device {a.device} is in pool {a.pool!r}, not this node's {self.node!r}"
                 )
-        return allocated
+        return allocated, reserved_pods(claim)
 
     def _devices_of(self, allocated: Sequence[AllocatedDevice]) -> Dict[str, Device]:
         by_name = {device_name(d): d for d in self.pool.devices()}
