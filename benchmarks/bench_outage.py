@@ -8,7 +8,8 @@ queue behind the blocker), kills the server with SIGKILL, keeps it down --down-s
 it again, releases the blocker and waits for every waiting claim to be granted and run, then
 claims the blocker again. Counted over all rounds:
 
-- leases_lost: a runner's lease missing from the restarted server at the end of a round;
+- leases_lost: a runner's lease missing from the restarted server at the end of a round (which
+  lasts until every runner's heartbeat has renewed its lease again, or 3 TTLs);
 - runners_exit_6: runners that ended with exit 6 (lease lost) instead of 0 at the end;
 - waiting claims granted (exit 0) of those started, and the seconds from the restart until all were.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -130,6 +132,7 @@ def run_round(
     time.sleep(args.down_s)  # the outage
     restart_s = server.start()
     restarted = time.monotonic()
+    renewed = {x["id"]: x["expires_at"] for x in server.leases()}  # what the restart gave each lease
     server.release(blocker)
     codes = []
     for proc in waiters:
@@ -139,6 +142,16 @@ def run_round(
             proc.kill()
             codes.append(proc.wait())
     granted_s = time.monotonic() - restarted
+
+    def beaten() -> bool:
+        """Every runner's lease renewed by a heartbeat since the restart, or gone."""
+        now = {x["id"]: x["expires_at"] for x in server.leases()}
+        return all(now.get(i, math.inf) > renewed.get(i, -math.inf) for i in runner_ids.values())
+
+    # Each round lasts until the runners' heartbeats are back, so they (and not only the restart's
+    # renewal) are what keeps their leases through the next outage.
+    beats_back = wait_until(beaten, 3 * args.ttl)
+    beats_s = time.monotonic() - restarted
     live = {x["id"] for x in server.leases()}
     lost = sorted(name for name, lease_id in runner_ids.items() if lease_id not in live)
     blocker = server.block()
@@ -151,6 +164,8 @@ def run_round(
             "waiting_granted": sum(1 for c in codes if c == 0),
             "waiting_codes": codes,
             "all_granted_after_restart_s": round(granted_s, 2),
+            "heartbeats_back": beats_back,
+            "all_heartbeats_back_after_restart_s": round(beats_s, 2),
             "leases_lost": lost,
         },
         blocker,
@@ -195,7 +210,8 @@ def run(args: argparse.Namespace, root: Path) -> Dict[str, Any]:
             print(
                 f"round {number + 1}/{args.rounds}: restart {result['server_restart_s']} s, waiting claims "
                 f"{result['waiting_granted']}/{result['waiting_started']} granted "
-                f"({result['all_granted_after_restart_s']} s after it), leases lost {len(result['leases_lost'])}",
+                f"({result['all_granted_after_restart_s']} s after it), heartbeats back after "
+                f"{result['all_heartbeats_back_after_restart_s']} s, leases lost {len(result['leases_lost'])}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -227,6 +243,9 @@ def run(args: argparse.Namespace, root: Path) -> Dict[str, Any]:
         "waiting_started": started,
         "waiting_granted": granted,
         "max_all_granted_after_restart_s": max((r["all_granted_after_restart_s"] for r in results), default=None),
+        "max_all_heartbeats_back_after_restart_s": max(
+            (r["all_heartbeats_back_after_restart_s"] for r in results), default=None
+        ),
         "verdict": "PASS" if lost == 0 and exit_6 == 0 and granted == started and not any(codes) else "FAIL",
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine(), "python": platform.python_version()},
         "per_round": results,

@@ -127,7 +127,7 @@ def test_a_waiting_claim_keeps_its_place_through_a_restart(tmp_path, cleanup):
     cleanup.append(first)
     wait_until("b in the queue", lambda: server.get("/v1/status")["queued"] == 1)
     server.kill()
-    wait_until("b to notice", lambda: "keeps its place" in first.stderr())
+    wait_until("b to notice", lambda: "trying again until" in first.stderr())
     server.start()
     later = Runner(server, tmp_path, "c", [*FULL, "--wait", "120"], ["sh", "-c", f"echo c >> {order}"])
     cleanup.append(later)

@@ -209,7 +209,7 @@ def _claim_one(
 def _outlast(client: PoolClient, err: ServerUnreachable, deadline: float, progress: Progress) -> None:
     """Wait (with backoff) until `client`'s server answers again, saying so once when it goes and
     once when it is back; re-raise `err` when `deadline` comes first."""
-    progress(f"warning: {err.message}; the claim keeps its place and tries again until its wait runs out")
+    progress(f"warning: {err.message}; trying again until the claim's wait runs out (a place in the queue is kept)")
     for pause in backoff(RETRY_MAX_S):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -221,7 +221,7 @@ def _outlast(client: PoolClient, err: ServerUnreachable, deadline: float, progre
             continue
         except GpupoolError:  # it answered, if only with an error: the claim says the rest
             pass
-        progress(f"the pool server at {client.address} answers again: back to the claim's place in its queue")
+        progress(f"the pool server at {client.address} answers again: the claim goes on")
         return
 
 
