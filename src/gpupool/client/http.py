@@ -168,7 +168,7 @@ class HttpPoolClient(PoolClient):
         channel = channel or self._main
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Accept": "application/json", "User-Agent": "gpupool-client"}
-        if payload is not None:
+        if payload is not None or method != "GET":  # a loopback server without auth wants JSON on every change
             headers["Content-Type"] = "application/json"
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"

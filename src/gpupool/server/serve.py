@@ -1,4 +1,4 @@
-"""Run the API with uvicorn: state-dir lock, devices, auth rules, TLS, the listening socket.
+"""Run the API: state-dir lock, devices, auth rules, TLS, the listening socket (served by `listener`).
 
 `serve(config)` is what `gpupool server` runs; the kube node agent calls
 `prepare(config)` to get the app and pool, adds its own parts, then `run(prepared)`.
@@ -7,13 +7,10 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import math
-import signal
 import socket
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
@@ -26,13 +23,16 @@ from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, Watchdog
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
 from ..store import StateLock
 from .auth import Authenticator, legacy_tokens, load_or_create_token_file
+from .listener import DEFAULT_PORT, Limits, is_loopback, parse_listen, run_forever, tls_context
+from .listener import bind as _bind
+from .wire import MAX_BODY_BYTES
 
 if TYPE_CHECKING:  # the app (FastAPI) is imported only when a server is prepared
     from .dashboard.routes import JobsReader
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 56001
+__all__ = ["DEFAULT_PORT", "is_loopback", "parse_listen"]  # the listen rules, kept importable from here
 
 
 @dataclass
@@ -80,6 +80,8 @@ class ServerConfig:
     fast_path: bool = field(default_factory=lambda: _fast_path_default())
     # The dashboard's jobs: `gpupool server` passes jobs.executors.local.dashboard.reader(state_dir); None shows none.
     jobs: Optional[JobsReader] = None
+    # Host names a loopback server without auth answers besides its own and the local ones (a proxy's).
+    allow_hosts: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Prepared:
 
     def close(self) -> None:
         """Close the socket and the pool, then release the state dir (idempotent)."""
-        self.sock.close()  # uvicorn closes it when it served; not when it failed to start
+        self.sock.close()  # the listener serves a duplicate of it; this one is ours to close
         self.pool.close()
         self.lock.release()
 
@@ -129,37 +131,6 @@ class Prepared:
                 watchdog.stop()
             if mps is not None:
                 mps.stop()
-
-
-def parse_listen(listen: str) -> Tuple[str, int]:
-    """'0.0.0.0:56001', '[::1]:56001', ':56001' or 'host' -> (host, port)."""
-    text = listen.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest.lstrip(":")
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    elif ":" in text:  # a bare IPv6 address
-        host, port_text = text, ""
-    else:
-        host, port_text = text, ""
-    host = host or "0.0.0.0"
-    try:
-        port = int(port_text) if port_text else DEFAULT_PORT
-    except ValueError:
-        raise InvalidInput(f"--listen {listen!r}: the port must be a number, e.g. 0.0.0.0:{DEFAULT_PORT}") from None
-    if not 0 <= port <= 65535:
-        raise InvalidInput(f"--listen {listen!r}: port {port} is out of range")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def prepare(config: ServerConfig) -> Prepared:
@@ -251,35 +222,16 @@ def _doctor(state: Path) -> None:
         log.warning("doctor: %s", line)
 
 
-@contextlib.contextmanager
-def _stop_signals_recorded() -> Iterator[List[int]]:
-    """While uvicorn serves, SIGINT/SIGTERM found at the end are only recorded.
-
-    uvicorn catches the signal, shuts down, restores the handler it found and raises
-    the signal again; with the default handler that kills the process before any
-    `finally` runs (state lock and pool left open, exit status 143). With this handler
-    in place shutdown runs to the end and the process exits 0.
-    """
-    received: List[int] = []
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield received
-        return
-    stops = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in stops}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the pool and release the lock.
+    """Serve until SIGINT/SIGTERM, then close the pool and release the lock.
 
     Releases the socket, pool and lock on every exit path, a failed start included.
     """
     try:
-        server = _uvicorn_server(prepared)
+        limits = Limits(max_body=MAX_BODY_BYTES)
+        app = _app(prepared, limits)
+        certfile, keyfile = prepared.ssl_certfile, prepared.ssl_keyfile
+        tls = tls_context(certfile, keyfile) if certfile and keyfile else None
         devices = prepared.pool.devices()
         with prepared.node_services():  # an MPS daemon that cannot start fails here, before "listening"
             print(
@@ -289,38 +241,26 @@ def run(prepared: Prepared) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-            with _stop_signals_recorded() as received:
-                server.run(sockets=[prepared.sock])
+            received = run_forever(app, prepared.sock, limits, tls)
         log.info("server stopped (signal %s)", received or "none")
     finally:
         prepared.close()
 
 
-def _uvicorn_server(prepared: Prepared) -> Any:
-    """The uvicorn server of `prepared`, tuned for many small JSON requests.
-
-    uvicorn picks httptools and uvloop itself when installed (the server extra
-    installs both), else its pure-Python h11 protocol and asyncio's loop.
-    """
-    import uvicorn
+def _app(prepared: Prepared, limits: Limits) -> Any:
+    """The app as served: the fast path, the local-only rules (loopback without auth), the bounds."""
+    from .bounds import Bounded
 
     app = prepared.app
     if prepared.config.fast_path:
         from .fastpath import FastPath
 
         app = FastPath(app, app.state.api)
-    uv = uvicorn.Config(
-        app,
-        # Nothing here reads the client address, so X-Forwarded-* need not be parsed per request.
-        proxy_headers=False,
-        log_level=prepared.config.log_level,
-        access_log=False,  # one log line per request costs more than the request
-        ssl_certfile=prepared.ssl_certfile,
-        ssl_keyfile=prepared.ssl_keyfile,
-        timeout_keep_alive=30,
-        server_header=False,
-    )
-    return uvicorn.Server(uv)
+    if not prepared.auth:  # prepare() allows no auth on loopback only
+        from .localonly import LocalOnly, allowed_names
+
+        app = LocalOnly(app, allowed_names(parse_listen(prepared.config.listen)[0], prepared.config.allow_hosts))
+    return Bounded(app, limits)
 
 
 def _fast_path_default() -> bool:
@@ -332,19 +272,3 @@ def _fast_path_default() -> bool:
 def serve(config: ServerConfig) -> None:
     """prepare + run: the whole `gpupool server`."""
     run(prepare(config))
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when the
-    # listening socket says so, and without it every response waits 40 ms for a delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise InvalidInput(f"cannot listen on {host}:{port}: {err.strerror}; pick another --listen port") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock

@@ -1,0 +1,143 @@
+"""The one body reader of every listener: an ASGI layer that reads each request's body within bounds.
+
+Before the app sees a request: at most `Limits.max_in_flight` requests at once (503), no
+chunked bodies (411: every client of gpupool sends a Content-Length), a Content-Length of
+at most `max_body` (413) that fits the in-flight budget (503), and the whole body within
+`body_timeout_s` (408). Each refusal is the project's error JSON and closes the
+connection. The app then gets the body as one message.
+
+The body is read into one preallocated buffer of its announced length rather than
+joined from chunks, so a stalled upload holds its own bytes and nothing more, and a
+finished one leaves no scattered chunks behind in the allocator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Dict, Optional, Tuple
+
+from .listener import ASGIApp, Limits, Message, Receive, Scope, Send
+
+
+def error_body(code: str, message: str) -> Dict[str, Any]:
+    """The project's error shape (core.errors.GpupoolError.to_dict)."""
+    return {"error": {"code": code, "message": message}}
+
+
+async def send_error(send: Send, status: int, code: str, message: str) -> None:
+    """An error answer that closes the connection."""
+    body = json.dumps(error_body(code, message), separators=(",", ":")).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Bounded:
+    """Wraps an ASGI app: the limits above, then the app with the body already read."""
+
+    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limits = self.limits
+        client = scope.get("client")
+        limits.request_started(client)  # before any await: the connection's head timer stops
+        try:
+            if limits.in_flight >= limits.max_in_flight:
+                await send_error(
+                    send, 503, "unavailable", f"over {limits.max_in_flight} requests at once; retry shortly"
+                )
+                return
+            limits.in_flight += 1
+            try:
+                await self._serve(scope, receive, send)
+            finally:
+                limits.in_flight -= 1
+        finally:
+            limits.request_ended(client)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length, refusal = self._length(scope)
+        if refusal is not None:
+            await send_error(send, *refusal)
+            return
+        if length == 0:  # no body (or an empty one): nothing to wait for
+            await self.app(scope, receive, send)
+            return
+        limits = self.limits
+        limits.reading += length
+        try:
+            body = await asyncio.wait_for(_read(receive, length), limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            body = None
+        finally:
+            limits.reading -= length
+        if body is None:
+            await send_error(
+                send, 408, "timeout", f"the request body did not arrive within {limits.body_timeout_s:g} s"
+            )
+            return
+        await self.app(scope, _Replay(bytes(body), receive), send)
+
+    def _length(self, scope: Scope) -> Tuple[int, Optional[Tuple[int, str, str]]]:
+        """The announced body length, or (status, code, message) of a refusal."""
+        limits = self.limits
+        length = 0
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value)  # h11 has checked it: digits, one value
+            elif name == b"transfer-encoding":
+                return 0, (411, "invalid_input", "send the body with a Content-Length, not chunked")
+        if length > limits.max_body:
+            return 0, (413, "too_large", f"the request body of {length} bytes is over {limits.max_body} bytes")
+        if length and limits.reading + length > limits.budget:
+            return 0, (503, "unavailable", "too many request bodies in flight; retry shortly")
+        return length, None
+
+
+async def _read(receive: Receive, length: int) -> Optional[bytearray]:
+    """The body into one buffer of `length` bytes; None when the client left before sending it all."""
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    filled = 0
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            end = filled + len(chunk)
+            if end > length:  # h11 stops at Content-Length; defensive all the same
+                return None
+            view[filled:end] = chunk
+            filled = end
+            if not message.get("more_body"):
+                return buffer if filled == length else None
+    finally:
+        view.release()
+
+
+class _Replay:
+    """The app's receive: the whole body once, then the client's own (for http.disconnect)."""
+
+    __slots__ = ("_body", "_receive")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: Optional[bytes] = body
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        body = self._body
+        if body is None:
+            return await self._receive()
+        self._body = None
+        return {"type": "http.request", "body": body, "more_body": False}

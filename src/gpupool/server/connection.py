@@ -1,0 +1,193 @@
+"""One HTTP connection held to its bounds: the head's size and time, and the connection count.
+
+uvicorn's httptools protocol has no bound on a request head's size or time (a client may
+stream one header line for ever). `Guarded` wraps whichever protocol uvicorn resolved,
+by composition through asyncio's Protocol interface, and watches the bytes that arrive
+while no request of the connection is being served (a head being received, or an idle
+keep-alive connection): more than MAX_HEADER_BYTES of them is answered 431, more than
+`head_timeout_s` of waiting closes the connection. The ASGI layer (`bounds.Bounded`)
+says when a request's head was complete and when its answer was done, through
+`Limits.request_started/ended`, the only place where a head's end is known without
+parsing HTTP a second time.
+
+Writes within one loop iteration leave as one (`_Coalesced`): uvicorn writes a response's
+head and body apart, and over TLS each write is a record of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, List, Optional, Tuple, Type, cast
+
+from .listener import MAX_HEADER_BYTES, Limits
+
+log = logging.getLogger(__name__)
+
+
+def _answer(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error answer in the project's error shape, closing the connection."""
+    body = json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+HEAD_TOO_LARGE = _answer(
+    431,
+    "Request Header Fields Too Large",
+    "too_large",
+    f"the request head is over {MAX_HEADER_BYTES} bytes: send fewer or shorter headers",
+)
+
+
+class _Coalesced:
+    """A transport whose writes within one loop iteration leave as one; the rest is the real one's."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: List[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class Guarded(asyncio.Protocol):
+    """The wrapped protocol of one connection, with its head bounds (see the module's text)."""
+
+    inner_class: Type[asyncio.Protocol]
+    limits: Limits
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.inner: Any = self.inner_class(**kwargs)
+        self.loop = asyncio.get_running_loop()
+        self.transport: Optional[asyncio.Transport] = None
+        self.peer: Optional[Tuple[str, int]] = None
+        self.serving = False  # a request of this connection is being served
+        self.head_bytes = 0  # bytes received since the last answer (or the connection)
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._size_check = False
+        self._inner_made = False
+
+    # -- asyncio.Protocol, passed on to the inner protocol -------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
+        self.transport = transport
+        limits = self.limits
+        if len(limits.connections) >= limits.max_connections:
+            transport.write(
+                _answer(
+                    503,
+                    "Service Unavailable",
+                    "unavailable",
+                    f"over {limits.max_connections} connections; retry shortly",
+                )
+            )
+            transport.close()
+            return
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, (tuple, list)) and len(peer) >= 2:  # the key uvicorn's scope["client"] has
+            self.peer = (str(peer[0]), int(peer[1]))
+            limits.connections[self.peer] = self
+        self._arm()
+        self._inner_made = True
+        self.inner.connection_made(_Coalesced(transport, self.loop))
+
+    def data_received(self, data: bytes) -> None:
+        if not self._inner_made:
+            return
+        if not self.serving:
+            self.head_bytes += len(data)
+        self.inner.data_received(data)
+        if not self.serving and self.head_bytes > MAX_HEADER_BYTES and not self._size_check:
+            # A complete head starts its request in a task that runs before this check
+            # (FIFO): only a head still incomplete after this much is refused.
+            self._size_check = True
+            self.loop.call_soon(self._check_size)
+
+    def eof_received(self) -> Optional[bool]:
+        if not self._inner_made:
+            return None
+        result: Optional[bool] = self.inner.eof_received()
+        return result
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._cancel()
+        if self.peer is not None and self.limits.connections.get(self.peer) is self:
+            del self.limits.connections[self.peer]
+        if self._inner_made:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._inner_made:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner_made:
+            self.inner.resume_writing()
+
+    # -- told by the ASGI layer ------------------------------------------------------------
+    def request_started(self) -> None:
+        self.serving = True
+        self._cancel()
+
+    def request_ended(self) -> None:
+        self.serving = False
+        self.head_bytes = 0
+        self._arm()
+
+    # -- the bounds ----------------------------------------------------------------------------
+    def _check_size(self) -> None:
+        self._size_check = False
+        if not self.serving and self.head_bytes > MAX_HEADER_BYTES and self.transport is not None:
+            log.info("refusing a request head of over %d bytes from %s", MAX_HEADER_BYTES, self.peer)
+            self._close(HEAD_TOO_LARGE)
+
+    def _arm(self) -> None:
+        self._cancel()
+        self._timer = self.loop.call_later(self.limits.head_timeout_s, self._late)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _late(self) -> None:
+        self._timer = None
+        if not self.serving and self.transport is not None and not self.transport.is_closing():
+            log.info("closing a connection idle or mid-head for %g s: %s", self.limits.head_timeout_s, self.peer)
+            self._close(b"")
+
+    def _close(self, answer: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if answer:
+            transport.write(answer)
+        transport.close()  # connection_lost follows, for the inner protocol too
+
+
+def guarded(inner_class: Type[asyncio.Protocol], limits: Limits) -> Type[Guarded]:
+    """A protocol class for uvicorn's `Config(http=...)`: `inner_class` held to `limits`."""
+    return type("Guarded", (Guarded,), {"inner_class": inner_class, "limits": limits})
