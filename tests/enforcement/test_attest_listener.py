@@ -181,3 +181,43 @@ def test_a_socket_path_longer_than_sun_path_works(tmp_path):
         pool.close()
     assert not listener.path.exists()
     assert stopped_s < 0.3, "a stopping server waits for no accept poll"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a caller as another user")
+def test_one_caller_stalling_its_connections_does_not_block_another_users(tmp_path):
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="attest-", dir="/tmp"))  # reachable by another user
+    os.chmod(state, 0o755)
+    listener = AttestListener(
+        socket_path(state), AttestKeys(state), Attestations(), lambda lease_id: True, max_per_caller=2
+    ).start()
+    stalled = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+    try:
+        for sock in stalled:
+            sock.connect(str(listener.path))
+        time.sleep(0.1)
+        answer, took = exchange(listener.path, b"")  # this user's third connection: busy at once
+        assert answer["error"]["code"] == "unavailable" and took < 0.5
+        code = (
+            # Everything imported first: the other user may not read this interpreter's files.
+            "import os, socket, sys; from gpupool.runner.attest import attest; os.setgid(65534); os.setuid(65534); "
+            "print(attest(sys.argv[1], 'L', sys.argv[2]))"
+        )
+        other = subprocess.run(
+            [sys.executable, "-c", code, str(listener.path), listener.keys.key("L")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        )
+        assert other.returncode == 0, other.stderr
+        (witness,) = listener.attestations.current({"L"})["L"]
+        assert (witness.pid, witness.uid) == (int(other.stdout), 65534)
+    finally:
+        for sock in stalled:
+            sock.close()
+        listener.stop()
+        for path in sorted(state.rglob("*"), reverse=True):
+            path.unlink() if not path.is_dir() else path.rmdir()
+        state.rmdir()

@@ -111,3 +111,28 @@ def test_attestations_survive_a_server_kill_9(server_factory, tmp_path, monkeypa
         if runner.poll() is None:
             runner.kill()
         runner.wait()
+
+
+def test_a_busy_node_is_asked_again(running_server, tmp_path):
+    """Another caller of the same user holds every slot it may (4): the runner asks again until
+    the node cuts those stalled connections (2 s), and attests."""
+    import socket
+
+    path = str(running_server.state.resolve() / "attest" / "attest.sock")
+    stalled = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+    try:
+        for sock in stalled:
+            sock.connect(path)
+        started = time.monotonic()
+        done = subprocess.run(
+            CLI + ["run", "--server", running_server.url, "-p", "0.25", "--", sys.executable, "-c", "pass"],
+            env=running_server.client_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0 and "not attested" not in done.stderr, done.stderr
+        assert time.monotonic() - started >= 1.5  # it did wait for the stalled callers to be cut
+    finally:
+        for sock in stalled:
+            sock.close()

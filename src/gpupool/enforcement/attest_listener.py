@@ -6,8 +6,8 @@ from /proc, and records them for the lease if the key is the lease's and the lea
 socket is 0666: any local user may attest its own lease, the key proves which lease is its own.
 
 Bounds: one line of at most MAX_LINE_BYTES, CONNECTION_TIMEOUT_S per connection from accept to
-answer, MAX_CONNECTIONS served at once (more are answered "busy" and closed), and
-MAX_PIDS_PER_LEASE records per lease (`attest.Attestations`).
+answer, MAX_CONNECTIONS served at once and MAX_CONNECTIONS_PER_CALLER of them per uid or pod (more are
+answered "busy" and closed), and MAX_PIDS_PER_LEASE records per lease (`attest.Attestations`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SUN_PATH_MAX, answer_line, parse_request
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unavailable
-from ..isolation.evidence import uptime_ticks, witness_peer
+from ..isolation.evidence import kube_pod_uid, peer_credentials, uptime_ticks, witness_peer
 from ..pool import Pool
 from .attest import Attestations, AttestKeys, node_attestations, socket_path
 from .attribution import Attributor
@@ -31,6 +31,8 @@ from .attribution import Attributor
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 16
+# Of those, what one caller (a uid, or a pod on Kubernetes where pods often share uid 0) may hold.
+MAX_CONNECTIONS_PER_CALLER = 4
 _ACCEPT_POLL_S = 0.5
 # After its answer, a caller's excess input is read and dropped for at most this long and this much.
 _DRAIN_S = 0.2
@@ -48,6 +50,7 @@ class AttestListener:
         is_live: Callable[[str], bool],
         max_connections: int = MAX_CONNECTIONS,
         timeout_s: float = CONNECTION_TIMEOUT_S,
+        max_per_caller: int = MAX_CONNECTIONS_PER_CALLER,
     ) -> None:
         self.path = Path(path)
         self.keys = keys
@@ -55,6 +58,9 @@ class AttestListener:
         self.is_live = is_live
         self.timeout_s = timeout_s
         self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_per_caller = max_per_caller
+        self._per_caller: Dict[Tuple[int, str], int] = {}
+        self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -125,16 +131,28 @@ class AttestListener:
                 conn.close()
                 return
             accepted = uptime_ticks()
-            if not self._slots.acquire(blocking=False):
+            caller = _caller(conn)
+            if not self._take_slot(caller):
                 busy = Unavailable("the node is busy with other attestations: try again in a second")
                 _answer(conn, busy.to_dict(), drain=False)
                 conn.close()
                 continue
             threading.Thread(
-                target=self._handle, args=(conn, accepted), name="gpupool-attest-conn", daemon=True
+                target=self._handle, args=(conn, accepted, caller), name="gpupool-attest-conn", daemon=True
             ).start()
 
-    def _handle(self, conn: socket.socket, accepted: Optional[int]) -> None:
+    def _take_slot(self, caller: Tuple[int, str]) -> bool:
+        """One of the node's slots, and one of the caller's own: one user (or pod) that stalls its
+        connections holds at most MAX_CONNECTIONS_PER_CALLER, never everyone's."""
+        with self._lock:
+            if self._per_caller.get(caller, 0) >= self.max_per_caller:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._per_caller[caller] = self._per_caller.get(caller, 0) + 1
+            return True
+
+    def _handle(self, conn: socket.socket, accepted: Optional[int], caller: Tuple[int, str]) -> None:
         try:
             _answer(conn, self.attest(conn, accepted))
         except OSError:  # the caller went away: nothing to answer
@@ -143,6 +161,10 @@ class AttestListener:
             log.exception("attestation failed")
         finally:
             conn.close()
+            with self._lock:
+                left = self._per_caller.pop(caller) - 1
+                if left:
+                    self._per_caller[caller] = left
             self._slots.release()
 
     def attest(self, conn: socket.socket, accepted: Optional[int]) -> Dict[str, Any]:
@@ -166,6 +188,15 @@ class AttestListener:
             return err.to_dict()
         log.info("lease %s attested by pid %d (uid %d)", lease_id, witness.pid, witness.uid)
         return {"attested": {"lease_id": lease_id, "pid": witness.pid}}
+
+
+def _caller(conn: socket.socket) -> Tuple[int, str]:
+    """Who connected, for the per-caller cap: (uid, pod UID or '') from the kernel."""
+    try:
+        pid, uid, _ = peer_credentials(conn)
+    except OSError:
+        return (-1, "")
+    return (uid, (kube_pod_uid(pid) or "") if pid > 0 else "")
 
 
 def _read_line(conn: socket.socket, deadline: float) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from .. import TYPE_CHECKING
 from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SOCKET_ENV, SUN_PATH_MAX, request_line
@@ -21,8 +22,16 @@ if TYPE_CHECKING:
     from ..core.model import Lease
 
 
+# A node busy with other callers' attestations ("unavailable") is asked again after these pauses.
+BUSY_PAUSES_S = (0.25, 0.5, 1.0, 2.0)
+
+
 class AttestFailed(Exception):
-    """Why the node did not record the attestation (one line)."""
+    """Why the node did not record the attestation (one line), and its error code if it answered one."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) -> bool:
@@ -33,10 +42,17 @@ def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) 
     path = os.environ.get(SOCKET_ENV) or ticket.socket
     try:
         if not ticket.key:
-            raise AttestFailed("the server's answer carried no attestation key (a server before 0.2?)")
+            raise AttestFailed("the server's answer carried no attestation key (an older server)")
         if not path:
             raise AttestFailed(f"no socket path: set {SOCKET_ENV}")
-        attest(path, lease.id, ticket.key)
+        for pause in (*BUSY_PAUSES_S, None):
+            try:
+                attest(path, lease.id, ticket.key)
+                break
+            except AttestFailed as err:
+                if err.code != "unavailable" or pause is None:
+                    raise
+                time.sleep(pause)
     except AttestFailed as err:
         warn(
             f"warning: lease {lease.id} is not attested to the pool's node ({err}): its watchdog cannot "
@@ -59,7 +75,10 @@ def attest(path: str, lease_id: str, key: str, timeout_s: float = CONNECTION_TIM
             fd = os.open(os.path.dirname(path) or ".", os.O_PATH)
             address = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
         sock.connect(address)
-        sock.sendall(request_line(lease_id, key))
+        try:
+            sock.sendall(request_line(lease_id, key))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a busy node answers at once and closes: its answer is still there to read
         answer = b""
         while b"\n" not in answer and len(answer) <= MAX_LINE_BYTES:
             chunk = sock.recv(MAX_LINE_BYTES)
@@ -80,4 +99,5 @@ def attest(path: str, lease_id: str, key: str, timeout_s: float = CONNECTION_TIM
         return int(body["attested"].get("pid", 0))
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
-    raise AttestFailed(str(message or f"{path} answered {body!r}"))
+    code = error.get("code") if isinstance(error, dict) else None
+    raise AttestFailed(str(message or f"{path} answered {body!r}"), str(code or ""))
