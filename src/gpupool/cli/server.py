@@ -37,6 +37,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--tls-key", metavar="PEM", help="server private key")
     p.add_argument("--tls", choices=["auto", "off"], default="off", help="auto: self-signed CA + cert in STATE/tls")
     p.add_argument("--tls-name", action="append", default=[], metavar="NAME", help="extra host name for --tls auto")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="without --token-file the server answers requests whose Host is its listen address or localhost only; "
+        "add NAME (a local proxy's host name) to those (repeatable)",
+    )
     p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="default lease TTL in seconds (default 30)")
     p.add_argument(
         "--preempt-grace",
@@ -106,6 +114,7 @@ def handle(args: argparse.Namespace) -> int:
             tls_key=args.tls_key,
             tls_auto=args.tls == "auto",
             tls_names=args.tls_name,
+            allow_hosts=args.allow_host,
             ttl_s=args.ttl,
             preempt_grace_s=args.preempt_grace,
             log_level="info" if args.verbose else "warning",

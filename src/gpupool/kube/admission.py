@@ -1,9 +1,9 @@
 """The webhook server: AdmissionReview (admission.k8s.io/v1) at /mutate and /validate, the
 scheduler extender at /extender/filter and /extender/prioritize, and /healthz.
 
-HTTP/1.1 over TLS from uvicorn (`webserver`: httptools, uvloop, connection, head, body and
-in-flight limits, the app called inline), and the certificate re-read when its file changes
-(rotation without restart).
+HTTP/1.1 over TLS on gpupool's one listener (`webserver` on `server.listener`: connection, head,
+body and in-flight limits, the app called inline), and the certificate re-read when its file
+changes (rotation without restart).
 Bad input gets a 4xx or a deny with a message, never a 500.
 """
 
@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import InvalidInput
 from ..core.fragmentation import LearnedMix
+from ..server.listener import parse_listen
 from . import extender
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
@@ -238,7 +239,6 @@ class CertReloader:
 
 def serve(listen: str, app: WebhookApp, cert: Optional[str] = None, key: Optional[str] = None) -> WebServer:
     """A started server on `listen` ('host:port'); call shutdown() to stop it."""
-    host, _, port = listen.rpartition(":")
     certs = CertReloader(cert, key) if cert and key else None
-    server = WebServer((host.strip("[]") or "0.0.0.0", int(port)), app.handle, certs.context if certs else None)
+    server = WebServer(parse_listen(listen), app.handle, certs.context if certs else None)
     return server.start()
