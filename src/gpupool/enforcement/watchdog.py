@@ -32,6 +32,7 @@ from ..core.usage import (
 from ..devices.usage import UsageSampler
 from ..isolation import proctree
 from ..pool import Pool
+from .attest import node_attestations
 from .attribution import Attributor
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class Watchdog:
         self.pool = pool
         self.config = config
         self.sampler = sampler if sampler is not None else UsageSampler(pool.devices())
-        self.attributor = attributor or Attributor()
+        # By default the node's one registry of the pool's state dir, which its attestation socket fills.
+        self.attributor = attributor or Attributor(node_attestations(pool.state_dir))
         self.clock = clock
         self.terminate = terminate
         self._since: Dict[Tuple[Violation, str, str], float] = {}  # (reason, lease or pid, device) -> first seen
