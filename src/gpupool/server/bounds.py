@@ -1,6 +1,7 @@
 """The one body reader of every listener: an ASGI layer that reads each request's body within bounds.
 
-Before the app sees a request: at most `Limits.max_in_flight` requests at once (503), no
+Before the app sees a request: at most `Limits.max_in_flight` requests at once (503), a head
+within MAX_HEADER_BYTES (431; `connection.Guarded` cuts off longer heads still arriving), no
 chunked bodies (411: every client of gpupool sends a Content-Length), a Content-Length of
 at most `max_body` (413) that fits the in-flight budget (503), and the whole body within
 `body_timeout_s` (408). Each refusal is the project's error JSON and closes the
@@ -17,7 +18,7 @@ import asyncio
 import json
 from typing import Any, Dict, Optional, Tuple
 
-from .listener import ASGIApp, Limits, Message, Receive, Scope, Send
+from .listener import MAX_HEADER_BYTES, ASGIApp, Limits, Message, Receive, Scope, Send
 
 
 def error_body(code: str, message: str) -> Dict[str, Any]:
@@ -92,11 +93,20 @@ class Bounded:
         """The announced body length, or (status, code, message) of a refusal."""
         limits = self.limits
         length = 0
+        # A head that came whole in one read passed the connection's running count: measure it here.
+        head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
         for name, value in scope["headers"]:
+            head += len(name) + len(value) + 4
             if name == b"content-length":
                 length = int(value)  # h11 has checked it: digits, one value
             elif name == b"transfer-encoding":
                 return 0, (411, "invalid_input", "send the body with a Content-Length, not chunked")
+        if head > MAX_HEADER_BYTES:
+            return 0, (
+                431,
+                "too_large",
+                f"the request head is over {MAX_HEADER_BYTES} bytes: send fewer or shorter headers",
+            )
         if length > limits.max_body:
             return 0, (413, "too_large", f"the request body of {length} bytes is over {limits.max_body} bytes")
         if length and limits.reading + length > limits.budget:
