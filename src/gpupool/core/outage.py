@@ -9,6 +9,7 @@ lease's TTL/3 (a heartbeat), and a restarted server keeps a waiting claim's tick
 from __future__ import annotations
 
 import os
+import re
 
 from .. import TYPE_CHECKING
 
@@ -24,10 +25,13 @@ JITTER = 0.5
 # A restarted server keeps the ticket of a claim that was waiting at the stop this long (from its
 # start) for the client to re-attach with the claim's key; a client that never comes back loses it.
 TICKET_REATTACH_S = 30.0
-# A claim key (the client's name for one claim, sent with each try of it): its length bounds.
+# A claim key (the client's name for one claim, sent with each try of it), also the OpenAPI
+# document's pattern. `(?!\n)` is no-op in JSON Schema's (ECMA) regexes, but keeps Python's `$`
+# (which also matches before a final newline) from letting a generator add one.
 MIN_KEY_LEN = 16
 MAX_KEY_LEN = 64
-KEY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_")
+KEY_PATTERN = rf"^[A-Za-z0-9_-]{{{MIN_KEY_LEN},{MAX_KEY_LEN}}}(?!\n)$"
+_KEY_RE = re.compile(KEY_PATTERN)
 
 
 def backoff(cap_s: float, first_s: float = RETRY_FIRST_S) -> Iterator[float]:
@@ -45,7 +49,7 @@ def new_key() -> str:
 
 def check_key(key: object) -> str:
     """`key` if it is a well-formed claim key, else ValueError naming it and the rule."""
-    if not isinstance(key, str) or not MIN_KEY_LEN <= len(key) <= MAX_KEY_LEN or not set(key) <= KEY_CHARS:
+    if not isinstance(key, str) or _KEY_RE.search(key) is None:
         shown = repr(key)[:80]
         raise ValueError(
             f"key {shown} must be {MIN_KEY_LEN} to {MAX_KEY_LEN} letters, digits, '-' or '_' "

@@ -25,7 +25,7 @@ from ..core.model import (
     Claim,
     Policy,
 )
-from ..core.outage import MAX_KEY_LEN, MIN_KEY_LEN
+from ..core.outage import KEY_PATTERN
 from ..core.queues import USAGE_KEYS
 from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
 from .auth import ADMIN_NAME, NAME_PATTERN
@@ -175,7 +175,7 @@ def component_schemas() -> Dict[str, Any]:
                 },
                 "key": {
                     "type": ["string", "null"],
-                    "pattern": f"^[A-Za-z0-9_-]{{{MIN_KEY_LEN},{MAX_KEY_LEN}}}$",
+                    "pattern": KEY_PATTERN,
                     "description": "a random id the client picks for this claim and sends with each try of it: "
                     "a retry (the answer was lost, the server restarted) gets the lease granted to it, "
                     "or its place in the queue back",
