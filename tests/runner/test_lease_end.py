@@ -157,6 +157,23 @@ def test_the_issues_command_leaves_nothing_after_a_kill_9(pool, tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_the_issues_command_at_a_normal_exit_leaves_nothing(pool, tmp_path, mode):
+    """The daemon forks while the runner ends the tree (its first process exits at once): one look
+    at /proc missed the sleeps in 8 of 60 runs before issue 23; the runner now looks until none is
+    left (and the lease's cgroup, where there is one, leaves no choice)."""
+    env = env_for(pool, mode, tmp_path)
+    marks = [marker() for _ in range(15)]
+    try:
+        for mark in marks:
+            command = ["env", "-u", "GPUPOOL_LEASE_ID", "setsid", "sh", "-c", f"sleep {mark} & sleep {mark}"]
+            done = pool.run("run", "-q", "-m", "1", "--", *command, env=env)
+            assert done.returncode == 0, done.stderr
+            assert marked(mark) == [], f"left running after a normal exit: {marked(mark)}"
+    finally:
+        kill_all([pid for mark in marks for pid in marked(mark)])
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_path, mode):
     mark = marker()
     stop = tmp_path / "stop"
@@ -171,8 +188,7 @@ def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_pat
         stop.touch()
         _, err = runner.communicate(timeout=15)
         assert runner.returncode == 3, err
-        assert marked(mark, "sleep") == [], "the daemon outlived the lease"
-        poll(lambda: not marked(mark), 2.0, "the guard exited")  # it may outlive the runner by a moment
+        assert marked(mark) == [], "the daemon (or the guard) outlived the runner"
         assert "Released GPUs on 1 servers" in err
         assert pool.status()["leases"] == []
         if mode == "cgroup":

@@ -193,12 +193,17 @@ class Guard:
             pass
         self.end_cgroup()
 
-    def collect(self) -> None:
-        """Reap the guard if it has exited (it exits at once after `done`)."""
-        try:
-            os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    def collect(self, timeout_s: float = 1.0) -> None:
+        """Reap the guard, which exits at once after `done`: no process of the run outlives the
+        runner. Waits at most `timeout_s` (a guard that hangs must not hold the runner)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if os.waitpid(self.pid, os.WNOHANG)[0] or time.monotonic() > deadline:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.0005)
 
 
 def _serve(

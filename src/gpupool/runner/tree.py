@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import time
 
 from .. import TYPE_CHECKING
-from ..isolation.proctree import descendants, group_members, lease_id_of, process_table, terminate
+from ..isolation.proctree import alive, descendants, group_members, lease_id_of, process_table, terminate
 from ..logs import get_logger
 
 if TYPE_CHECKING:
     from typing import Iterable, List, Optional, Set
 
 log = get_logger(__name__)
+
+# A tree can fork while it is being ended (a shell starting its next job): look again until
+# nothing is left, for at most this long (a fork bomb outside a cgroup is not outrun).
+SWEEP_S = 5.0
 
 
 def tree_pids(child_pgid: Optional[int], exclude: Iterable[int] = (), lease_id: Optional[str] = None) -> List[int]:
@@ -64,8 +69,20 @@ def _nothing_left(child_pgid: Optional[int], exclude: Set[int]) -> bool:
 def end_tree(
     child_pgid: Optional[int], grace_s: float, exclude: Iterable[int] = (), lease_id: Optional[str] = None
 ) -> List[int]:
-    """SIGTERM the whole tree, SIGKILL what is left after `grace_s`; returns the SIGKILLed pids."""
-    killed = terminate(tree_pids(child_pgid, exclude, lease_id), grace_s)
+    """SIGTERM the whole tree, SIGKILL what is left after `grace_s`, again for what was forked
+    meanwhile, until nothing is left; returns the SIGKILLed pids."""
+    skip = set(exclude)
+    killed: List[int] = []
+    deadline = time.monotonic() + SWEEP_S
+    while True:
+        # Zombies are ended already: their parent (the guard, this process) collects them.
+        pids = [pid for pid in tree_pids(child_pgid, skip, lease_id) if alive(pid)]
+        if not pids:
+            break
+        killed += terminate(pids, grace_s)
+        if time.monotonic() > deadline:
+            log.warning("processes of the run kept forking for %.0fs while being ended", SWEEP_S)
+            break
     if killed:
         log.debug("SIGKILLed %s after %.1fs", killed, grace_s)
     return killed
