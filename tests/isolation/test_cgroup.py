@@ -61,7 +61,8 @@ def test_the_parent_is_this_process_cgroup_folder():
 
 
 @writable
-def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed():
+@pytest.mark.parametrize("kill_file", [True, False], ids=["cgroup.kill", "freeze-and-kill"])
+def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed(kill_file):
     cgroup = LeaseCgroup.create("0123456789abcdef")
     assert cgroup is not None
     fd = cgroup.join_fd()
@@ -77,7 +78,7 @@ def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed():
         assert child.pid in members and len(members) >= 4, members
         assert cgroup.populated()
         started = time.monotonic()
-        assert cgroup.kill()
+        assert cgroup.kill(kill_file=kill_file)
         assert time.monotonic() - started < 1.0
         assert not cgroup.populated() and cgroup.pids() == []
         assert child.wait(timeout=5) == -9

@@ -17,8 +17,9 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from gpupool.isolation.cgroup import lease_cgroup_parent
+from gpupool.isolation.cgroup import NAME_PREFIX, OFF, lease_cgroup_parent
 from gpupool.isolation.env import LEASE_CGROUP_ENV
+from gpupool.runner.workdir import PREFIX
 
 _serial = itertools.count(1)
 
@@ -74,7 +75,7 @@ def cgroup_of(pid: int) -> Optional[str]:
 
 def env_for(pool, mode: str, tmp_path: Path) -> Dict[str, str]:
     env = dict(pool.env)
-    env[LEASE_CGROUP_ENV] = "auto" if mode == "cgroup" else "off"
+    env[LEASE_CGROUP_ENV] = "auto" if mode == "cgroup" else OFF
     # The runner's private folder lands here, where the test can look for it.
     env.pop("XDG_RUNTIME_DIR", None)
     env["TMPDIR"] = str(tmp_path / "tmp")
@@ -94,9 +95,9 @@ def check_placement(pids: List[int], mode: str) -> None:
     """In the cgroup mode every process is in the lease's cgroup; in the other, none is."""
     paths = {cgroup_of(pid) for pid in pids} - {None}
     if mode == "cgroup":
-        assert len(paths) == 1 and next(iter(paths)).rsplit("/", 1)[-1].startswith("gpupool-"), paths
+        assert len(paths) == 1 and next(iter(paths)).rsplit("/", 1)[-1].startswith(NAME_PREFIX), paths
     else:
-        assert not any(p.rsplit("/", 1)[-1].startswith("gpupool-") for p in paths), paths
+        assert not any(p.rsplit("/", 1)[-1].startswith(NAME_PREFIX) for p in paths), paths
 
 
 # Each holds the runner's command running until it is killed, and leaves processes behind that
@@ -124,12 +125,12 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
         pids = marked(mark, "sleep")
         check_placement(pids, mode)
         assert runner.poll() is None, runner.communicate()[1]
-        assert list((tmp_path / "tmp").glob("gpupool-run-*")), "the runner's folder was not where expected"
+        assert list((tmp_path / "tmp").glob(PREFIX + "*")), "the runner's folder was not where expected"
         runner.kill()
         runner.wait(timeout=5)
         poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
         # Issue 23 item 8: the runner's private folder goes with it.
-        poll(lambda: not list((tmp_path / "tmp").glob("gpupool-run-*")), 2.0, "the runner's folder removed")
+        poll(lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), 2.0, "the runner's folder removed")
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -195,7 +196,7 @@ def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_pat
             # The runner's cgroup is this test's: the lease's is a folder in CGROUP_PARENT.
             assert CGROUP_PARENT is not None and path is not None
             assert not (Path(CGROUP_PARENT) / path.rsplit("/", 1)[-1]).exists(), f"cgroup {path} left behind"
-        assert not list((tmp_path / "tmp").glob("gpupool-run-*"))
+        assert not list((tmp_path / "tmp").glob(PREFIX + "*"))
     finally:
         stop.touch()
         if runner.poll() is None:
@@ -212,6 +213,6 @@ def test_a_command_that_cannot_start_leaves_no_cgroup_and_no_lease(pool, tmp_pat
     assert "command 'no-such-command-h2' was not found: check the name or give a full path" in err
     assert "Traceback" not in err
     # The lease's cgroup is named after the runner's pid (and lives in this test's cgroup).
-    assert not list(Path(CGROUP_PARENT).glob(f"gpupool-*-{runner.pid}"))
+    assert not list(Path(CGROUP_PARENT).glob(f"{NAME_PREFIX}*-{runner.pid}"))
     assert pool.status()["leases"] == []
-    assert not list((tmp_path / "tmp").glob("gpupool-run-*"))
+    assert not list((tmp_path / "tmp").glob(PREFIX + "*"))

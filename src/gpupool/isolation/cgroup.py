@@ -126,15 +126,20 @@ class LeaseCgroup:
         except OSError:
             return False
 
-    def kill(self, settle_s: float = KILL_SETTLE_S) -> bool:
-        """SIGKILL every process in the cgroup and wait until it is empty; returns whether it is."""
-        if not self._write("cgroup.kill", b"1"):
+    def kill(self, settle_s: float = KILL_SETTLE_S, kill_file: bool = True) -> bool:
+        """SIGKILL every process in the cgroup and wait until it is empty; returns whether it is.
+
+        `kill_file=False` does what a kernel without cgroup.kill gets (freeze, SIGKILL each, thaw).
+        """
+        if not (kill_file and self._write("cgroup.kill", b"1")):
+            kill_file = False
             self._kill_frozen()
         deadline = time.monotonic() + settle_s
         while self.populated():
             if time.monotonic() > deadline:
                 return False
-            self._kill_each()  # a kernel without cgroup.kill: catch what forked meanwhile
+            if not kill_file:  # catch what forked between the listing and the kill
+                self._kill_each()
             time.sleep(_POLL_S)
         return True
 
@@ -161,8 +166,6 @@ class LeaseCgroup:
             self._write("cgroup.freeze", b"0")
 
     def _kill_each(self) -> None:
-        if os.path.exists(os.path.join(self.path, "cgroup.kill")):
-            return
         for pid in self.pids():
             try:
                 os.kill(pid, signal.SIGKILL)
