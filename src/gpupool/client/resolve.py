@@ -199,6 +199,14 @@ def _claim_one(
         if wait_s <= 0:
             raise
         _outlast(client, err, deadline, progress)
+    return claim_waiting(client, claim, holder, deadline, ttl_s, key, progress)
+
+
+def claim_waiting(
+    client: PoolClient, claim: Claim, holder: Holder, deadline: float, ttl_s: float, key: str, progress: Progress
+) -> Lease:
+    """Wait in `client`'s queue until time.monotonic() `deadline`, riding out outages of its server:
+    each try carries `key` (core.outage.new_key, one per claim), so it finds its place again."""
     while True:
         try:
             return client.claim(claim, holder, wait_s=max(0.0, deadline - time.monotonic()), ttl_s=ttl_s, key=key)

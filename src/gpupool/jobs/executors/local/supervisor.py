@@ -180,12 +180,14 @@ class Supervisor:
         claim = gang_claim(self.spec)
         if claim is None:
             return
-        from ....client.resolve import connect
+        from ....client.resolve import claim_waiting, connect
+        from ....core.outage import new_key
 
         self.client = connect(self.state.servers or None, self.store.state_dir)
         holder = Holder(getpass.getuser(), os.getpid(), socket.gethostname(), f"job/{self.name}")
+        key = new_key()  # one per claim: a try after a lost answer or a server restart finds what it got
         try:
-            self.lease = self.client.claim(claim, holder, wait_s=0.0, ttl_s=self.state.ttl_s)
+            self.lease = self.client.claim(claim, holder, wait_s=0.0, ttl_s=self.state.ttl_s, key=key)
         except Unavailable as err:
             self.state.status, self.state.message = Phase.QUEUED.value, why + err.message
             self._save()
@@ -194,7 +196,9 @@ class Supervisor:
             self._interruptible = True
             try:
                 self._check_cancel()
-                self.lease = self.client.claim(claim, holder, wait_s=wait, ttl_s=self.state.ttl_s)
+                # A restart of the pool server keeps the job's place in its queue.
+                deadline = time.monotonic() + wait
+                self.lease = claim_waiting(self.client, claim, holder, deadline, self.state.ttl_s, key, log.warning)
             except Unavailable:
                 raise JobFailed(f"activeDeadlineSeconds {limit:g} exceeded while queued for GPUs") from None
             finally:
