@@ -52,7 +52,8 @@ class Report:
     closed_after_s: List[float] = field(default_factory=list)  # stalled uploads and slow heads: send -> server's close
     not_closed: int = 0
     answers: List[str] = field(default_factory=list)  # status lines the stalled connections got
-    flood_sent_mib: List[float] = field(default_factory=list)
+    flood_sent_mib: List[float] = field(default_factory=list)  # what the client got rid of (kernel buffers too)
+    floods_cut: int = 0  # floods the server closed before their end
     seconds: float = 0.0
 
     @property
@@ -67,7 +68,7 @@ class Report:
             f"RSS {self.rss_before_mib:.1f} -> peak {self.rss_peak_mib:.1f} -> after {self.rss_after_mib:.1f} MiB; "
             f"bystander p99 {self.bystander_p99_ms:.1f} ms (max {max(self.bystander_ms, default=float('nan')):.1f}, "
             f"{self.bystander_failures} failed); stalled closed within {max(self.closed_after_s, default=float('nan')):.2f} s "
-            f"({self.not_closed} not closed, answers {statuses}); floods sent "
+            f"({self.not_closed} not closed, answers {statuses}); {self.floods_cut} floods cut after "
             f"{', '.join(f'{m:.2f}' for m in self.flood_sent_mib)} MiB; {self.seconds:.1f} s"
         )
 
@@ -137,16 +138,20 @@ def header_flood(target: Target, total: int, report: Report, lock: threading.Loc
     """Stream one header line of up to `total` bytes; stop when the server closes."""
     chunk = b"a" * 65536
     sent = 0
+    cut = False
     try:
         with target.connect(10.0) as sock:
             sock.sendall(target.head("GET", "/healthz", "X-Flood: "))
             while sent < total:
                 sock.sendall(chunk)
                 sent += len(chunk)
-    except OSError:
+    except (socket.timeout, TimeoutError):  # the server stopped reading but kept the connection: not cut
         pass
+    except OSError:  # reset or closed by the server
+        cut = sent < total
     with lock:
         report.flood_sent_mib.append(sent / MIB)
+        report.floods_cut += cut
 
 
 def bystander(target: Target, count: int, report: Report) -> None:
@@ -196,6 +201,7 @@ def attack(
     """
     report = Report()
     lock = threading.Lock()
+    bystander(target, 5, Report())  # the server's steady size: it has served a request (TLS set up ...)
     report.rss_before_mib = report.rss_peak_mib = rss_mib(target.pid)
     stop_sampling = threading.Event()
 

@@ -31,7 +31,7 @@ def test_stalled_uploads_and_header_floods_leave_the_pool_server_bounded(server_
     assert report.rss_peak_mib - report.rss_before_mib <= 50, report.summary()
     assert report.bystander_failures == 0 and report.bystander_p99_ms < 50, report.summary()
     assert report.not_closed == 0 and max(report.closed_after_s) <= CAP_S + 1.5, report.summary()
-    assert all(sent < 8 for sent in report.flood_sent_mib), report.summary()  # cut off, not read to the end
+    assert report.floods_cut == 4, report.summary()  # the server cut each flood off before its end
     assert report.rss_after_mib - report.rss_before_mib <= 20, report.summary()
     assert server.proc.poll() is None
 

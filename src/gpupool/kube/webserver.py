@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, str, bytes], Tuple[int, Any]]
 
 MAX_BODY = 8 * 1024 * 1024  # the API server's own request limit is about 3 MiB
-BODY_BUDGET = 32 * 1024 * 1024  # bytes of request bodies being read at once, over all connections
+# Bodies being read at once, over all connections: the listener's BODY_BUDGET (16 MiB) holds two
+# reviews of MAX_BODY or hundreds of common ones (tens of KiB); each stalled one costs its TLS
+# connection's buffers too (up to about 1 MiB), so more would let strangers hold more.
+BODY_BUDGET = listener.BODY_BUDGET
 
 
 class Limits(listener.Limits):

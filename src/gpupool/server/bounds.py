@@ -7,9 +7,10 @@ at most `max_body` (413) that fits the in-flight budget (503), and the whole bod
 `body_timeout_s` (408). Each refusal is the project's error JSON and closes the
 connection. The app then gets the body as one message.
 
-The body is read into one preallocated buffer of its announced length rather than
-joined from chunks, so a stalled upload holds its own bytes and nothing more, and a
-finished one leaves no scattered chunks behind in the allocator.
+The body grows in one buffer as it arrives rather than as a list of chunks joined at the
+end: a stalled upload holds what it sent and nothing more (not its announced length),
+and a big buffer lives in memory the allocator maps and unmaps whole, so a finished
+one leaves no scattered chunks behind.
 """
 
 from __future__ import annotations
@@ -115,25 +116,17 @@ class Bounded:
 
 
 async def _read(receive: Receive, length: int) -> Optional[bytearray]:
-    """The body into one buffer of `length` bytes; None when the client left before sending it all."""
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    filled = 0
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            end = filled + len(chunk)
-            if end > length:  # h11 stops at Content-Length; defensive all the same
-                return None
-            view[filled:end] = chunk
-            filled = end
-            if not message.get("more_body"):
-                return buffer if filled == length else None
-    finally:
-        view.release()
+    """The body, `length` bytes, in one growing buffer; None when the client left before sending it all."""
+    buffer = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        buffer += message.get("body", b"")
+        if len(buffer) > length:  # the parser stops at Content-Length; defensive all the same
+            return None
+        if not message.get("more_body"):
+            return buffer if len(buffer) == length else None
 
 
 class _Replay:

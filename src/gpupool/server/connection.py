@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, List, Optional, Tuple, Type, cast
+from typing import Any, Callable, List, Optional, Tuple, Type, cast
 
-from .listener import MAX_HEADER_BYTES, Limits
+from .listener import CLOSE_GRACE_S, MAX_HEADER_BYTES, Limits
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,12 @@ HEAD_TOO_LARGE = _answer(
 class _Coalesced:
     """A transport whose writes within one loop iteration leave as one; the rest is the real one's."""
 
-    __slots__ = ("_transport", "_loop", "_pending")
+    __slots__ = ("_transport", "_loop", "_pending", "_on_close")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport, self._loop = transport, loop
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_close: Callable[[], None]
+    ) -> None:
+        self._transport, self._loop, self._on_close = transport, loop, on_close
         self._pending: List[bytes] = []
 
     def write(self, data: bytes) -> None:
@@ -68,9 +70,37 @@ class _Coalesced:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+        self._on_close()
+
+    def detach(self) -> None:
+        """After connection_lost: let go of the transport (and its TLS buffers) at once.
+
+        The inner protocol is in a reference cycle with its parser, which only the
+        collector's slow generations break; the transport must not wait for that.
+        """
+        self._pending.clear()
+        self._transport = _Gone()  # type: ignore[assignment]
+        self._on_close = _nothing
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Gone:
+    """A transport after connection_lost: closing, writes dropped."""
+
+    def is_closing(self) -> bool:
+        return True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
 
 
 class Guarded(asyncio.Protocol):
@@ -89,6 +119,7 @@ class Guarded(asyncio.Protocol):
         self._timer: Optional[asyncio.TimerHandle] = None
         self._size_check = False
         self._inner_made = False
+        self._abort: Optional[asyncio.TimerHandle] = None  # set once the connection is closing
 
     # -- asyncio.Protocol, passed on to the inner protocol -------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -112,10 +143,11 @@ class Guarded(asyncio.Protocol):
             limits.connections[self.peer] = self
         self._arm()
         self._inner_made = True
-        self.inner.connection_made(_Coalesced(transport, self.loop))
+        self._coalesced = _Coalesced(transport, self.loop, self._closing)
+        self.inner.connection_made(self._coalesced)
 
     def data_received(self, data: bytes) -> None:
-        if not self._inner_made:
+        if not self._inner_made or self._abort is not None:  # what a closing connection still sends is dropped
             return
         if not self.serving:
             self.head_bytes += len(data)
@@ -134,10 +166,16 @@ class Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._cancel()
+        if self._abort is not None:
+            self._abort.cancel()
         if self.peer is not None and self.limits.connections.get(self.peer) is self:
             del self.limits.connections[self.peer]
+        self.limits.heap.connection_closed(self.loop)
         if self._inner_made:
             self.inner.connection_lost(exc)
+            self._coalesced.detach()
+        self.transport = None
+        self._abort = self._timer = None
 
     def pause_writing(self) -> None:
         if self._inner_made:
@@ -186,6 +224,21 @@ class Guarded(asyncio.Protocol):
         if answer:
             transport.write(answer)
         transport.close()  # connection_lost follows, for the inner protocol too
+        self._closing(cut=True)
+
+    def _closing(self, cut: bool = False) -> None:
+        """The connection is closing: make sure it ends, whatever the peer does.
+
+        Plain TCP closes once the answer is flushed, TLS once the peer's close_notify came;
+        meanwhile TLS reads, decrypts and drops all the peer sends. A peer that never reads
+        its answer, or keeps sending, is cut after CLOSE_GRACE_S; one `cut` here (a head
+        flood over TLS, at hundreds of MiB/s) at the next turn of the loop: the answer is
+        already in the socket (TLS writes through at once).
+        """
+        transport = self.transport
+        if self._abort is None and transport is not None:
+            tls = transport.get_extra_info("ssl_object") is not None
+            self._abort = self.loop.call_later(0 if cut and tls else CLOSE_GRACE_S, transport.abort)
 
 
 def guarded(inner_class: Type[asyncio.Protocol], limits: Limits) -> Type[Guarded]:

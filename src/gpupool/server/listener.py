@@ -36,6 +36,7 @@ import threading
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Literal, MutableMapping, Optional, Tuple
 
 from ..core.errors import InvalidInput
+from .heap import HeapTrimmer
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ DEFAULT_PORT = 56001
 MAX_HEADER_BYTES = 16 * 1024  # a request line and its headers; ours are a few hundred bytes
 HEAD_TIMEOUT_S = 30.0  # a request head (and an idle keep-alive connection) within this
 MAX_CONNECTIONS = 1024
+CLOSE_GRACE_S = 1.0  # a connection being closed (TLS close_notify, an unread answer) is cut after this
 BODY_TIMEOUT_S = 10.0  # a whole request body within this of its head
 BODY_BUDGET = 16 * 1024 * 1024  # bytes of request bodies being read at once, over all connections
 MAX_IN_FLIGHT = 512  # requests being served at once; more get 503
@@ -93,6 +95,7 @@ class Limits:
         # The open connections by peer address: the ASGI layer (which sees only scope["client"])
         # tells a connection when its request head is complete and when its answer is done.
         self.connections: Dict[Tuple[str, int], Any] = {}
+        self.heap = HeapTrimmer()  # what a burst of connections freed goes back to the kernel
 
     def request_started(self, client: Optional[Tuple[str, int]]) -> None:
         """The head of a request on `client`'s connection is complete: its head timer stops."""
