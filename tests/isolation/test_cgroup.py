@@ -65,7 +65,7 @@ def test_the_parent_is_this_process_cgroup_folder():
 def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed(kill_file):
     cgroup = LeaseCgroup.create("0123456789abcdef")
     assert cgroup is not None
-    fd = cgroup.join_fd()
+    fd = os.open(os.path.join(cgroup.path, "cgroup.procs"), os.O_WRONLY)
     # A daemon that leaves its session and double-forks: it is in the cgroup all the same.
     script = "setsid sh -c 'sleep 300 & sleep 300' & (sleep 301 &); exec sleep 302"
     child = subprocess.Popen(["sh", "-c", script], preexec_fn=lambda: os.write(fd, b"0"))
@@ -85,6 +85,30 @@ def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed(kill_file):
         assert cgroup.remove()
         assert not os.path.exists(cgroup.path)
         assert cgroup.remove(), "removing it twice is fine"
+    finally:
+        child.kill()
+        child.wait()
+        cgroup.remove()
+
+
+@writable
+def test_a_tree_that_forked_first_is_moved_parents_first():
+    cgroup = LeaseCgroup.create("fedcba9876543210")
+    assert cgroup is not None
+    child = subprocess.Popen(["sh", "-c", "sleep 303 & sleep 304 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        tree = []
+        while len(tree) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            tree = [child.pid] + [
+                int(x) for x in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+            ]
+        assert cgroup.move(tree) == tree
+        assert sorted(cgroup.pids()) == sorted(tree)
+        assert cgroup.move(tree) == [], "those already in it are not moved again"
+        assert cgroup.remove()
+        assert child.wait(timeout=5) == -9
     finally:
         child.kill()
         child.wait()

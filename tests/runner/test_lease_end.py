@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from gpupool.isolation.cgroup import NAME_PREFIX, OFF, lease_cgroup_parent
+from gpupool.isolation.cgroup import JOIN_AFTER_S, NAME_PREFIX, OFF, lease_cgroup_parent
 from gpupool.isolation.env import LEASE_CGROUP_ENV
 from gpupool.runner.workdir import PREFIX
 
@@ -91,13 +91,20 @@ def kill_all(pids: List[int]) -> None:
             pass
 
 
+def in_lease_cgroup(pid: int) -> bool:
+    return (cgroup_of(pid) or "/").rsplit("/", 1)[-1].startswith(NAME_PREFIX)
+
+
 def check_placement(pids: List[int], mode: str) -> None:
-    """In the cgroup mode every process is in the lease's cgroup; in the other, none is."""
-    paths = {cgroup_of(pid) for pid in pids} - {None}
+    """In the cgroup mode every process ends up in the lease's cgroup (the guard moves the tree
+    once the command has run for JOIN_AFTER_S: daemons forked before included); in the other,
+    none is ever in one."""
     if mode == "cgroup":
-        assert len(paths) == 1 and next(iter(paths)).rsplit("/", 1)[-1].startswith(NAME_PREFIX), paths
+        poll(lambda: all(in_lease_cgroup(pid) for pid in pids), 2.0, "the tree moved into the lease's cgroup")
+        assert len({cgroup_of(pid) for pid in pids} - {None}) == 1
     else:
-        assert not any(p.rsplit("/", 1)[-1].startswith(NAME_PREFIX) for p in paths), paths
+        time.sleep(JOIN_AFTER_S * 2)  # as long as the move would have taken
+        assert not any(in_lease_cgroup(pid) for pid in pids)
 
 
 # Each holds the runner's command running until it is killed, and leaves processes behind that

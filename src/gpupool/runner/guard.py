@@ -4,8 +4,8 @@ lease's processes when the runner dies.
 The parent-death signal reaches only a direct child, and a process can leave its group, session
 and GPUPOOL_LEASE_ID behind (`env -u ... setsid`, a double fork). So the guard is the command's
 parent and a child subreaper: every orphan of the tree re-parents to it, never to init, while it
-lives; where cgroup v2 is writable the command also starts in the lease's own cgroup (joined
-between fork and exec, before it can fork), which the kernel kills as a whole. The guard blocks on
+lives; where cgroup v2 is writable the guard also moves the command's tree into the lease's own
+cgroup once it has run for JOIN_AFTER_S, which the kernel then kills as a whole. The guard blocks on
 a pipe whose write end only the runner holds; EOF without the runner's "done" line means the
 runner is gone (kill -9 included): the guard kills the cgroup, ends its descendants, the command's
 group and every process started with GPUPOOL_LEASE_ID=<this lease>, removes the run's folder, and
@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +46,8 @@ _SWEEP_S = 5.0
 # and its exit status (Popen's returncode: -N for signal N).
 _PID, _INVALID, _FAILED, _EXIT = b"p", b"e", b"f", b"x"
 _DONE = b"d\n"
+# Moving a tree into the lease's cgroup: passes at most (a new pass only after one moved some).
+_JOIN_PASSES = 5
 
 
 class GuardedChild:
@@ -219,19 +222,15 @@ def _serve(
     """The guard's whole life, in the forked process; always leaves with os._exit."""
     try:
         os.setpgid(0, 0)  # out of the runner's group: a Ctrl-C to it must not reach the guard
-        join_fd = -1
-        if cgroup is not None:
-            try:
-                join_fd = cgroup.join_fd()
-            except OSError:  # removed under us: the subreaper still holds the tree
-                join_fd = -1
-        _close_all_but({0, 1, 2, control_fd, report_fd, join_fd})
+        _close_all_but({0, 1, 2, control_fd, report_fd})
         become_subreaper()
-        child = _start(command, env, report_fd, join_fd)
+        child = _start(command, env, report_fd)
         if child is None:
             if cgroup is not None:
                 cgroup.remove()
             return
+        if cgroup is not None:
+            _join_later(cgroup)
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
@@ -244,11 +243,8 @@ def _serve(
         os._exit(0)  # no atexit, no finalizers of the runner's copied state
 
 
-def _start(
-    command: Sequence[str], env: Mapping[str, str], report_fd: int, join_fd: int
-) -> Optional[subprocess.Popen[bytes]]:
-    """Start the command as the guard's child (in the lease's cgroup when `join_fd` >= 0); report its
-    pid, or why it could not start, to the runner."""
+def _start(command: Sequence[str], env: Mapping[str, str], report_fd: int) -> Optional[subprocess.Popen[bytes]]:
+    """Start the command as the guard's child; report its pid, or why it could not start, to the runner."""
     # The command must see the forwarded signals as a command run directly does: default action,
     # not blocked (exec keeps a blocked mask and ignored signals).
     for signum in _IGNORED:
@@ -256,11 +252,6 @@ def _start(
     arm = parent_death_signal()  # the guard is the parent now: it dies last
 
     def setup() -> None:  # between fork and exec: no imports, no locks
-        if join_fd >= 0:
-            try:
-                os.write(join_fd, b"0")  # "0": the writing process itself
-            except OSError:  # a cgroup that refuses: the subreaper still holds the tree
-                pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         if arm is not None:
             arm()
@@ -273,11 +264,24 @@ def _start(
     except Exception as err:  # out of processes, a preexec failure: the runner says why
         _say(report_fd, _FAILED + _one_line(repr(err)))
         return None
-    finally:
-        if join_fd >= 0:
-            os.close(join_fd)
     _say(report_fd, _PID + str(child.pid).encode())
     return child  # kept referenced: a collected Popen could reap the command behind our back
+
+
+def _join_later(cgroup: LeaseCgroup) -> None:
+    """Move the command's whole tree (the guard's descendants) into the lease's cgroup after
+    JOIN_AFTER_S, from a thread: the guard goes on relaying meanwhile, and exits (ending the
+    thread) when the runner is done first."""
+    from ..isolation.cgroup import JOIN_AFTER_S
+
+    def join() -> None:
+        time.sleep(JOIN_AFTER_S)
+        me = os.getpid()
+        for _ in range(_JOIN_PASSES):  # what forked while a pass ran is found by the next one
+            if not cgroup.move(pid for pid in descendants(me) if alive(pid)):
+                return
+
+    threading.Thread(target=join, name="gpupool-guard-cgroup", daemon=True).start()
 
 
 def _relay(control_fd: int, report_fd: int, main: int) -> Tuple[bool, bool]:
