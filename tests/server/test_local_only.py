@@ -101,3 +101,9 @@ def test_the_client_works_against_it(open_server):
     lease = pool.claim(Claim.single(1, fraction=0.25), Holder("me"), ttl_s=30)
     pool.heartbeat(lease.id)
     pool.release(lease.id)
+
+
+def test_an_operation_the_server_lacks_is_still_405(open_server):
+    """The Content-Type rule guards the server's operations; others keep the app's 405 naming what there is."""
+    status, _, head = _request(open_server, "PUT", "/v1/leases", {"Host": "localhost"})
+    assert status == 405 and "allow: get, post" in head

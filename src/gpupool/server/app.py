@@ -118,6 +118,16 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=500, headers={"x-request-id": request_id})
 
 
+def serves(app: FastAPI) -> Callable[[str, str], bool]:
+    """served(method, path): whether a route of `app` takes `method` on `path`."""
+
+    def served(method: str, path: str) -> bool:
+        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+        return any(route.matches(scope)[0] is Match.FULL for route in app.router.routes)
+
+    return served
+
+
 def _allowed_methods(app: FastAPI, request: Request) -> List[str]:
     """Every method some route of `app` serves on the request's path."""
     methods: Set[str] = set()

@@ -13,7 +13,7 @@ Any web page the user opens can send requests to 127.0.0.1. Two rules keep them 
 
 from __future__ import annotations
 
-from typing import FrozenSet, Iterable, Optional
+from typing import Callable, FrozenSet, Iterable, Optional
 
 from .bounds import send_error
 from .listener import ASGIApp, Receive, Scope, Send
@@ -41,11 +41,16 @@ def allowed_names(listen_host: str, extra: Iterable[str] = ()) -> FrozenSet[str]
 
 
 class LocalOnly:
-    """Wraps the app of a loopback server without auth: the Host and Content-Type rules above."""
+    """Wraps the app of a loopback server without auth: the Host and Content-Type rules above.
 
-    def __init__(self, app: ASGIApp, names: FrozenSet[str]) -> None:
+    `served(method, path)` says whether the app has that operation: one it has not is left
+    to the app's 404/405, which name what there is.
+    """
+
+    def __init__(self, app: ASGIApp, names: FrozenSet[str], served: Callable[[str, str], bool]) -> None:
         self.app = app
         self.names = names
+        self.served = served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -68,7 +73,11 @@ class LocalOnly:
                     f"start it with --allow-host {shown}",
                 )
                 return
-            if scope["method"] in STATE_CHANGING and content_type.split(";", 1)[0].strip().lower() != JSON:
+            if (
+                scope["method"] in STATE_CHANGING
+                and content_type.split(";", 1)[0].strip().lower() != JSON
+                and self.served(scope["method"], scope["path"])
+            ):
                 shown = content_type[:100] or "none"
                 await send_error(
                     send,

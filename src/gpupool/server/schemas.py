@@ -331,6 +331,7 @@ _DESCRIPTIONS = {
     404: "no such lease or queue",
     409: "no room now, and the wait ran out",
     413: "the body is over 1 MiB",
+    415: "a server without auth takes changes with Content-Type: application/json only",
     422: "a claim that can never be valid or never fit",
     503: "the pool's database cannot be used (damaged, read-only, disk full)",
 }
@@ -350,6 +351,11 @@ def responses(path: str, method: str, auth: bool) -> Dict[str, Any]:
             continue
         answers[str(status)] = {
             "description": _DESCRIPTIONS[status],
+            "content": {"application/json": {"schema": ref("ErrorBody")}},
+        }
+    if not auth and method in ("post", "put", "patch", "delete"):  # server.localonly's rule
+        answers["415"] = {
+            "description": _DESCRIPTIONS[415],
             "content": {"application/json": {"schema": ref("ErrorBody")}},
         }
     return answers

@@ -257,9 +257,11 @@ def _app(prepared: Prepared, limits: Limits) -> Any:
 
         app = FastPath(app, app.state.api)
     if not prepared.auth:  # prepare() allows no auth on loopback only
+        from .app import serves
         from .localonly import LocalOnly, allowed_names
 
-        app = LocalOnly(app, allowed_names(parse_listen(prepared.config.listen)[0], prepared.config.allow_hosts))
+        names = allowed_names(parse_listen(prepared.config.listen)[0], prepared.config.allow_hosts)
+        app = LocalOnly(app, names, serves(prepared.app))
     return Bounded(app, limits)
 
 
