@@ -91,6 +91,11 @@ def kill_all(pids: List[int]) -> None:
             pass
 
 
+def cgroups_of(runner_pid: int) -> List[Path]:
+    """The lease cgroups a runner made (named after its pid, in this test's cgroup: its own)."""
+    return list(Path(CGROUP_PARENT).glob(f"{NAME_PREFIX}*-{runner_pid}")) if CGROUP_PARENT else []
+
+
 def in_lease_cgroup(pid: int) -> bool:
     return (cgroup_of(pid) or "/").rsplit("/", 1)[-1].startswith(NAME_PREFIX)
 
@@ -136,6 +141,7 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
         runner.kill()
         runner.wait(timeout=5)
         poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        poll(lambda: not cgroups_of(runner.pid), 2.0, "the guard removed the lease's cgroup")
         # Issue 23 item 8: the runner's private folder goes with it.
         poll(lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), 2.0, "the runner's folder removed")
     finally:
@@ -143,6 +149,28 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
             runner.kill()
         runner.wait(timeout=10)
         kill_all(pids + marked(mark))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_kill_9_while_the_tree_moves_into_its_cgroup_leaves_nothing(pool, tmp_path, mode):
+    """The runner killed around JOIN_AFTER_S, while the guard may be moving the tree: a process
+    moved in after the cgroup's kill, or not yet moved, ends all the same."""
+    env = env_for(pool, mode, tmp_path)
+    for delay in (0.0, 0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5):
+        mark = marker()
+        runner = pool.start("run", "-q", "-m", "1", "--", *SHAPES["double-fork"](mark), env=env)
+        try:
+            poll(lambda m=mark: len(marked(m, "sleep")) >= 2, 15, "the command and its daemon started")
+            time.sleep(JOIN_AFTER_S * delay)
+            runner.kill()
+            runner.wait(timeout=5)
+            poll(lambda m=mark: not marked(m), 2.0, f"every process ended, killed {delay:g} x JOIN_AFTER_S in")
+            poll(lambda r=runner: not cgroups_of(r.pid), 2.0, "the guard removed the lease's cgroup")
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+            runner.wait(timeout=10)
+            kill_all(marked(mark))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -219,7 +247,6 @@ def test_a_command_that_cannot_start_leaves_no_cgroup_and_no_lease(pool, tmp_pat
     assert runner.returncode == 2, err
     assert "command 'no-such-command-h2' was not found: check the name or give a full path" in err
     assert "Traceback" not in err
-    # The lease's cgroup is named after the runner's pid (and lives in this test's cgroup).
-    assert not list(Path(CGROUP_PARENT).glob(f"{NAME_PREFIX}*-{runner.pid}"))
+    assert not cgroups_of(runner.pid)
     assert pool.status()["leases"] == []
     assert not list((tmp_path / "tmp").glob(PREFIX + "*"))

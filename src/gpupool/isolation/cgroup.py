@@ -35,6 +35,8 @@ KILL_SETTLE_S = 2.0
 # pays for the move (see above).
 JOIN_AFTER_S = 0.1
 _POLL_S = 0.002
+# While waiting for an empty cgroup, kill again every this many polls.
+_REKILL_EVERY = 10
 
 
 def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[Tuple[str, str]]:
@@ -92,7 +94,7 @@ def lease_cgroup_parent(environ: Optional[Mapping[str, str]] = None) -> Optional
 
 
 class LeaseCgroup:
-    """A lease's cgroup folder: join it, list it, kill it, remove it."""
+    """A lease's cgroup folder: move processes in, list them, kill them, remove it."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -150,25 +152,29 @@ class LeaseCgroup:
             kill_file = False
             self._kill_frozen()
         deadline = time.monotonic() + settle_s
+        rounds = 0
         while self.populated():
             if time.monotonic() > deadline:
                 return False
+            rounds += 1
             if not kill_file:  # catch what forked between the listing and the kill
                 self._kill_each()
+            elif rounds % _REKILL_EVERY == 0:  # a process moved in after the kill
+                self._write("cgroup.kill", b"1")
             time.sleep(_POLL_S)
         return True
 
     def remove(self, settle_s: float = KILL_SETTLE_S) -> bool:
         """Kill what is left and remove the cgroup folder; returns whether it is gone."""
-        self.kill(settle_s)
         deadline = time.monotonic() + settle_s
         while True:
+            self.kill(max(0.0, deadline - time.monotonic()))
             try:
                 os.rmdir(self.path)
                 return True
             except FileNotFoundError:
                 return True
-            except OSError:  # EBUSY until the last member has left
+            except OSError:  # EBUSY: a member left to go, or one moved in since the kill
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(_POLL_S)

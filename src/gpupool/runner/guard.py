@@ -229,13 +229,14 @@ def _serve(
             if cgroup is not None:
                 cgroup.remove()
             return
-        if cgroup is not None:
-            _join_later(cgroup)
+        mover = _Mover(cgroup) if cgroup is not None else None
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         _detach_stdio()  # the runner's pipes must see EOF when the runner and the command end
         runner_died, reaped = _relay(control_fd, report_fd, child.pid)
+        if mover is not None:
+            mover.stop()
         if runner_died:
             _end_lease(lease_id, child.pid, reaped, grace_s, cgroup, workdir)
         _reap()
@@ -268,20 +269,30 @@ def _start(command: Sequence[str], env: Mapping[str, str], report_fd: int) -> Op
     return child  # kept referenced: a collected Popen could reap the command behind our back
 
 
-def _join_later(cgroup: LeaseCgroup) -> None:
-    """Move the command's whole tree (the guard's descendants) into the lease's cgroup after
-    JOIN_AFTER_S, from a thread: the guard goes on relaying meanwhile, and exits (ending the
-    thread) when the runner is done first."""
-    from ..isolation.cgroup import JOIN_AFTER_S
+class _Mover:
+    """Moves the command's whole tree (the guard's descendants, parents first) into the lease's
+    cgroup after JOIN_AFTER_S, from a thread, while the guard goes on relaying."""
 
-    def join() -> None:
-        time.sleep(JOIN_AFTER_S)
+    def __init__(self, cgroup: LeaseCgroup) -> None:
+        self.cgroup = cgroup
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpupool-guard-cgroup", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No more moves: wait for one in flight (a kill must not race it; a grace period at most)."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        from ..isolation.cgroup import JOIN_AFTER_S
+
+        if self._stop.wait(JOIN_AFTER_S):
+            return
         me = os.getpid()
         for _ in range(_JOIN_PASSES):  # what forked while a pass ran is found by the next one
-            if not cgroup.move(pid for pid in descendants(me) if alive(pid)):
+            if self._stop.is_set() or not self.cgroup.move(pid for pid in descendants(me) if alive(pid)):
                 return
-
-    threading.Thread(target=join, name="gpupool-guard-cgroup", daemon=True).start()
 
 
 def _relay(control_fd: int, report_fd: int, main: int) -> Tuple[bool, bool]:
@@ -329,8 +340,10 @@ def _end_lease(
         except ProcessLookupError:
             pass
     if cgroup is not None:
-        cgroup.remove()
+        cgroup.kill()
     _sweep(lease_id, main, grace_s)
+    if cgroup is not None:
+        cgroup.remove()
     if workdir is not None:
         remove_tree(workdir)
 
