@@ -259,7 +259,7 @@ def main() -> int:
                 "load_average_at_start": [round(x, 2) for x in load_at_start],
                 "note": "clients and server share these CPUs (and whatever else runs on the machine)",
             },
-            "server": "one process, uvicorn (httptools, uvloop) with TLS and limits, app called inline (gpupool.kube.webserver)",
+            "server": "one process, gpupool's one listener (server.listener: uvicorn, httptools, uvloop) with TLS and its bounds, app called inline (gpupool.kube.webserver)",
             "clients": f"closed loop, keep-alive TLS connections, spread over {args.client_procs} processes "
             "with one epoll loop each",
             "mutate_1_client": webhook_round_trips(port, str(ca), 1, args.seconds, args.client_procs, proc.pid),
