@@ -222,9 +222,9 @@ def _serve(
     """The guard's whole life, in the forked process; always leaves with os._exit."""
     try:
         os.setpgid(0, 0)  # out of the runner's group: a Ctrl-C to it must not reach the guard
-        _close_all_but({0, 1, 2, control_fd, report_fd})
         become_subreaper()
-        child = _start(command, env, report_fd)
+        child = _start(command, env, report_fd)  # first: the runner waits for it (Popen closes the child's fds)
+        _close_all_but({control_fd, report_fd})  # the runner's pipes, sockets, the DB; stdio just below
         if child is None:
             if cgroup is not None:
                 cgroup.remove()
@@ -233,7 +233,6 @@ def _serve(
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
-        _detach_stdio()  # the runner's pipes must see EOF when the runner and the command end
         runner_died, reaped = _relay(control_fd, report_fd, child.pid)
         if mover is not None:
             mover.stop()
@@ -379,14 +378,16 @@ def _reap() -> List[Tuple[int, int]]:
 
 
 def _close_all_but(keep: Set[int]) -> None:
-    """Close every inherited fd (pipes of whoever waits for the runner's output, sockets, the DB)."""
+    """Close every inherited fd (pipes of whoever waits for the runner's output, sockets, the DB)
+    but `keep`; /dev/null in place of stdin, stdout and stderr."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd not in keep:
+        if fd not in keep and fd > 2:
             try:
                 os.close(fd)
             except OSError:  # the listing's own fd, already closed
                 pass
+    _detach_stdio()
 
 
 def _detach_stdio() -> None:
