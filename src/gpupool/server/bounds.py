@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Awaitable, Dict, Optional, Tuple
 
 from .listener import MAX_HEADER_BYTES, ASGIApp, Limits, Message, Receive, Scope, Send
 
@@ -78,9 +78,7 @@ class Bounded:
         limits = self.limits
         limits.reading += length
         try:
-            body = await asyncio.wait_for(_read(receive, length), limits.body_timeout_s)
-        except asyncio.TimeoutError:
-            body = None
+            body = await _within(_read(receive, length), limits.body_timeout_s)
         finally:
             limits.reading -= length
         if body is None:
@@ -113,6 +111,35 @@ class Bounded:
         if length and limits.reading + length > limits.budget:
             return 0, (503, "unavailable", "too many request bodies in flight; retry shortly")
         return length, None
+
+
+async def _within(work: Awaitable[Optional[bytearray]], timeout_s: float) -> Optional[bytearray]:
+    """`work`'s result, or None when it took over `timeout_s`.
+
+    A timer that cancels this task, not asyncio.wait_for: that runs `work` in a task of
+    its own, a cost on every request with a body (0.02 ms of the webhook's 0.15).
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not expired:  # cancelled from outside: the server is stopping
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python >= 3.11 counts cancellations
+        if uncancel is not None:
+            uncancel()
+        return None
+    finally:
+        timer.cancel()
 
 
 async def _read(receive: Receive, length: int) -> Optional[bytearray]:
