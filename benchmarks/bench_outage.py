@@ -26,7 +26,9 @@ import json
 import math
 import os
 import platform
+import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,7 @@ class Server:
         self.root = root
         self.state = root / "state"
         self.token_file = root / "token"
-        self.port = 0
+        self.port = quiet_port()
         self.starts = 0
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.url = ""
@@ -100,6 +102,19 @@ class Server:
 
     def release(self, lease_id: str) -> None:
         httpx.delete(f"{self.url}/v1/leases/{lease_id}", headers=self.headers, timeout=10).raise_for_status()
+
+
+def quiet_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), so nothing that binds port 0 while
+    the server is down can take it."""
+    while True:
+        port = random.randint(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def runner(server: Server, root: Path, name: str, args: List[str], command: List[str]) -> subprocess.Popen[bytes]:

@@ -6,7 +6,9 @@ while real `gpupool run`s heartbeat, wait in its queue, or stop for a preemption
 
 from __future__ import annotations
 
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,13 +33,26 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = 30.0) ->
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def quiet_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), so no server or client that binds
+    port 0 meanwhile (another test's) can take it while ours is down."""
+    while True:
+        port = random.randint(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 class Restartable:
     """A server that can be killed -9 and started again on the same state dir and port."""
 
     def __init__(self, state: Path, *extra: str) -> None:
         self.extra = extra
-        self.server: ServerProcess = start_server(state, *extra)
-        self.port = int(self.server.url.rsplit(":", 1)[1])
+        self.port = quiet_port()
+        self.server: ServerProcess = start_server(state, *extra, "--listen", f"127.0.0.1:{self.port}")
 
     @property
     def url(self) -> str:
@@ -140,7 +155,9 @@ def test_a_waiting_claim_keeps_its_place_through_a_restart(tmp_path, cleanup):
     assert first.stderr().count("warning: cannot reach") == 1
 
 
-def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup):
+@pytest.mark.parametrize("heard", [True, False], ids=["borrower-told", "kill-at-once"])
+def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup, heard):
+    """Killed once the borrower heard of its preemption, or at once (it may hear only after the restart)."""
     server = Restartable(tmp_path / "state", "--ttl", "30", "--preempt-grace", "60")
     cleanup.append(server)
     headers = server.server.headers()
@@ -159,7 +176,7 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup):
 
     def preempted() -> Optional[Dict]:
         lease = server.get(f"/v1/leases/{victim}")
-        return lease if lease.get("preempted_at") and term.exists() else None
+        return lease if lease.get("preempted_at") and (term.exists() or not heard) else None
 
     wait_until("the preemption to reach the borrower", preempted)
     server.kill()
@@ -167,6 +184,7 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup):
     server.start()
     wait_until("the claimant back", lambda: "answers again" in claimant.stderr())
     assert [x["id"] for x in leases(server)] == [victim], "the preempted lease is neither lost nor done yet"
+    wait_until("the borrower to hear of it", term.exists)
     stop.touch()
     assert claimant.wait() == 0, claimant.stderr()
     assert borrower.wait() == 8, borrower.stderr()  # stopped by its preemption (exit 8), not lost (exit 6)
