@@ -63,6 +63,22 @@ class ServerProcess:
         return env
 
 
+def quiet_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), for a server that is killed and
+    started again on it: nothing that binds port 0 while it is down (another test's) can take it."""
+    import random
+    import socket
+
+    while True:
+        port = random.randint(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 20.0) -> ServerProcess:
     """Start a server on 127.0.0.1:0 and wait until it prints its URL and answers /healthz."""
     import httpx

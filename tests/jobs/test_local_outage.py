@@ -7,14 +7,14 @@ import signal
 
 import httpx
 import pytest
-from conftest import start_server
+from conftest import quiet_port, start_server
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_queued_job_outlives_a_restart_of_the_server(shell, tmp_path):
-    server = start_server(tmp_path / "server-state", "--ttl", "30")
-    port = server.url.rsplit(":", 1)[1]
+    port = quiet_port()
+    server = start_server(tmp_path / "server-state", "--ttl", "30", "--listen", f"127.0.0.1:{port}")
     try:
         body = {"claim": {"requests": [{"count": 2, "fraction": 1.0}]}, "holder": {"name": "full"}, "ttl_s": 600}
         full = httpx.post(server.url + "/v1/leases", json=body, headers=server.headers(), timeout=10).json()["id"]

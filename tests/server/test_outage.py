@@ -6,9 +6,7 @@ while real `gpupool run`s heartbeat, wait in its queue, or stop for a preemption
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import httpx
 import pytest
-from conftest import ServerProcess, start_server
+from conftest import ServerProcess, quiet_port, start_server
 
 FULL = ["-n", "2", "-p", "1.0"]  # the whole pool of two emulated GPUs
 
@@ -31,19 +29,6 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = 30.0) ->
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def quiet_port() -> int:
-    """A free port below Linux's ephemeral range (32768-60999), so no server or client that binds
-    port 0 meanwhile (another test's) can take it while ours is down."""
-    while True:
-        port = random.randint(20000, 32000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 class Restartable:
