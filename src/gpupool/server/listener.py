@@ -37,6 +37,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterator, List, Literal, Muta
 
 from ..core.errors import InvalidInput
 from .heap import HeapTrimmer
+from .wire import MAX_BODY_BYTES  # the pool API's bodies; the webhook passes its own
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Limits:
 
     def __init__(
         self,
-        max_body: int = 1 << 20,
+        max_body: int = MAX_BODY_BYTES,
         budget: int = BODY_BUDGET,
         body_timeout_s: Optional[float] = None,
         head_timeout_s: Optional[float] = None,

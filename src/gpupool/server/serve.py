@@ -25,7 +25,6 @@ from ..store import StateLock
 from .auth import Authenticator, legacy_tokens, load_or_create_token_file
 from .listener import DEFAULT_PORT, Limits, is_loopback, parse_listen, run_forever, tls_context
 from .listener import bind as _bind
-from .wire import MAX_BODY_BYTES
 
 if TYPE_CHECKING:  # the app (FastAPI) is imported only when a server is prepared
     from .dashboard.routes import JobsReader
@@ -228,7 +227,7 @@ def run(prepared: Prepared) -> None:
     Releases the socket, pool and lock on every exit path, a failed start included.
     """
     try:
-        limits = Limits(max_body=MAX_BODY_BYTES)
+        limits = Limits()
         app = _app(prepared, limits)
         certfile, keyfile = prepared.ssl_certfile, prepared.ssl_keyfile
         tls = tls_context(certfile, keyfile) if certfile and keyfile else None
