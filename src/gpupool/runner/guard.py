@@ -25,10 +25,11 @@ from pathlib import Path
 
 from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidInput
-from ..isolation.proctree import alive, descendants, lease_id_of, process_table, terminate
+from ..isolation.proctree import alive, descendants
 from ..logs import get_logger
 from .child import start
 from .prctl import become_subreaper, parent_death_signal
+from .tree import end_tree
 from .workdir import remove_tree
 
 if TYPE_CHECKING:
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# New processes can appear while a sweep runs (a shell forking): look again until none is left,
-# for at most this long (a fork bomb outside a cgroup is not outrun).
-_SWEEP_S = 5.0
 # Lines on the guard's report pipe: the command's pid, why it could not start (bad input, other),
 # and its exit status (Popen's returncode: -N for signal N).
 _PID, _INVALID, _FAILED, _EXIT = b"p", b"e", b"f", b"x"
@@ -340,28 +338,12 @@ def _end_lease(
             pass
     if cgroup is not None:
         cgroup.kill()
-    _sweep(lease_id, main, grace_s)
+    # The guard's descendants (every orphan of the tree), the command's group, the lease's env.
+    end_tree(main, grace_s, lease_id=lease_id)
     if cgroup is not None:
         cgroup.remove()
     if workdir is not None:
         remove_tree(workdir)
-
-
-def _sweep(lease_id: str, pgid: int, grace_s: float) -> None:
-    """End the guard's descendants (every orphan of the tree), the command's process group and
-    every process of the lease (SIGTERM, grace, SIGKILL), until none is left."""
-    me = os.getpid()
-    deadline = time.monotonic() + _SWEEP_S
-    while time.monotonic() < deadline:
-        table = process_table()
-        found: Set[int] = set(descendants(me, table))
-        found.update(pid for pid, info in table.items() if pgid > 0 and info.pgid == pgid)
-        found.update(pid for pid in table if lease_id_of(pid) == lease_id)
-        targets = [pid for pid in found if pid != me and alive(pid)]
-        if not targets:
-            return
-        terminate(targets, grace_s)
-        _reap()
 
 
 def _reap() -> List[Tuple[int, int]]:
