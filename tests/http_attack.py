@@ -237,3 +237,14 @@ def attack(
         time.sleep(0.25)
     report.seconds = time.monotonic() - started
     return report
+
+
+def assert_bounded(report: Report, cap_s: float) -> None:
+    """Issue 23's figure: RSS +50 MiB at most and back within 20 MiB, another client's p99 under
+    50 ms, every stalled connection closed within the cap (1.5 s of slack), every flood cut off."""
+    summary = report.summary()
+    assert report.rss_peak_mib - report.rss_before_mib <= 50, summary
+    assert report.bystander_failures == 0 and report.bystander_p99_ms < 50, summary
+    assert report.not_closed == 0 and max(report.closed_after_s) <= cap_s + 1.5, summary
+    assert report.floods_cut == len(report.flood_sent_mib), summary
+    assert report.rss_after_mib - report.rss_before_mib <= 20, summary

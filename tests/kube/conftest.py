@@ -7,10 +7,15 @@ import http.client
 import json
 import os
 import queue
+import re
 import ssl
+import subprocess
+import sys
+import time
 import uuid
 from concurrent import futures
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 import grpc
 import pytest
@@ -23,6 +28,23 @@ from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.extender import NodeState
 from gpupool.kube.mutate import MutateConfig
 from gpupool.kube.nodestate import ClusterState
+
+
+def start_webhook_process(tls: Dict[str, str], log: Path) -> Tuple[subprocess.Popen, int]:
+    """A real `gpupool kube webhook` over TLS on a free port: (process, port) once it listens."""
+    args = [sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0"]
+    args += ["--tls-cert", tls["crt"], "--tls-key", tls["key"], "--agents", "node-a=http://127.0.0.1:9"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while not re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the webhook did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    match = re.search(rb"listening on https://\S+:(\d+)", log.read_bytes())
+    assert match is not None
+    return proc, int(match.group(1))
 
 
 def gpus(node: str, count: int, mib: int = 16384) -> tuple:

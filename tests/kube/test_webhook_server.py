@@ -183,23 +183,13 @@ def _rss_mib(pid: int) -> float:
 def test_twenty_stalled_uploads_raise_the_webhook_process_memory_by_under_50_mib(tls, tmp_path):
     """Issue 10's figure on a real `gpupool kube webhook` process: 20 clients each send 4 MB of
     an announced 8 MB body and stall."""
-    import re
-    import subprocess
-    import sys
     import threading
 
-    log = tmp_path / "webhook.log"
-    args = [sys.executable, "-m", "gpupool", "kube", "webhook", "--listen", "127.0.0.1:0"]
-    args += ["--tls-cert", tls["crt"], "--tls-key", tls["key"], "--agents", "node-a=http://127.0.0.1:9"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    from .conftest import start_webhook_process
+
+    proc, port = start_webhook_process(tls, tmp_path / "webhook.log")
     socks = []
     try:
-        deadline = time.monotonic() + 20
-        while not re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        port = int(re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()).group(1))
         sock = _raw(port, tls["ca"])  # one full request first: the server's steady size
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _read_answers(sock, 1)[0][0] == 200

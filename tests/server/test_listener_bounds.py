@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from http_attack import Target, attack, rss_mib
+from http_attack import Target, assert_bounded, attack, rss_mib
 
 from gpupool.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV, MAX_HEADER_BYTES
 
@@ -28,11 +28,7 @@ def test_stalled_uploads_and_header_floods_leave_the_pool_server_bounded(server_
     target = Target(_port(server.url), server.proc.pid, "/v1/leases", token=server.token)
     report = attack(target, CAP_S)
     print(report.summary())
-    assert report.rss_peak_mib - report.rss_before_mib <= 50, report.summary()
-    assert report.bystander_failures == 0 and report.bystander_p99_ms < 50, report.summary()
-    assert report.not_closed == 0 and max(report.closed_after_s) <= CAP_S + 1.5, report.summary()
-    assert report.floods_cut == 4, report.summary()  # the server cut each flood off before its end
-    assert report.rss_after_mib - report.rss_before_mib <= 20, report.summary()
+    assert_bounded(report, CAP_S)
     assert server.proc.poll() is None
 
 
