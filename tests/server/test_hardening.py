@@ -205,9 +205,7 @@ def test_doctor_server_and_a_real_no_auth_server(server_factory, monkeypatch, ca
     r = httpx.post(open_server.url + "/v1/tokens", json={"name": "m", "admin": True})
     assert r.status_code == 403 and "--token-file" in r.json()["error"]["message"]
     # A loopback server without auth takes JSON bodies only (issue 23 item 6): the body says it is JSON.
-    r = httpx.post(
-        open_server.url + "/v1/leases", content=b"[" * 100_000, headers={"Content-Type": "application/json"}
-    )
+    r = httpx.post(open_server.url + "/v1/leases", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
     assert r.status_code == 400
 
 
