@@ -14,8 +14,7 @@ control characters a client put in the names it logs. Stdlib only; every floor m
 from __future__ import annotations
 
 import sys
-
-from . import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import logging as _logging_module

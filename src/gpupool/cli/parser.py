@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Type

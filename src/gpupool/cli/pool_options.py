@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
     from typing import List, Optional, TypedDict

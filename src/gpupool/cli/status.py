@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .pool_options import add_pool_arguments, pool_kwargs
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ Python >= 3.9 and nothing installed.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .main import WORKLOAD_MODULES
 from .main import main as _main
 

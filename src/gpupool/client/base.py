@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.model import Claim, Holder, Lease, PoolStatus
 
 if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes

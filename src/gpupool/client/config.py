@@ -15,8 +15,8 @@ import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..logs import get_logger
 

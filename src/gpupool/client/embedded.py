@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus
 from ..logs import get_logger

@@ -15,8 +15,8 @@ import socket
 import sys
 import threading
 import urllib.parse
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.attestation import AttestTicket
 from ..core.errors import (
     GpupoolError,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.isolation_mode import IsolationMode
 from ..core.model import Claim, Device, Holder, Lease, PoolStatus

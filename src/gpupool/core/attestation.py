@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidInput
 
 if TYPE_CHECKING:

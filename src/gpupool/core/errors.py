@@ -6,7 +6,7 @@ user as is (CLI stderr, HTTP JSON error body).
 
 from __future__ import annotations
 
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Tuple, Type

@@ -9,8 +9,8 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidClaim
 from .quantity import parse_memory_mib
 

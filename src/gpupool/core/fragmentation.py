@@ -24,8 +24,8 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidInput
 from .model import Device, GpuRequest
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .model import Claim, Device, Holder, Lease
 
 if TYPE_CHECKING:

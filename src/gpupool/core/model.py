@@ -11,8 +11,8 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidClaim
 from .filters import Filter
 from .isolation_mode import NodeIsolation

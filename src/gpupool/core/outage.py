@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Iterator

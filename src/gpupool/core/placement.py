@@ -7,8 +7,8 @@ tests all call the same function.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .fragmentation import Fragmentation, ShapeMix, fragaware_devices
 from .model import Claim, Device, GpuRequest, Policy, Slice
 from .quantity import format_mib

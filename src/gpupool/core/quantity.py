@@ -13,8 +13,8 @@ Kubernetes `8000m` is 8 bytes, not 8000 MiB.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidInput
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
 from .model import Claim, Device, Lease, Slice, check_queue_name

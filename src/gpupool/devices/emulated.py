@@ -8,8 +8,8 @@ the same node sees the same devices and its stored leases still match.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..core.quantity import format_mib, parse_memory_mib

@@ -6,7 +6,8 @@ critical XID events. Emulated devices are always healthy.
 
 from __future__ import annotations
 
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
+
 from ..logs import get_logger
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
 

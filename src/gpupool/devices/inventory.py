@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..logs import get_logger

@@ -6,7 +6,8 @@ with a message that says which, so `--devices auto` can fall back cleanly.
 
 from __future__ import annotations
 
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
+
 from ..core.errors import InvalidInput
 from ..core.model import Device
 from ..logs import get_logger

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.model import Device
 from ..core.usage import DeviceUsage, ProcessUsage
 from ..logs import get_logger

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .env import LEASE_CGROUP_ENV
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import Device, Lease, Slice

@@ -18,8 +18,8 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from . import proctree
 
 if TYPE_CHECKING:

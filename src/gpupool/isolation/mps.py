@@ -30,8 +30,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, Unavailable
 from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..logs import get_logger

@@ -13,8 +13,8 @@ import re
 import signal
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from .env import LEASE_ID_ENV
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ expiry, reap), so the history is exactly as crash-safe as the leases themselves.
 
 from __future__ import annotations
 
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
+
 from ..core.model import Device
 from ..core.queues import QueueStatus, UsageRow, UsageSpan, lease_gpus, queue_statuses, usage_rows
 from ..store.tx import Tx

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidClaim, Unsatisfiable
 from ..core.fragmentation import Fragmentation
 from ..core.model import Claim, Device, Lease, Slice

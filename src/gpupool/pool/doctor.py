@@ -12,8 +12,8 @@ import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.invariants import Problem, pool_problems
 from ..core.model import Device, Holder, Lease, Slice

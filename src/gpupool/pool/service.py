@@ -35,8 +35,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import Forbidden, GpupoolError, InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
 from ..core.isolation_mode import NodeIsolation

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SOCKET_ENV, SUN_PATH_MAX, request_line
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..logs import get_logger
 

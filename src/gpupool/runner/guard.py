@@ -22,8 +22,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import GpupoolError, InvalidInput
 from ..isolation.proctree import alive, descendants
 from ..logs import get_logger

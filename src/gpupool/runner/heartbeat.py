@@ -8,8 +8,8 @@ that were live when it stopped, so only a lease the server no longer knows is lo
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
 from ..core.model import Lease

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..logs import get_logger
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
 from ..core.model import Lease

@@ -9,8 +9,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..isolation.proctree import alive, descendants, group_members, lease_id_of, process_table, terminate
 from ..logs import get_logger
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from .. import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Optional

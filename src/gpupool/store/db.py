@@ -26,8 +26,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
 from .marker import MARKER_NAME, POOL_ID_KEY, new_pool_id, refuse_lost, write_marker

@@ -13,8 +13,8 @@ import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from .db import DB_NAME, damaged_message
 from .lock import StateLock

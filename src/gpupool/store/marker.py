@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.errors import StateUnusable
 
 if TYPE_CHECKING:

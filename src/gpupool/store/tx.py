@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING
 from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec
 from .schema import KEY_INDEX
