@@ -23,9 +23,8 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
 
-# typing is not imported at run time: this runs at the start of every Python the workload starts.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable, Dict, List, Optional, Sequence, Set
@@ -168,8 +167,7 @@ def _chain_sitecustomize() -> None:
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)
-    sys.modules["_gpupool_chained_sitecustomize"] = module
-    try:
+    try:  # as `import sitecustomize` would run it; what it registers keeps it alive
         spec.loader.exec_module(module)
     except Exception as err:
         sys.stderr.write("gpupool-hook: warning: %s failed: %r\n" % (spec.origin, err))
