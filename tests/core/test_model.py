@@ -19,8 +19,9 @@ from gpupool.core.errors import (
     error_for_status,
     error_from_dict,
 )
-from gpupool.core.model import Claim, Device, GpuRequest, Holder, Lease, PoolStatus, Slice
+from gpupool.core.model import Claim, Device, GpuRequest, Holder, Lease, Slice
 from gpupool.core.quantity import format_mib, parse_fraction, parse_memory_mib
+from gpupool.core.status import PoolStatus
 
 
 @given(st.integers(1, 8), st.floats(0.01, 1.0), st.text(max_size=5))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidClaim, InvalidInput
-from gpupool.core.model import Claim, Device, Holder, Lease, PoolStatus, Slice, allocated_by_device
+from gpupool.core.model import Claim, Device, Holder, Lease, Slice, allocated_by_device
 from gpupool.core.placement import place
 from gpupool.core.queues import (
     QueueLoad,
@@ -27,6 +27,7 @@ from gpupool.core.queues import (
     next_ticket,
     usage_rows,
 )
+from gpupool.core.status import PoolStatus
 
 GPUS = [Device(f"G{i}", i, "emu", 1000) for i in range(4)]
 

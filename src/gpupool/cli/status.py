@@ -13,7 +13,7 @@ from .pool_options import add_pool_arguments, pool_kwargs
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Sequence
 
-    from ..core.model import PoolStatus
+    from ..core.status import PoolStatus
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

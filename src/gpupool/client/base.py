@@ -5,7 +5,8 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
-from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..core.model import Claim, Holder, Lease
+from ..core.status import PoolStatus
 
 if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes
     from typing import List, Optional

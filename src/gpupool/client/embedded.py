@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.isolation_mode import IsolationMode, NodeIsolation
-from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.model import Claim, Device, Holder, Lease
+from ..core.status import PoolStatus
 from ..logs import get_logger
 from .base import PoolClient
 

@@ -26,7 +26,8 @@ from ..core.errors import (
     error_for_status,
     error_from_dict,
 )
-from ..core.model import Claim, Holder, Lease, PoolStatus
+from ..core.model import Claim, Holder, Lease
+from ..core.status import PoolStatus
 from ..logs import get_logger
 from .base import PoolClient
 from .config import normalize_url

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
 from ..core.isolation_mode import IsolationMode
-from ..core.model import Claim, Device, Holder, Lease, PoolStatus
+from ..core.model import Claim, Device, Holder, Lease
 from ..core.outage import RETRY_MAX_S, backoff, new_key
+from ..core.status import PoolStatus
 from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url

@@ -15,7 +15,20 @@ from .errors import InvalidClaim
 from .quantity import parse_memory_mib
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .model import Device
+    from typing import Protocol
+
+    class Device(Protocol):
+        """What a filter reads of a core.model.Device (which imports this module: no import back)."""
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def uuid(self) -> str: ...
+        @property
+        def index(self) -> int: ...
+        @property
+        def memory_mib(self) -> int: ...
+
 
 KEYS = ("device.name", "device.uuid", "device.index", "device.memory", "server.addr")
 _NUMERIC_KEYS = ("device.index", "device.memory")

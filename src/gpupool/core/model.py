@@ -1,4 +1,4 @@
-"""The pure data model: devices, claims, holders, leases and pool status.
+"""The pure data model: devices, claims, holders and leases (a pool's status is core.status).
 
 Every type converts to and from plain dicts; those dicts are the wire format
 of the HTTP API and of the SQLite store, so both sides share one definition.
@@ -10,18 +10,14 @@ import enum
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import InvalidClaim
 from .filters import Filter
-from .isolation_mode import NodeIsolation
 
-if TYPE_CHECKING:  # core.queues imports this module; PoolStatus converts its queues lazily
+if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
-
-    from .queues import QueueStatus
-    from .usage import UsageReport
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -444,62 +440,6 @@ def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
     return used
 
 
-@dataclass(frozen=True)
-class PoolStatus:
-    """Devices with their allocation, and the live leases: what `gpupool status` shows."""
-
-    devices: Tuple[Device, ...]
-    leases: Tuple[Lease, ...]
-    queued: int = 0
-    node: str = ""
-    isolation: NodeIsolation = field(default_factory=NodeIsolation)
-    usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
-    queues: Tuple[QueueStatus, ...] = ()
-
-    def allocated(self) -> Dict[str, int]:
-        return allocated_by_device(self.leases)
-
-    def problems(self) -> List[str]:
-        """Leases on devices that are gone or now too small (core.invariants.lease_problems), as messages."""
-        from .invariants import lease_problems  # it imports this module
-
-        return [p.message for p in lease_problems(self.devices, self.leases)]
-
-    def to_dict(self) -> Dict[str, Any]:
-        used = self.allocated()
-        return {
-            "devices": [dict(d.to_dict(), allocated_mib=used.get(d.uuid, 0)) for d in self.devices],
-            "leases": [lease.to_dict() for lease in self.leases],
-            "queued": self.queued,
-            "node": self.node,
-            "isolation": self.isolation.to_dict(),
-            "usage": self.usage.to_dict() if self.usage is not None else None,
-            "problems": self.problems(),
-            "queues": [q.to_dict() for q in self.queues],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
-        queues = data.get("queues") or []
-        usage = None
-        if data.get("usage"):  # only then: the usage records are not needed to run a command
-            from .usage import UsageReport
-
-            usage = UsageReport.from_dict(data["usage"])
-        if queues:  # only then: core.queues imports placement, which a run against a server never needs
-            from .queues import QueueStatus  # it imports this module
-
-        return cls(
-            devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
-            leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),
-            queued=int(data.get("queued", 0)),
-            node=str(data.get("node", "")),
-            isolation=NodeIsolation.from_dict(data.get("isolation")),
-            usage=usage,
-            queues=tuple(QueueStatus.from_dict(q) for q in queues),
-        )
-
-
 __all__: List[str] = [
     "Policy",
     "Device",
@@ -508,7 +448,6 @@ __all__: List[str] = [
     "Holder",
     "Slice",
     "Lease",
-    "PoolStatus",
     "QueuedClaim",
     "allocated_by_device",
     "pod_of_label",

@@ -47,7 +47,6 @@ from ..core.model import (
     Device,
     Holder,
     Lease,
-    PoolStatus,
     QueuedClaim,
     Slice,
 )
@@ -57,6 +56,7 @@ from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
 from ..core.queues import QueueSpec, QueueStatus, UsageRow, check_quotas_fit, check_usage_key, reap_at
+from ..core.status import PoolStatus
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Optional, Tuple
 
-from ...core.model import PoolStatus
+from ...core.status import PoolStatus
 
 PERIOD_S = 10.0
 SPAN_S = 3600.0

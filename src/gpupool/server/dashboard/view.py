@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...core.model import Device, Holder, Lease, PoolStatus, QueuedClaim, pod_of_label
+from ...core.model import Device, Holder, Lease, QueuedClaim, pod_of_label
 from ...core.placement import place
 from ...core.queues import QueueStatus
+from ...core.status import PoolStatus
 from ...core.usage import EnforcementAction, ProcessUsage
 
 LEASE_LIMIT = 500  # lease rows on one page; the rest is counted, and found with the filter

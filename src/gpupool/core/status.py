@@ -1,0 +1,79 @@
+"""A pool's status: its devices with their allocation, its leases, queues, isolation and usage.
+
+Apart from core.model because it gathers the modules above the model (queues, usage,
+invariants), which import the model: kept there, it made core/ an import circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .isolation_mode import NodeIsolation
+from .model import Device, Lease, allocated_by_device
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .queues import QueueStatus
+    from .usage import UsageReport
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """Devices with their allocation, and the live leases: what `gpupool status` shows."""
+
+    devices: Tuple[Device, ...]
+    leases: Tuple[Lease, ...]
+    queued: int = 0
+    node: str = ""
+    isolation: NodeIsolation = field(default_factory=NodeIsolation)
+    usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
+    queues: Tuple[QueueStatus, ...] = ()
+
+    def allocated(self) -> Dict[str, int]:
+        return allocated_by_device(self.leases)
+
+    def problems(self) -> List[str]:
+        """Leases on devices that are gone or now too small (core.invariants.lease_problems), as messages."""
+        from .invariants import lease_problems  # only here: a run against a server never asks
+
+        return [p.message for p in lease_problems(self.devices, self.leases)]
+
+    def to_dict(self) -> Dict[str, Any]:
+        used = self.allocated()
+        return {
+            "devices": [dict(d.to_dict(), allocated_mib=used.get(d.uuid, 0)) for d in self.devices],
+            "leases": [lease.to_dict() for lease in self.leases],
+            "queued": self.queued,
+            "node": self.node,
+            "isolation": self.isolation.to_dict(),
+            "usage": self.usage.to_dict() if self.usage is not None else None,
+            "problems": self.problems(),
+            "queues": [q.to_dict() for q in self.queues],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus:
+        queues = data.get("queues") or []
+        usage = None
+        if data.get("usage"):  # only then: the usage records are not needed to run a command
+            from .usage import UsageReport
+
+            usage = UsageReport.from_dict(data["usage"])
+        if queues:  # only then: core.queues imports placement, which a run against a server never needs
+            from .queues import QueueStatus
+
+        return cls(
+            devices=tuple(Device.from_dict(d) for d in data.get("devices", [])),
+            leases=tuple(Lease.from_dict(x) for x in data.get("leases", [])),
+            queued=int(data.get("queued", 0)),
+            node=str(data.get("node", "")),
+            isolation=NodeIsolation.from_dict(data.get("isolation")),
+            usage=usage,
+            queues=tuple(QueueStatus.from_dict(q) for q in queues),
+        )
+
+
+__all__ = ["PoolStatus"]
