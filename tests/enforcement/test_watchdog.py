@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
 
 import pytest
+from clock import FakeClock
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim, Holder
@@ -26,14 +27,6 @@ from gpupool.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.pool import Pool
 
 GIB = 1024
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Kills:
@@ -65,7 +58,7 @@ def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
 ATTESTED = Attestations()
 
 
-def watchdog(pool: Pool, usage_file: Path, clock: Clock, kills: Kills, **config: object) -> Watchdog:
+def watchdog(pool: Pool, usage_file: Path, clock: FakeClock, kills: Kills, **config: object) -> Watchdog:
     settings = {"interval_s": 1.0, "grace_s": 5.0}
     settings.update(config)
     return Watchdog(
@@ -96,7 +89,7 @@ def child() -> Iterable[subprocess.Popen]:
 
 
 def test_over_share_is_acted_on_after_the_grace_period_only(pool, tmp_path, child):
-    clock, kills, usage = Clock(), Kills(), tmp_path / "usage.json"
+    clock, kills, usage = FakeClock(), Kills(), tmp_path / "usage.json"
     lease_id, uuid = own_lease(pool, 0.25, os.getpid())  # 4 GiB; the child is a descendant of the holder
     dog = watchdog(pool, usage, clock, kills)
     write_usage(usage, {uuid: {child.pid: 8 * GIB}})
@@ -124,7 +117,7 @@ def test_over_share_is_acted_on_after_the_grace_period_only(pool, tmp_path, chil
 
 
 def test_within_share_and_back_under_resets_the_grace(pool, tmp_path, child):
-    clock, kills, usage = Clock(), Kills(), tmp_path / "usage.json"
+    clock, kills, usage = FakeClock(), Kills(), tmp_path / "usage.json"
     lease_id, uuid = own_lease(pool, 0.5, os.getpid())  # 8 GiB
     dog = watchdog(pool, usage, clock, kills)
     write_usage(usage, {uuid: {child.pid: 8 * GIB}})  # exactly the share: fine
@@ -143,7 +136,7 @@ def test_within_share_and_back_under_resets_the_grace(pool, tmp_path, child):
 
 
 def test_warn_mode_counts_but_kills_nothing_and_off_does_not_count(pool, tmp_path, child):
-    clock, kills, usage = Clock(), Kills(), tmp_path / "usage.json"
+    clock, kills, usage = FakeClock(), Kills(), tmp_path / "usage.json"
     _, uuid = own_lease(pool, 0.25, os.getpid())
     write_usage(usage, {uuid: {child.pid: 8 * GIB}})
     warn = watchdog(pool, usage, clock, kills, over_share=EnforceMode.WARN, grace_s=0.0)
@@ -154,7 +147,7 @@ def test_warn_mode_counts_but_kills_nothing_and_off_does_not_count(pool, tmp_pat
 
 
 def test_unleased_process_is_listed_and_killed_only_in_kill_mode(pool, tmp_path, child):
-    clock, kills, usage = Clock(), Kills(), tmp_path / "usage.json"
+    clock, kills, usage = FakeClock(), Kills(), tmp_path / "usage.json"
     uuid = pool.devices()[1].uuid
     write_usage(usage, {uuid: {child.pid: 1 * GIB}})  # no lease at all
     default = watchdog(pool, usage, clock, kills, grace_s=0.0)  # unleased: warn by default
@@ -180,7 +173,7 @@ def test_the_lease_id_in_the_env_alone_attributes_nothing(pool, tmp_path):
         usage = tmp_path / "usage.json"
         write_usage(usage, {uuid: {proc.pid: GIB, stranger.pid: GIB}})
         time.sleep(0.1)  # the children have exec'd: their environ is the one given
-        report = watchdog(pool, usage, Clock(), Kills()).step()
+        report = watchdog(pool, usage, FakeClock(), Kills()).step()
         owners = {p.pid: p.lease_id for p in report.processes}
         assert owners == {proc.pid: "", stranger.pid: ""}
     finally:

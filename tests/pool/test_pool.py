@@ -6,19 +6,12 @@ import threading
 import time
 
 import pytest
+from clock import FakeClock
 
 from gpupool.core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from gpupool.core.model import Claim, Holder
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -11,20 +11,13 @@ import threading
 import time
 
 import pytest
+from clock import FakeClock
 
 from gpupool.core.errors import InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from gpupool.core.model import Claim, Holder, Lease
 from gpupool.core.queues import PREEMPT_REAP_MARGIN_S, QueueSpec
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool, Waiter
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def whole(queue: str, grace: float = 0.5, priority: int = 0) -> Claim:

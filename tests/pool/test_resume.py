@@ -7,6 +7,8 @@ ticket or its lease again.
 
 from __future__ import annotations
 
+from clock import FakeClock
+
 from gpupool.core.model import Claim, Device, Holder
 from gpupool.core.outage import TICKET_REATTACH_S
 from gpupool.core.queues import QueueSpec, reap_at
@@ -16,20 +18,12 @@ from gpupool.pool.resume import stamp_alive
 DEVICES = [Device(f"GPU-{i}", i, "emulated", 16384, "n1") for i in range(2)]
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def serving(path, clock, **kw) -> Pool:
     return Pool(path, devices=DEVICES, clock=clock, serving=True, **kw)
 
 
 def test_a_lease_live_at_the_stop_gets_a_full_ttl_from_the_return(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     live = pool.claim(Claim.single(1, fraction=0.5), Holder("a"), ttl_s=12)
     clock.now += 8
@@ -44,7 +38,7 @@ def test_a_lease_live_at_the_stop_gets_a_full_ttl_from_the_return(tmp_path):
 
 
 def test_a_lease_already_dead_at_the_stop_is_reaped_not_revived(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     dead = pool.claim(Claim.single(1, fraction=0.5), Holder("gone"), ttl_s=2)
     live = pool.claim(Claim.single(1, fraction=0.5), Holder("here"), ttl_s=30)
@@ -59,7 +53,7 @@ def test_a_lease_already_dead_at_the_stop_is_reaped_not_revived(tmp_path):
 
 
 def test_the_embedded_pool_renews_nothing(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     lease = pool.claim(Claim.single(1, fraction=0.5), Holder("a"), ttl_s=5)
     pool.expire()
@@ -70,7 +64,7 @@ def test_the_embedded_pool_renews_nothing(tmp_path):
 
 
 def test_a_preempted_lease_keeps_the_time_it_had_to_stop(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     pool.set_queue(QueueSpec("a", quota=1))
     pool.set_queue(QueueSpec("b", quota=1))
@@ -93,7 +87,7 @@ def test_a_preempted_lease_keeps_the_time_it_had_to_stop(tmp_path):
 
 
 def test_a_keyed_ticket_keeps_its_place_and_a_keyless_one_of_the_dead_server_goes(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     holder = pool.claim(Claim.single(2, fraction=1.0), Holder("full"), ttl_s=30)
     first = pool.begin_claim(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
@@ -118,7 +112,7 @@ def test_a_keyed_ticket_keeps_its_place_and_a_keyless_one_of_the_dead_server_goe
 
 
 def test_a_kept_ticket_whose_client_never_comes_back_expires(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     pool.claim(Claim.single(2, fraction=1.0), Holder("full"), ttl_s=600)
     pool.begin_claim(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
@@ -141,7 +135,7 @@ def test_a_retry_with_the_key_gets_the_lease_granted_to_it(tmp_path):
 
 
 def test_a_preemption_whose_claim_did_not_outlive_the_stop_is_undone(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     pool = serving(tmp_path, clock)
     pool.set_queue(QueueSpec("a", quota=1))
     pool.set_queue(QueueSpec("b", quota=1))

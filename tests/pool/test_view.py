@@ -8,19 +8,12 @@ import sys
 import textwrap
 
 import pytest
+from clock import FakeClock
 
 from gpupool.core.errors import Forbidden, Unavailable
 from gpupool.core.model import Claim, Holder, Lease, Slice
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def most() -> Claim:
