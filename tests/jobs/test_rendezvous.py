@@ -1,6 +1,10 @@
 """Rendezvous env per framework, against the layouts TensorFlow, torchrun and Horovod document."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -8,7 +12,7 @@ import pytest
 
 from gpupool.jobs.plan import gang_claim, local_endpoints, replicas
 from gpupool.jobs.rendezvous import horovod_env, hostfile, rendezvous_env, tf_config, torch_env
-from gpupool.jobs.rendezvous.kvstore import KVStoreServer
+from gpupool.jobs.rendezvous.kvstore import MAX_BODY_BYTES, TOKEN_ENV, KVStoreServer
 from gpupool.jobs.spec import parse_spec
 
 
@@ -83,7 +87,7 @@ def test_horovod_env_and_hostfile():
 def test_kvstore_put_get_delete():
     server = KVStoreServer().start()
     try:
-        base = f"http://127.0.0.1:{server.port}/global"
+        base = f"http://127.0.0.1:{server.port}/{server.token}/global"
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(base + "/rank0")
         assert err.value.code == 404
@@ -94,6 +98,78 @@ def test_kvstore_put_get_delete():
             urllib.request.urlopen(base + "/rank0")
     finally:
         server.stop()
+
+
+def _status(url, data=None, method="GET"):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_kvstore_binds_loopback_and_refuses_without_the_token():
+    server = KVStoreServer().start()
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        assert len(server.token) >= 32 and KVStoreServer().token != server.token  # random per store
+        good = f"http://127.0.0.1:{server.port}/{server.token}/global/rank0"
+        assert _status(good, b"secret-addr", "PUT") == 200
+        for path in ("global/rank0", f"{server.token[:-1]}x/global/rank0", f"x{server.token}/global/rank0", ""):
+            url = f"http://127.0.0.1:{server.port}/{path}"
+            assert _status(url) == 401, path
+            assert _status(url, b"forged", "PUT") == 401, path
+            assert _status(url, method="DELETE") == 401, path
+        assert urllib.request.urlopen(good).read() == b"secret-addr"  # nothing above overwrote or dropped it
+    finally:
+        server.stop()
+
+
+def test_kvstore_refuses_an_oversize_body():
+    server = KVStoreServer().start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/{server.token}/global/big"
+        # refused from its Content-Length, before any of the body is read
+        for length in (MAX_BODY_BYTES + 1, 99999999999):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                head = f"PUT /{server.token}/global/big HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
+                sock.sendall(head.encode() + b"x" * 1000)
+                assert sock.recv(100).startswith(b"HTTP/1.0 413"), length
+        assert _status(url) == 404  # not stored
+        assert _status(url, b"x" * MAX_BODY_BYTES, "PUT") == 200
+        assert len(urllib.request.urlopen(url).read()) == MAX_BODY_BYTES
+    finally:
+        server.stop()
+
+
+def test_horovod_env_carries_the_token_the_way_horovod_builds_its_urls():
+    """Horovod's gloo store asks http://{ADDR}:{PORT}/{scope}/{key}: that URL reaches the store with the token."""
+    spec = parse_spec({"name": "hvd", "framework": "horovod", "roles": {"worker": {"replicas": 2, "command": ["w"]}}})
+    reps = replicas(spec)
+    server = KVStoreServer().start()
+    try:
+        base = local_endpoints(reps, [5000, 5001])
+        ep = type(base)(base.hosts, base.ports, ("127.0.0.1", server.port), server.token)
+        envs = [horovod_env(reps, ep, r) for r in reps]
+        for env in envs:
+            assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == f"127.0.0.1:{server.port}/{server.token}"
+            assert env[TOKEN_ENV] == server.token
+        e0, e1 = envs
+        url0 = f"http://{e0['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e0['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/0"
+        url1 = f"http://{e1['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e1['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/0"
+        assert _status(url0, b"rank0-addr", "PUT") == 200
+        assert urllib.request.urlopen(url1).read() == b"rank0-addr"  # rank 1 reads what rank 0 wrote
+        forged = f"http://127.0.0.1:{server.port}/global/0"  # the URL a stock env without the token gives
+        assert _status(forged) == 401
+    finally:
+        server.stop()
+
+
+def test_kvstore_process_refuses_to_start_without_a_token():
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    cmd = [sys.executable, "-m", "gpupool.jobs.rendezvous.kvstore", "--port", "0"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and TOKEN_ENV in out.stderr and "Traceback" not in out.stderr
 
 
 def test_gang_claim_skips_replicas_without_gpu():

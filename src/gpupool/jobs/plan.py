@@ -91,6 +91,7 @@ class Endpoints:
     hosts: Mapping[str, str]
     ports: Mapping[str, Union[int, str]]  # str only for dry-run placeholders
     rendezvous: Optional[Tuple[str, Union[int, str]]] = None  # str port only for dry-run placeholders
+    rendezvous_token: str = ""  # the store's secret (kvstore.KVStoreServer.token); "" = none known
 
     def address(self, replica: Replica) -> str:
         return f"{self.hosts[replica.name]}:{self.ports[replica.name]}"

@@ -3,7 +3,7 @@
 Each replica is its own host with one slot (it has its own GPUs), so local
 rank is 0, local size 1, cross rank = rank. The rendezvous address is the
 HTTP key-value store that `horovodrun` would run; gpupool's local supervisor
-runs `kvstore.KVStoreServer` in its place.
+runs `kvstore.KVStoreServer` in its place, on loopback, with the job's token.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 from ..plan import Endpoints, Replica
+from .kvstore import TOKEN_ENV
 
 
 def horovod_env(reps: Tuple[Replica, ...], endpoints: Endpoints, replica: Replica) -> Dict[str, str]:
@@ -19,8 +20,11 @@ def horovod_env(reps: Tuple[Replica, ...], endpoints: Endpoints, replica: Replic
         raise ValueError("Horovod needs a rendezvous (KV store) address in the endpoints")
     host, port = endpoints.rendezvous
     size, rank = str(len(reps)), str(replica.rank)
+    token = endpoints.rendezvous_token
     return {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": host,
+        # Horovod joins ADDR:PORT/scope/key and can send no header: the token rides as the
+        # first path segment ("token:port", see kvstore), so the store refuses anyone without it.
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": f"{host}:{port}/{token}" if token else host,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -31,6 +35,7 @@ def horovod_env(reps: Tuple[Replica, ...], endpoints: Endpoints, replica: Replic
         "HOROVOD_LOCAL_SIZE": "1",
         "HOROVOD_CROSS_RANK": rank,
         "HOROVOD_CROSS_SIZE": size,
+        **({TOKEN_ENV: token} if token else {}),
     }
 
 

@@ -141,7 +141,10 @@ class Supervisor:
         self.state.ports = ports.reserve(self.store.root, self.name, len(self.reps), self._job_live, host)
         base = local_endpoints(self.reps, self.state.ports, host)
         self.endpoints = Endpoints(
-            base.hosts, base.ports, (host, self.kvstore.port) if self.kvstore is not None else None
+            base.hosts,
+            base.ports,
+            (host, self.kvstore.port) if self.kvstore is not None else None,
+            self.kvstore.token if self.kvstore is not None else "",
         )
         self._save()
         self._claim()
