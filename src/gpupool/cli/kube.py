@@ -154,14 +154,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
     from ..core.quantity import parse_memory_mib
     from ..kube.admission import WebhookApp, serve
     from ..kube.mutate import MutateConfig
-    from ..kube.nodestate import (
-        ClusterState,
-        agent_tls_context,
-        fetch_status,
-        kube_pending,
-        kube_targets,
-        static_targets,
-    )
+    from ..kube.nodestate import ClusterState, kube_pending, kube_targets, static_targets
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
@@ -189,13 +182,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
         mps_pipe_dir=args.mps_pipe_dir if mps else "",
         mps_shm_dir=args.mps_shm_dir,
     )
-    context = agent_tls_context(args.agent_ca) if args.agent_ca else None
-    cluster = ClusterState(
-        targets,
-        token=token,
-        pending=kube_pending() if in_cluster else None,
-        fetch=(lambda url: fetch_status(url, token, context=context)) if context else None,
-    )
+    cluster = ClusterState(targets, token=token, ca=args.agent_ca or "", pending=kube_pending() if in_cluster else None)
     cluster.start(args.refresh)
     server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]

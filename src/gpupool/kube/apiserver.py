@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core.errors import InvalidInput
-
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api
 
@@ -17,13 +15,8 @@ def core_v1(purpose: str, outside_hint: str) -> CoreV1Api:  # pragma: no cover -
         purpose: what the API is needed for, for the message.
         outside_hint: the flag to use instead when running outside a cluster.
     """
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException as err:
-        raise InvalidInput(
-            f"{purpose} through the Kubernetes API, not reachable here ({str(err).rstrip('.')}); "
-            f"outside a cluster {outside_hint}"
-        ) from None
-    return client.CoreV1Api()
+    from .config import IN_CLUSTER_ONLY, api_client
+
+    return client.CoreV1Api(api_client(purpose, f"outside a cluster {outside_hint}", IN_CLUSTER_ONLY))

@@ -2,20 +2,19 @@
 
 Requests never wait on the network: a thread refreshes every node's
 GET /v1/status into a snapshot, and readers take the snapshot. A node whose
-last good answer is older than `max_age_s` counts as unknown.
+last good answer is older than `max_age_s` counts as unknown. Each agent is asked through the
+pool's own client (client.http), one kept-alive connection per agent across refreshes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import ssl
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..client.http import HttpPoolClient
 from ..core.model import Claim, Device
 from .apiserver import core_v1
 from .extender import NodeState
@@ -26,21 +25,7 @@ Targets = Callable[[], Mapping[str, str]]  # node name -> agent base URL
 Pending = Callable[[], Mapping[str, Sequence[Tuple[str, Claim]]]]  # node -> (pod uid, claim) bound there
 
 
-def fetch_status(
-    url: str, token: str = "", timeout_s: float = 2.0, context: Optional[ssl.SSLContext] = None
-) -> Dict[str, Any]:
-    """GET {url}/v1/status of one agent."""
-    req = urllib.request.Request(url.rstrip("/") + "/v1/status")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
-        status: Dict[str, Any] = json.loads(resp.read())
-    return status
-
-
-def agent_tls_context(ca_file: str) -> ssl.SSLContext:
-    """Verify agents against the agents' CA; each agent's certificate names its node's IP."""
-    return ssl.create_default_context(cafile=ca_file)
+STATUS_TIMEOUT_S = 2.0  # an agent slower than this counts as not answering this round
 
 
 class ClusterState:
@@ -50,6 +35,7 @@ class ClusterState:
         self,
         targets: Targets,
         token: str = "",
+        ca: str = "",
         max_age_s: float = 30.0,
         fetch: Optional[Callable[[str], Dict[str, Any]]] = None,
         pending: Optional[Pending] = None,
@@ -57,7 +43,10 @@ class ClusterState:
         workers: int = 16,
     ) -> None:
         self._targets = targets
-        self._fetch = fetch or (lambda url: fetch_status(url, token))
+        self._token = token
+        self._ca = ca
+        self._fetch = fetch or self._fetch_status
+        self._agents: Dict[str, HttpPoolClient] = {}  # URL -> its client, kept while the URL is a target
         self._pending = pending
         self._clock = clock
         self._max_age_s = max_age_s
@@ -68,6 +57,21 @@ class ClusterState:
         self._sizes: List[int] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+
+    def _fetch_status(self, url: str) -> Dict[str, Any]:
+        """GET {url}/v1/status of one agent, on that agent's kept-alive connection (verified with `ca`)."""
+        with self._lock:
+            agent = self._agents.get(url)
+            if agent is None:
+                agent = self._agents[url] = HttpPoolClient(url, self._token, self._ca, STATUS_TIMEOUT_S)
+        return agent.request("GET", "/v1/status")
+
+    def _forget_agents(self, urls: Set[str]) -> None:
+        """Close the connections of agents no longer listed (a node gone, an address changed)."""
+        with self._lock:
+            gone = [self._agents.pop(u) for u in list(self._agents) if u not in urls]
+        for agent in gone:
+            agent.close()
 
     def set_states(self, states: Mapping[str, NodeState]) -> None:
         """Put states in directly (tests, benchmarks, a static cluster)."""
@@ -100,6 +104,7 @@ class ClusterState:
     def refresh(self) -> None:
         """Fetch every agent once (in parallel) and publish a new snapshot."""
         targets = dict(self._targets())
+        self._forget_agents(set(targets.values()))
         results: Dict[str, Optional[NodeState]] = {}
 
         def one(item: Tuple[str, str]) -> Tuple[str, Optional[NodeState]]:
@@ -143,6 +148,7 @@ class ClusterState:
 
     def stop(self) -> None:
         self._stop.set()
+        self._forget_agents(set())
 
 
 def static_targets(spec: str) -> Targets:

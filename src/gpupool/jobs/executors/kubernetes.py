@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -42,21 +41,16 @@ class KubeApi:
 
     def __init__(self) -> None:
         try:
-            from kubernetes import client, config
+            from kubernetes import client
         except ImportError:
             raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
-        try:
-            # $KUBECONFIG read now (the client reads it once, when first imported)
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-        except Exception as err:
-            try:
-                config.load_incluster_config()
-            except Exception:
-                raise GpupoolError(
-                    f"no Kubernetes cluster configured ({err}; not in a pod either): set KUBECONFIG or "
-                    "~/.kube/config, or use --dry-run to print the manifests"
-                ) from None
-        self._client = client.ApiClient()
+        from ...kube.config import KUBECONFIG_FIRST, api_client
+
+        self._client = api_client(
+            "--target kubernetes runs the job",
+            "set KUBECONFIG or ~/.kube/config, or use --dry-run to print the manifests",
+            KUBECONFIG_FIRST,
+        )
         self.core = client.CoreV1Api(self._client)
         self.batch = client.BatchV1Api(self._client)
         self.custom = client.CustomObjectsApi(self._client)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from ...core.errors import InvalidInput
-
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
@@ -78,17 +76,6 @@ def _status_message(data: bytes, response: Any) -> str:
 def from_environment(purpose: str) -> KubeApi:  # pragma: no cover - needs a cluster or a kubeconfig
     """The API server of the pod's service account, else of $KUBECONFIG (~/.kube/config); a clear
     one-line error when neither is there."""
-    from kubernetes import client, config
+    from ..config import IN_CLUSTER_FIRST, api_client
 
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        try:
-            config.load_kube_config(client_configuration=cfg, persist_config=False)
-        except (config.ConfigException, OSError) as err:
-            raise InvalidInput(
-                f"{purpose} through the Kubernetes API, not reachable here: not in a cluster and no "
-                f"kubeconfig ({str(err).rstrip('.')}); set KUBECONFIG"
-            ) from None
-    return KubeApi(client.ApiClient(cfg))
+    return KubeApi(api_client(purpose, "set KUBECONFIG", IN_CLUSTER_FIRST))

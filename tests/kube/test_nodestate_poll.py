@@ -1,0 +1,96 @@
+"""The webhook's and the extender's poll of the node agents goes through the pool's own client
+(client.http): one kept-alive connection per agent across refreshes, closed when the agent leaves
+the targets or the poll stops, and taken up again after the agent is killed and restarted."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import urllib.parse
+from pathlib import Path
+from typing import Set
+
+from conftest import quiet_port
+
+from gpupool.kube.nodestate import ClusterState
+
+
+def client_ports(server_port: int) -> Set[int]:
+    """Client ports of every TCP connection to 127.0.0.1:server_port the kernel still lists, from
+    either end (TIME_WAIT included: the side that closed first keeps it): the connections made so far."""
+    ports = set()
+    server = f"0100007F:{server_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote = line.split()[1:3]
+        if remote == server:
+            ports.add(int(local.split(":")[1], 16))
+        elif local == server and not remote.endswith(":0000"):
+            ports.add(int(remote.split(":")[1], 16))
+    return ports
+
+
+def port_of(url: str) -> int:
+    port = urllib.parse.urlsplit(url).port
+    assert port is not None
+    return port
+
+
+def test_refreshes_reuse_one_connection_per_agent(server_factory):
+    agent = server_factory()
+    targets = {"node-a": agent.url}
+    cluster = ClusterState(lambda: targets, token=agent.token or "")
+    before = client_ports(port_of(agent.url))  # the fixture's own readiness probe
+    try:
+        for _ in range(6):
+            cluster.refresh()
+            assert [d.memory_mib for d in cluster.states()["node-a"].devices] == [16384, 16384]
+        assert len(client_ports(port_of(agent.url)) - before) == 1  # urllib opened (and left in TIME_WAIT) 6
+    finally:
+        cluster.stop()
+
+
+def test_an_agent_leaving_the_targets_loses_its_connection(server_factory):
+    agent = server_factory()
+    targets = {"node-a": agent.url}
+    cluster = ClusterState(lambda: dict(targets), token=agent.token or "")
+    before = client_ports(port_of(agent.url))
+    cluster.refresh()
+    (port,) = client_ports(port_of(agent.url)) - before
+    targets.clear()
+    cluster.refresh()
+    assert "node-a" not in cluster.states()
+    # Closed by the poll: the client side now sits in FIN_WAIT/TIME_WAIT, no longer ESTABLISHED (01).
+    states = {
+        line.split()[3]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if line.split()[1] == f"0100007F:{port:04X}"
+    }
+    assert "01" not in states
+
+
+def test_the_poll_takes_up_an_agent_killed_and_restarted_on_its_port(server_factory, tmp_path):
+    port = quiet_port()
+    state = tmp_path / "agent"
+    agent = server_factory("--listen", f"127.0.0.1:{port}", state=state)
+    cluster = ClusterState(lambda: {"node-a": agent.url}, token=agent.token or "", max_age_s=0.0)
+    try:
+        cluster.refresh()
+        assert "node-a" in cluster.states()
+        agent.stop(signal.SIGKILL)
+        cluster.refresh()
+        assert "node-a" not in cluster.states()  # down: unknown, not stale
+        again = server_factory("--listen", f"127.0.0.1:{port}", state=state)
+        assert again.url == agent.url
+        cluster.refresh()
+        assert "node-a" in cluster.states()
+    finally:
+        cluster.stop()
+
+
+def test_a_wrong_token_is_an_agent_not_answering(server_factory):
+    agent = server_factory()
+    cluster = ClusterState(lambda: {"node-a": agent.url}, token="not-the-token")
+    cluster.refresh()
+    assert "node-a" not in cluster.states()
+    with socket.create_connection(("127.0.0.1", port_of(agent.url))):
+        pass  # the agent still serves: only this poll was refused
