@@ -16,12 +16,10 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The editable install runs from src/: compile it (pip does that for a wheel) so that `gpupool run`
-# does not compile its modules at every start, also where PYTHONDONTWRITEBYTECODE is set, and the
-# methods its dataclasses generate (gpupool/codecache.py: a table in src/gpupool/__pycache__/).
+# does not compile its modules at every start, also where PYTHONDONTWRITEBYTECODE is set.
 # Bytecode is only a speed-up: a file that does not compile here fails in its tests instead.
 install: $(STAMP)
 	-$(BIN)/python -m compileall -q src/gpupool
-	-$(BIN)/python -m gpupool.codecache
 
 # The workload side (client, runner, isolation) as one stdlib-only zipapp.
 pyz: $(STAMP)

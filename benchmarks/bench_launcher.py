@@ -12,8 +12,7 @@ the same for user+system CPU time, which a busy machine disturbs much less.
 The install is timed as `make install` leaves it: the gpupool package the interpreter
 imports is compiled first (`compileall`, as pip does for a wheel; an editable install
 runs from src/, where an edit since the last compile would otherwise be timed as
-compiling at every start, PYTHONDONTWRITEBYTECODE being set) and its dataclass table
-written (`python -m gpupool.codecache`).
+compiling at every start, PYTHONDONTWRITEBYTECODE being set).
 
 Cases (emulated GPUs, GPUPOOL_DEVICES=emulated:2x16GiB, fresh state dirs, HOME in
 a temporary folder so no client config is read):
@@ -23,9 +22,14 @@ a temporary folder so no client config is read):
 - server_entry_point:   the `gpupool` script against a local `gpupool server` subprocess
                         (loopback, auth on: the token in GPUPOOL_TOKEN)
 - stdlib_floor:         not gpupool: `python -c "import ..."` of exactly the standard-library
-                        modules an embedded `gpupool run` imports (read from its `-X importtime`),
-                        with the same stand-ins; what the run would cost if gpupool's own modules
-                        and the run's work (claim, guard, command, release) cost nothing
+                        modules an embedded `gpupool run` imports (read from its `-X importtime`);
+                        what the run would cost if gpupool's own modules and the run's work
+                        (claim, guard, command, release) cost nothing
+
+With `--baseline DIR` (a checkout of other code, e.g. `git worktree add /tmp/old HEAD~1`), each
+embedded case and the server case run a second time as `before_<case>` with that checkout's
+src/ first on PYTHONPATH (its zipapp built by its own tools/build_pyz.py, its install prepared
+by its own Makefile's `install` steps), in the same rounds as the code here.
 
 Writes benchmarks/results/launcher.json and prints it.
 """
@@ -81,18 +85,34 @@ def start_server(state: Path, env: Dict[str, str]) -> Tuple[subprocess.Popen, st
     return proc, url, token_file.read_text().strip()
 
 
-def prepare_install(python: str) -> str:
-    """Compile the gpupool package `python` imports and write its dataclass table, as `make
-    install` does; returns the package's folder."""
+def prepare_install(python: str, env: Dict[str, str], checkout: Path = REPO) -> str:
+    """Run the `install` steps of `checkout`'s Makefile (the lines that call `$(BIN)/python`: today
+    compileall) for the gpupool package `python` imports in `env`; returns the package's folder."""
     where = subprocess.run(
         [python, "-c", "import gpupool, os; print(os.path.dirname(gpupool.__file__))"],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     ).stdout.strip()
-    subprocess.run([python, "-m", "compileall", "-q", where], check=True, capture_output=True)
-    subprocess.run([python, "-m", "gpupool.codecache"], check=True, capture_output=True)
+    for step in install_steps(checkout):
+        subprocess.run([python, *step], check=True, capture_output=True, cwd=checkout, env=env)
     return where
+
+
+def install_steps(checkout: Path) -> List[List[str]]:
+    """The `$(BIN)/python ARGS` lines of the `install` target in `checkout`'s Makefile, as ARGS."""
+    steps, inside = [], False
+    for line in (checkout / "Makefile").read_text().splitlines():
+        if line.startswith("install:"):
+            inside = True
+        elif inside and line.startswith("\t"):
+            words = line.strip().lstrip("-").split()
+            if words and words[0] == "$(BIN)/python":
+                steps.append(words[1:])
+        elif inside:
+            break
+    return steps
 
 
 def imported_modules(argv: Sequence[str], env: Dict[str, str]) -> List[str]:
@@ -109,11 +129,17 @@ def imported_modules(argv: Sequence[str], env: Dict[str, str]) -> List[str]:
     return names
 
 
+def exists(name: str) -> bool:
+    """Whether module `name` can be imported here (its parent package too)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def stdlib_floor_argv(python: str, run_argv: Sequence[str], env: Dict[str, str]) -> List[str]:
     """`python -c` importing the public standard-library modules `run_argv` imports beyond the
-    interpreter's start (their private helpers follow), after the stand-ins gpupool puts in place."""
-    from gpupool.cli.main import DEFERRED_FUNCTIONS, DEFERRED_IMPORTS
-
+    interpreter's start (their private helpers follow)."""
     at_start = set(imported_modules([python, "-c", "pass"], env))
     modules = [
         name
@@ -121,25 +147,16 @@ def stdlib_floor_argv(python: str, run_argv: Sequence[str], env: Dict[str, str])
         if name not in at_start
         and not name.startswith("gpupool")
         and not any(part.startswith("_") and not part.endswith("__") for part in name.split("."))
-        and importlib.util.find_spec(name) is not None  # not a probe that failed (subprocess's `msvcrt`)
+        and exists(name)  # not a probe that failed (subprocess's `msvcrt`, copy's `org.python.core`)
     ]
-    stand_ins = [(name, DEFERRED_FUNCTIONS.get(name, ())) for name in DEFERRED_IMPORTS]
-    code = (
-        "import importlib, sys, types\n"
-        f"for name, functions in {stand_ins!r}:\n"
-        "    module = sys.modules[name] = types.ModuleType(name)\n"
-        "    for function in functions:\n"
-        "        setattr(module, function, print)\n"
-        "    parent, _, child = name.rpartition('.')\n"
-        "    if parent:\n"
-        "        setattr(importlib.import_module(parent), child, module)\n"
-        f"import {', '.join(dict.fromkeys(modules))}\n"
+    return [python, "-c", f"import {', '.join(dict.fromkeys(modules))}"]
+
+
+def build_zipapp(target: Path, checkout: Path = REPO) -> Path:
+    """`checkout`'s gpupool-run.pyz, built by its own tools/build_pyz.py."""
+    subprocess.run(
+        [sys.executable, str(checkout / "tools" / "build_pyz.py"), str(target)], check=True, capture_output=True
     )
-    return [python, "-c", code]
-
-
-def build_zipapp(target: Path) -> Path:
-    subprocess.run([sys.executable, str(REPO / "tools" / "build_pyz.py"), str(target)], check=True, capture_output=True)
     return target
 
 
@@ -169,16 +186,20 @@ def main() -> int:
         "--cases", default="all", help="comma-separated case names (default all: see the module docstring)"
     )
     parser.add_argument("--out", default=str(ROOT / "results" / "launcher.json"))
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout of other code, timed beside this one as before_<case>"
+    )
     args = parser.parse_args()
 
     python = sys.executable
     script = Path(python).parent / "gpupool"
-    package = prepare_install(python)
     load_at_start = os.getloadavg()
+    baseline_package = ""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env.update(HOME=str(tmp), GPUPOOL_DEVICES=DEVICES)
+        package = prepare_install(python, env)
         pyz = build_zipapp(tmp / "gpupool-run.pyz")
         server, url, token = start_server(tmp / "server", env)
         try:
@@ -188,6 +209,18 @@ def main() -> int:
                 "embedded_zipapp": ([python, str(pyz), *RUN], dict(env, GPUPOOL_STATE=str(tmp / "s3"))),
                 "server_entry_point": ([str(script), *RUN], dict(env, GPUPOOL_SERVER=url, GPUPOOL_TOKEN=token)),
             }
+            if args.baseline is not None:
+                old = args.baseline.resolve()
+                old_env = dict(env, PYTHONPATH=str(old / "src"))
+                baseline_package = prepare_install(python, old_env, old)
+                old_pyz = build_zipapp(tmp / "before-gpupool-run.pyz", old)
+                for name, (argv, case_env) in list(cases.items()):
+                    if name == "embedded_zipapp":
+                        argv = [python, str(old_pyz), *RUN]
+                    state = (
+                        {"GPUPOOL_STATE": case_env["GPUPOOL_STATE"] + "-before"} if "GPUPOOL_STATE" in case_env else {}
+                    )
+                    cases[f"before_{name}"] = (argv, dict(case_env, PYTHONPATH=old_env["PYTHONPATH"], **state))
             floor_env = dict(env, GPUPOOL_STATE=str(tmp / "s4"))
             cases["stdlib_floor"] = (stdlib_floor_argv(python, [python, str(script), *RUN], floor_env), env)
             if args.cases != "all":
@@ -215,7 +248,10 @@ def main() -> int:
         "bare": f"{python} -c pass",
         "method": f"whole processes, {args.runs} timed runs per case after {args.warmup} warm-up rounds, each run "
         "paired with a bare `python -c pass` of the same interpreter right before or after it",
-        "install": f"{package}, compiled and its dataclass table written first (as `make install`)",
+        "install": f"{package}, compiled first (as `make install`)",
+        "baseline": None
+        if args.baseline is None
+        else f"before_*: {baseline_package} (checkout {args.baseline}, its `make install` steps run first)",
         "load_average_at_start": [round(x, 2) for x in load_at_start],
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "machine": {
@@ -225,7 +261,7 @@ def main() -> int:
             "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
         },
         "cases": results,
-        "target": "ratio <= 4 on the embedded pool, <= 5 against a local server",
+        "target": "embedded_entry_point median <= 80 ms on this machine (issue 24)",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")

@@ -2,10 +2,10 @@
 (the install, `python -m gpupool`, the zipapp): checked by tests/cli/test_lazy_imports.py and
 tests/test_pyz.py against a real process.
 
-`typing`: annotations only, see gpupool.TYPE_CHECKING; `shutil`: argparse's help width, read by
-gpupool.cli.parser instead; `gpupool.core.usage`: the usage records, which only a server's
-watchdog writes; the rest: the network stack a remote pool needs and `logging` until a record
-is shown.
+`gpupool.core.usage`: the usage records, which only a server's watchdog writes; the rest: the
+network stack a remote pool needs and `logging` until a record is shown. (`typing` and `shutil`
+are no longer here: every module takes `TYPE_CHECKING` from typing, and argparse imports shutil
+for the help width; issue 24.)
 """
 
-EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "typing", "shutil", "gpupool.core.usage")
+EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "gpupool.core.usage")

@@ -11,9 +11,6 @@ no timestamps are involved): that Python skips compiling at every start, and
 any other version finds a foreign magic number and falls back to the source.
 Bytecode is stored uncompressed (inflating it cost every start more than the
 rest of zipimport's work); the sources, read only by other versions, are deflated.
-The same Python writes the table of the methods `@dataclass` generates
-(gpupool/codecache.py) into gpupool/__pycache__/: another version's name differs,
-and it compiles them as usual.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import argparse
 import os
 import py_compile
 import stat
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -31,14 +27,13 @@ from typing import Iterator, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "gpupool"
-sys.path.insert(0, str(SRC.parent))
-# The workload side: its whole packages (all standard library only) and its CLI modules, as the
-# dataclass table covers them.
-from gpupool.codecache import CLI_MODULES, PACKAGES  # noqa: E402
+# The workload side: its whole packages (all standard library only) and its CLI modules.
+PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
+CLI_MODULES = ("main", "run", "status", "pool_options", "workload")
 
 SHEBANG = b"#!/usr/bin/env python3\n"
 # Top-level modules of the package that the workload side imports.
-TOP_FILES = ("__init__.py", "logs.py", "codecache.py")
+TOP_FILES = ("__init__.py", "logs.py")
 # Only the stdlib verbs of the CLI.
 CLI_FILES = ("__init__.py", *(f"{name}.py" for name in CLI_MODULES))
 MAIN = """\
@@ -89,25 +84,6 @@ def bytecode(source: Path, name: str, scratch: Path) -> Optional[bytes]:
     return out.read_bytes()
 
 
-def dataclass_table(scratch: Path) -> Optional[Tuple[str, bytes]]:
-    """(name in archive, bytes) of this Python's dataclass table for the sources (None: not written).
-
-    Written by a fresh interpreter importing gpupool from src/ (`python -m gpupool.codecache`).
-    """
-    if sys.implementation.cache_tag is None:
-        return None
-    out = scratch / "table.bin"
-    env = dict(os.environ, PYTHONPATH=str(SRC.parent), PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "gpupool.codecache", str(out)], env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0 or not out.exists():
-        print(f"build_pyz: no dataclass table ({done.stderr.strip()}); they compile at run time", file=sys.stderr)
-        return None
-    # gpupool.codecache.table_path's name, inside the archive
-    return f"gpupool/__pycache__/dataclass-code.{sys.implementation.cache_tag}.bin", out.read_bytes()
-
-
 def build(target: Path, compile_bytecode: bool = True) -> Path:
     """Write the zipapp to `target` (atomically) and make it executable."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -129,12 +105,6 @@ def build(target: Path, compile_bytecode: bool = True) -> Path:
                     compiled.compress_type = zipfile.ZIP_STORED  # what runs: read without inflating
                     compiled.external_attr = 0o644 << 16
                     archive.writestr(compiled, code)
-            table = dataclass_table(scratch) if compile_bytecode else None
-            if table is not None:
-                info = zipfile.ZipInfo(table[0], EPOCH)
-                info.compress_type = zipfile.ZIP_STORED
-                info.external_attr = 0o644 << 16
-                archive.writestr(info, table[1])
     mode = os.stat(partial).st_mode
     os.chmod(partial, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     os.replace(partial, target)

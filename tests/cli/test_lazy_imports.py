@@ -4,23 +4,26 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
 from workload_imports import EMBEDDED_NEVER
 
+import gpupool
 from gpupool.cli.main import COMMANDS, build_parser
+
+SRC = Path(gpupool.__file__).resolve().parent
 
 # The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
 # nor the embedded pool's SQLite store, nor placement (one server places its own claims), nor the
 # "idna" codec (an ASCII host name is resolved as bytes).
 REMOTE_NEVER = (
-    "typing",
-    "shutil",
     "ssl",
     "urllib.request",
     "http.client",
@@ -118,3 +121,37 @@ def test_full_parser_and_help_list_every_command():
         text = parser.format_help()
         for name, (_, help_line) in COMMANDS.items():
             assert f"    {name}" in text and help_line.split()[0] in text
+
+
+# Where os._exit stays: a forked child that must not run the parent's exit handlers (the guard's
+# fork, a preexec_fn before exec).
+FORKED_CHILDREN = {"runner/guard.py", "runner/prctl.py"}
+
+
+def _is_sys_modules(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", "") == "sys"
+
+
+def test_the_source_holds_no_start_up_trick():
+    """Issue 24: nothing put into sys.modules, no codecache, typing's TYPE_CHECKING, os._exit only
+    in forked children."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            if isinstance(node, ast.Subscript) and _is_sys_modules(node.value) and not isinstance(node.ctx, ast.Load):
+                found.append(f"{where}:{node.lineno}: sys.modules[...] assigned or deleted")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if _is_sys_modules(node.func.value) and node.func.attr in ("__setitem__", "setdefault", "update"):
+                    found.append(f"{where}:{node.lineno}: sys.modules.{node.func.attr}")
+                if node.func.attr == "_exit" and where not in FORKED_CHILDREN:
+                    found.append(f"{where}:{node.lineno}: os._exit outside a forked child")
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "TYPE_CHECKING" for a in node.names):
+                if node.module != "typing":
+                    found.append(f"{where}:{node.lineno}: TYPE_CHECKING not from typing")
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "TYPE_CHECKING" for t in node.targets):
+                found.append(f"{where}:{node.lineno}: a TYPE_CHECKING of its own")
+            elif isinstance(node, ast.Name) and node.id == "codecache":
+                found.append(f"{where}:{node.lineno}: codecache")
+    assert found == []
+    assert not (SRC / "codecache.py").exists()

@@ -12,8 +12,8 @@ collector walk them two dozen times, a tenth of the CPU time of `gpupool run -- 
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: nothing heavy is imported before the collector is put off
 if TYPE_CHECKING:
     from typing import Any, Dict, Tuple
 

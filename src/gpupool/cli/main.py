@@ -5,7 +5,7 @@ only when its command runs (or for `gpupool CMD --help`), and its `register(subp
 its real subcommands and sets `func=handler` (handler(args) -> exit code). A new verb is one
 line in `COMMANDS`. Verb modules import heavy libraries inside their handlers, so
 `gpupool --help` and the workload-side verbs work with the standard library alone, and
-`gpupool run` starts about as fast as the interpreter.
+`gpupool run` imports only the modules it uses.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
-from .. import TYPE_CHECKING, __version__, codecache, logs
+from .. import __version__, logs
 from ..core.errors import GpupoolError
-from .parser import Parser
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+    from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Command -> (cli module that registers it, its line in `gpupool --help`); the order here is the
 # order of `gpupool --help`. tests/cli/test_main.py checks that each module registers exactly
@@ -51,18 +51,6 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
 # `logging` is imported and configured only when a record is shown (see gpupool.logs).
 WORKLOAD_MODULES: Tuple[str, ...] = ("run", "status")
 ALL = "*"
-# Stdlib modules the workload verbs import but do not use, made stand-ins (`defer_import`):
-# `dataclasses` imports `inspect` (a third of its import time) only to describe classes without
-# a docstring, and gpupool's have one; `shutil` (which the MPS isolation mode imports for `which`)
-# imports `zlib`, `bz2` and `lzma` only to know which archive formats it could write;
-# `urllib.parse` (which pathlib imports) needs `ipaddress` only for URLs with an IPv6 host;
-# pathlib needs `ntpath` only for Windows paths (whose import looks for `nt` five times over
-# sys.path) and `urllib.parse` only for Path.as_uri() (its one name there, `quote_from_bytes`,
-# is a function that imports it when called), and `dataclasses` needs `copy` (and with it
-# `weakref`) only in asdict()/astuple().
-DEFERRED_IMPORTS = ("inspect", "zlib", "bz2", "lzma", "ipaddress", "ntpath", "copy", "urllib.parse")
-# Functions a stand-in has before its module is imported (for `from MODULE import NAME`).
-DEFERRED_FUNCTIONS: Dict[str, Tuple[str, ...]] = {"urllib.parse": ("quote_from_bytes",)}
 
 
 def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argparse.ArgumentParser:
@@ -72,7 +60,7 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     module); the other commands are placeholders, there only for help and for the error that
     lists them, so a known `load` gets none (None or an unknown name: all placeholders).
     """
-    parser = Parser(
+    parser = argparse.ArgumentParser(
         prog="gpupool",
         description="Pool GPUs and share them fractionally between training jobs.",
     )
@@ -94,42 +82,6 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     return parser
 
 
-def defer_import(name: str, functions: Sequence[str] = ()) -> None:
-    """Put a stand-in for stdlib module `name` (not a package) in this process that imports the
-    real one at its first attribute access (and forwards every access to it); each of
-    `functions` is there already, as a function that imports the module when it is called and
-    calls the real one.
-
-    (importlib's LazyLoader does not do here: an `import` statement reads the module's
-    `__spec__`, which loads it.)
-    """
-    if name in sys.modules:
-        return
-    import types
-
-    stand_in = types.ModuleType(name, f"stand-in for {name}, imported at its first use")
-
-    def load(attr: str) -> Any:
-        if attr == "__path__":  # what `from MODULE import NAME` asks first: not a package
-            raise AttributeError(attr)
-        if sys.modules.get(name) is stand_in:
-            del sys.modules[name]
-        return getattr(importlib.import_module(name), attr)
-
-    for function in functions:
-
-        def call(*args: Any, _function: str = function, **kwargs: Any) -> Any:
-            return load(_function)(*args, **kwargs)
-
-        call.__name__ = call.__qualname__ = function
-        setattr(stand_in, function, call)
-    stand_in.__getattr__ = load  # type: ignore[method-assign]
-    sys.modules[name] = stand_in
-    parent, _, child = name.rpartition(".")
-    if parent:  # `import a.b` binds `a`, whose attribute `b` the real import would set
-        setattr(importlib.import_module(parent), child, stand_in)
-
-
 def command_of(argv: Sequence[str]) -> Optional[str]:
     """The command `argv` names: its first word that is not an option (`gpupool`'s own options
     take no value); None when there is none, or when an option other than -v comes first
@@ -143,49 +95,9 @@ def command_of(argv: Sequence[str]) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
-    """Run one `gpupool` command and return its exit code.
-
-    Called as the program (`argv` None: the console script, `python -m gpupool`, the zipapp), a
-    workload verb does not return: it ends the process (`exit_now`).
-    """
-    code = run_command(argv, modules)
-    if argv is None and COMMANDS.get(command_of(sys.argv[1:]) or "", ("",))[0] in WORKLOAD_MODULES:
-        exit_now(code)
-    return code
-
-
-def exit_now(code: int) -> None:
-    """End the process with `code` once logging is shut down and stdout/stderr are flushed, without
-    the interpreter's teardown (freeing every module and object one by one): that cost `gpupool
-    run` a tenth of its time, and a workload verb leaves nothing that needs it (its pools are
-    closed, its threads stopped, its files written). Of the exit handlers, only logging's can be
-    registered in a workload verb (it imports no other module that registers one)."""
-    import os
-
-    threading = sys.modules.get("threading")
-    if threading is not None and any(
-        t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()
-    ):
-        sys.exit(code)  # a thread still at work: the interpreter waits for it, as it always did
-    logging = sys.modules.get("logging")
-    if logging is not None:
-        logging.shutdown()  # its exit handler: flush and close the handlers
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # a closed pipe (or none): lost as in a normal exit
-            pass
-    os._exit(code)
-
-
-def run_command(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
-    """Run one `gpupool` command and return its exit code (`main` without ending the process)."""
+    """Run one `gpupool` command (`argv`, default the process's arguments) and return its exit code."""
     words = sys.argv[1:] if argv is None else list(argv)
     command = command_of(words)
-    if COMMANDS.get(command or "", ("",))[0] in WORKLOAD_MODULES:
-        for name in DEFERRED_IMPORTS:
-            defer_import(name, DEFERRED_FUNCTIONS.get(name, ()))
-        codecache.install()  # before the verb's modules define their dataclasses
     parser = build_parser(modules, load=command)
     if command is None:  # maybe behind an option form command_of does not know: find it, load its module
         command = parser.parse_known_args(words)[0].command
