@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from gpupool.jobs.manifests.indexed import indexed_job
 from gpupool.jobs.plan import gang_claim, local_endpoints, replicas
 from gpupool.jobs.rendezvous import horovod_env, hostfile, rendezvous_env, tf_config, torch_env
 from gpupool.jobs.rendezvous.kvstore import MAX_BODY_BYTES, TOKEN_ENV, KVStoreServer
@@ -179,3 +180,18 @@ def test_gang_claim_skips_replicas_without_gpu():
     reps = replicas(spec)
     assert [r.group for r in reps] == [0, 1, None]
     assert gang_claim(tf_spec(worker={"command": ["w"]})) is None
+
+
+def test_kubernetes_horovod_pods_get_the_token_from_their_job():
+    """On Kubernetes the token is the worker Job's UID (a label on each of its pods), defined
+    before the Horovod address that names it; worker 0 serves the store with it on the pod's network."""
+    spec = parse_spec({"name": "h", "framework": "horovod", "roles": {"worker": {"replicas": 2, "command": ["x"]}}})
+    job = indexed_job(spec, spec.roles[0], 0)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    names = [e["name"] for e in container["env"]]
+    token = container["env"][names.index(TOKEN_ENV)]
+    assert token["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['batch.kubernetes.io/controller-uid']"
+    addr = container["env"][names.index("HOROVOD_GLOO_RENDEZVOUS_ADDR")]["value"]
+    assert addr == f"h-worker-0.h:29400/$({TOKEN_ENV})"
+    assert names.index(TOKEN_ENV) < names.index("HOROVOD_GLOO_RENDEZVOUS_ADDR")  # $(VAR) sees only earlier ones
+    assert "kvstore --host 0.0.0.0 --port 29400" in " ".join(container["command"])

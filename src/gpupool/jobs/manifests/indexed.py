@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...kube.resources import DOMAIN, GpuAsk
 from ..environment import REPLICA_ENV, REPLICA_INDEX_ENV, job_env, replica_env
 from ..plan import Endpoints, Replica, replicas
+from ..rendezvous.kvstore import TOKEN_ENV
 from ..spec import Framework, JobSpec, RestartPolicy, RoleSpec, SuccessPolicy
 from .versions import OPTIONAL_POD_CONDITIONS, SUCCESS_POLICY, KubeVersion, has
 
@@ -38,6 +39,9 @@ POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False}
 _INDEX = f"$({REPLICA_INDEX_ENV})"
 _RANK = "$(GPUPOOL_RANK)"
+# Horovod's store token: the Job's UID, which every pod of the one worker Job carries as a label and
+# nobody outside the cluster can guess; the kubelet hands it to the env, rendered once per role.
+_JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 
 
 def job_labels(spec: JobSpec, role: str = "") -> Dict[str, str]:
@@ -110,7 +114,8 @@ def cluster_endpoints(spec: JobSpec, reps: Tuple[Replica, ...]) -> Endpoints:
     rendezvous = None
     if spec.framework is Framework.HOROVOD:
         rendezvous = (hosts[reps[0].name], KVSTORE_PORT)
-    return Endpoints(hosts, {r.name: port for r in reps}, rendezvous)
+    token = f"$({TOKEN_ENV})" if rendezvous else ""
+    return Endpoints(hosts, {r.name: port for r in reps}, rendezvous, token)
 
 
 def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str, Any]], Dict[str, str]]:
@@ -136,6 +141,10 @@ def role_env(spec: JobSpec, role: RoleSpec, offset: int) -> Tuple[List[Dict[str,
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
         },
     ]
+    if env.pop(TOKEN_ENV, None) is not None:  # before the variables whose $(...) names it
+        items.append(
+            {"name": TOKEN_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{_JOB_UID_LABEL}']"}}}
+        )
     wrapped: Dict[str, str] = {}
     if offset == 0:
         items.append({"name": "GPUPOOL_RANK", "value": _INDEX})
@@ -240,10 +249,13 @@ def indexed_job(
 
 
 def _with_kvstore(command: List[str]) -> List[str]:
-    """Worker 0 also serves Horovod's rendezvous store (needs gpupool in the image)."""
+    """Worker 0 also serves Horovod's rendezvous store (needs gpupool in the image).
+
+    It listens on the pod's own network (its namespace holds only loopback and the pod IP) and
+    takes the token from the env `role_env` gave every worker."""
     start = (
         f'if [ "$GPUPOOL_REPLICA_INDEX" = 0 ]; then python3 -m gpupool.jobs.rendezvous.kvstore '
-        f'--port {KVSTORE_PORT} & fi; exec "$@"'
+        f'--host 0.0.0.0 --port {KVSTORE_PORT} & fi; exec "$@"'
     )
     return ["/bin/sh", "-c", start, "gpupool-kvstore"] + command
 
