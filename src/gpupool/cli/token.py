@@ -5,18 +5,15 @@ from __future__ import annotations
 import argparse
 import getpass
 import io
-import json
 import os
 import ssl
 import sys
 import tarfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from ..core.errors import InvalidInput, ServerUnreachable, error_from_dict
+from ..core.errors import GpupoolError, InvalidInput, Unauthorized
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,11 +54,12 @@ def handle_create(args: argparse.Namespace) -> int:
 
     urls = [normalize_url(u) for u in args.server]
     name = args.name or getpass.getuser()
-    ca_pem = _ca_pem(args.ca, args.state)
+    ca_file = _ca_file(args.ca, args.state)
+    ca_pem = _ca_pem(ca_file, bool(args.ca))
     if args.state:
         token = _create_local(Path(args.state).expanduser(), name, args.admin, args.queue)
     else:
-        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_pem, args.queue)
+        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_file, args.queue)
     if any(u.startswith("https://") for u in urls) and not ca_pem:
         print(
             "gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr
@@ -94,24 +92,35 @@ def _create_local(state: Path, name: str, admin: bool, queue: str) -> str:
         store.close()
 
 
-def _ca_pem(ca: Optional[str], state: Optional[str]) -> Optional[str]:
+def _ca_file(ca: Optional[str], state: Optional[str]) -> Optional[Path]:
+    """The CA certificate to bundle and to verify the server with: --ca, else STATE/tls/ca.crt when present."""
     if ca:
         path = Path(ca).expanduser()
         if not path.is_file():
             raise InvalidInput(f"--ca {ca}: no such file; give the server's CA certificate (STATE/tls/ca.crt)")
-        pem = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            ssl.create_default_context(cadata=pem)
-        except ssl.SSLError:
-            raise InvalidInput(f"--ca {ca} is not a PEM certificate; give the server's CA (STATE/tls/ca.crt)") from None
-        return pem
+        return path
     if state:
         from ..server.tls import ca_path
 
         path = ca_path(Path(state).expanduser())
         if path.is_file():
-            return path.read_text(encoding="utf-8")
+            return path
     return None
+
+
+def _ca_pem(ca_file: Optional[Path], flag: bool) -> Optional[str]:
+    """The PEM text of `ca_file`; a file given with --ca (`flag`) must hold a certificate."""
+    if ca_file is None:
+        return None
+    pem = ca_file.read_text(encoding="utf-8", errors="replace")
+    if flag:
+        try:
+            ssl.create_default_context(cadata=pem)
+        except ssl.SSLError:
+            raise InvalidInput(
+                f"--ca {ca_file} is not a PEM certificate; give the server's CA (STATE/tls/ca.crt)"
+            ) from None
+    return pem
 
 
 def _admin_token(path: str) -> str:
@@ -127,28 +136,27 @@ def _admin_token(path: str) -> str:
     return token
 
 
-def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_pem: Optional[str], queue: str = "") -> str:
-    request_body: Dict[str, object] = {"name": name, "admin": admin}
+def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_file: Optional[Path], queue: str = "") -> str:
+    """The token made by the server at `url` (POST /v1/tokens with the admin token), through the pool's client."""
+    from ..client.http import HttpPoolClient
+
+    request_body: Dict[str, Any] = {"name": name, "admin": admin}
     if queue:  # only when bound: a server older than queues refuses the field
         request_body["queue"] = queue
-    body = json.dumps(request_body).encode()
-    request = urllib.request.Request(
-        url + "/v1/tokens",
-        data=body,
-        method="POST",
-        headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"},
-    )
-    context = ssl.create_default_context(cadata=ca_pem) if ca_pem and url.startswith("https://") else None
+    client = HttpPoolClient(url, admin_token, str(ca_file or ""))
     try:
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
-            return str(json.loads(response.read())["token"])
-    except urllib.error.HTTPError as err:
-        try:
-            raise error_from_dict(json.loads(err.read()), err.code) from None
-        except ValueError:
-            raise ServerUnreachable(f"{url} answered HTTP {err.code} without a JSON error") from None
-    except (urllib.error.URLError, OSError) as err:
-        raise ServerUnreachable(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
+        answer = client.request("POST", "/v1/tokens", request_body, retry=False)  # a token made twice is two
+    except Unauthorized:
+        raise Unauthorized(
+            f"{url} refused the admin token: pass --admin-token-file with the file the server's --token-file "
+            "wrote, or --state on the server's host"
+        ) from None
+    finally:
+        client.close()
+    token = answer.get("token")
+    if not isinstance(token, str) or not token:
+        raise GpupoolError(f"{url} answered POST /v1/tokens without a token: is it a gpupool server?")
+    return token
 
 
 def _write_tar(out: Path, files: Dict[str, str]) -> None:
