@@ -1,0 +1,110 @@
+"""Where the dashboard's SVG shapes go: the last hour's line charts and each GPU's memory bar. Pure, no HTML.
+
+The templates draw these; every figure here is a number, every text the
+pool's, and the templates escape both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from .history import Point
+from .view import GpuRow, Segment
+
+COLORS = 8  # lease colours l0..l7 / u0..u7 in dashboard.css
+BAR_W = 1000.0  # the bars' viewBox width; CSS stretches it to the cell
+CHART_W, CHART_H = 300.0, 80.0  # the charts' viewBox
+HOUR_S = 3600.0
+
+Values = List[Tuple[float, float]]  # (time, value)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series of a chart: its name, CSS class, polyline points ("x,y x,y ...") and last value."""
+
+    name: str
+    css: str
+    points: str
+    last: Optional[float]
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    top: float  # the y axis' maximum
+    lines: Tuple[Line, ...]
+
+
+@dataclass(frozen=True)
+class Slab:
+    """One lease's slice in a GPU's bar: where it starts and how wide, and how much of it its processes use."""
+
+    segment: Segment
+    color: int
+    x: float
+    width: float
+    used_width: float  # 0: nothing used (or not sampled)
+    over: bool  # its processes use more than the slice
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A GPU's bar: the slices (top row) and all use on the GPU, leased then unleased (bottom row)."""
+
+    slabs: Tuple[Slab, ...]
+    leased_width: Optional[float]  # None: usage not sampled
+    unleased_width: float
+
+
+def color(lease_id: str) -> int:
+    """A lease's colour, the same on every GPU and every refresh."""
+    return sum(lease_id.encode()) % COLORS
+
+
+def bar(g: GpuRow) -> Bar:
+    scale = BAR_W / (float(g.device.memory_mib) or 1.0)
+    slabs = []
+    x = 0.0
+    for s in g.segments:
+        width = s.allocated_mib * scale
+        used = s.used_mib or 0
+        slabs.append(Slab(s, color(s.lease_id), x, width, min(used, s.allocated_mib) * scale, used > s.allocated_mib))
+        x += width
+    if g.used_mib is None:
+        return Bar(tuple(slabs), None, 0.0)
+    leased = max(0, g.used_mib - g.unleased_mib)
+    return Bar(tuple(slabs), min(BAR_W, leased * scale), min(BAR_W, g.unleased_mib * scale))
+
+
+def charts(history: Sequence[Point], now: float) -> Tuple[Chart, ...]:
+    """The last hour: memory (% of the pool), leases and queue length."""
+    alloc = [(p.at, 100.0 * p.allocated_mib / p.total_mib if p.total_mib else 0.0) for p in history]
+    used = [(p.at, 100.0 * p.used_mib / p.total_mib) for p in history if p.used_mib is not None and p.total_mib]
+    return (
+        chart("memory, % of the pool", (("allocated", "line-alloc", alloc), ("used", "line-used", used)), now, 100.0),
+        chart("leases", (("leases", "line-leases", [(p.at, float(p.leases)) for p in history]),), now),
+        chart("queue length", (("queued", "line-queue", [(p.at, float(p.queued)) for p in history]),), now),
+    )
+
+
+def chart(
+    title: str, series: Sequence[Tuple[str, str, Values]], now: float, fixed_max: Optional[float] = None
+) -> Chart:
+    """A line chart of the last hour: x from now-3600 s to now, y from 0 to the series' max (or `fixed_max`)."""
+    values = [v for _, _, points in series for _, v in points]
+    top = fixed_max if fixed_max is not None else max([1.0, *values])
+    lines = tuple(
+        Line(
+            name,
+            css,
+            " ".join(
+                f"{CHART_W * (1 - min(HOUR_S, max(0.0, now - at)) / HOUR_S):.1f},{CHART_H - CHART_H * min(v, top) / top:.1f}"
+                for at, v in points
+            ),
+            points[-1][1] if points else None,
+        )
+        for name, css, points in series
+    )
+    return Chart(title, top, lines)
