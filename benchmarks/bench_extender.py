@@ -25,6 +25,7 @@ from typing import Any, Dict, List
 
 from gpupool.core.fragmentation import LearnedMix
 from gpupool.core.model import Device
+from gpupool.core.percentile import percentile
 from gpupool.kube import annotations as ann
 from gpupool.kube.extender import NodeState, handle_filter, handle_prioritize
 from gpupool.kube.resources import GpuAsk
@@ -48,11 +49,6 @@ def pod(count: int, percent: int, policy: str) -> Dict[str, Any]:
 def node_state(n: int, gpus: int, rng: random.Random) -> NodeState:
     devs = tuple(Device(f"GPU-{n}-{i}", i, "A100 80GB", 81920, f"node-{n}") for i in range(gpus))
     return NodeState(devs, {d.uuid: rng.choice(STEPS) for d in devs})
-
-
-def percentile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def run(policy: str, nodes: int, gpus: int, runs: int, changes: int, warmup: int) -> Dict[str, Any]:

@@ -33,6 +33,8 @@ from typing import Dict, List, Tuple
 
 import serverproc  # beside this script
 
+from gpupool.core.percentile import percentile
+
 ROOT = Path(__file__).resolve().parent
 CLAIM = json.dumps(
     {"claim": {"requests": [{"count": 1, "fraction": 0.1}]}, "holder": {"pid": 1, "host": "bench"}, "ttl_s": 60}
@@ -186,7 +188,7 @@ def run_level(
     client_cpu = sum(c for _, _, _, c in results)
 
     def pct(values: List[float], q: float) -> float:
-        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 3) if values else float("nan")
+        return round(percentile(values, q * 100) * 1000, 3)
 
     return {
         "clients": clients,
@@ -243,7 +245,7 @@ def bench_placement(devices_n: int = 1000, leases_n: int = 10000) -> Dict[str, f
         "live_leases": leases_n,
         "place_ms": round(place_ms, 3),
         "pool_claim_release_p50_ms": round(statistics.median(times) * 1000, 3),
-        "pool_claim_release_p99_ms": round(times[int(0.99 * len(times))] * 1000, 3),
+        "pool_claim_release_p99_ms": round(percentile(times, 99) * 1000, 3),
     }
 
 

@@ -26,6 +26,7 @@ import time
 from typing import Dict, List
 
 from gpupool.core.model import Device
+from gpupool.core.percentile import percentile
 from gpupool.kube import annotations as ann
 from gpupool.kube.admission import WebhookApp, serve
 from gpupool.kube.certs import write_certs
@@ -49,11 +50,6 @@ POD = {
         ]
     },
 }
-
-
-def percentile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def summary(latencies: List[float], seconds: float) -> Dict[str, float]:

@@ -1,18 +1,20 @@
 """Issue 23 item 4's attack on a real listener process: stalled uploads, header floods and slow
 request heads at once, while a bystander measures its own requests and the server's RSS is sampled.
 
-Used by the pool server's and the webhook's memory tests; stdlib only, one thread per attacker.
+Used by the pool server's and the webhook's memory tests; stdlib only (and gpupool's one percentile),
+one thread per attacker.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
+
+from gpupool.core.percentile import percentile
 
 MIB = 1024 * 1024
 
@@ -60,7 +62,7 @@ class Report:
     def bystander_p99_ms(self) -> float:
         if len(self.bystander_ms) < 2:
             return float("inf")
-        return statistics.quantiles(self.bystander_ms, n=100, method="inclusive")[98]
+        return percentile(self.bystander_ms, 99)
 
     def summary(self) -> str:
         statuses = sorted({a.split(" ")[1] if " " in a else a for a in self.answers})

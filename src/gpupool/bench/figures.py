@@ -7,22 +7,12 @@ jobs on one GPU are separate jobs: each has its own throughput, and the aggregat
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..core.percentile import percentile as percentile  # the project's one definition
 from .plan import Run
 
 Result = Mapping[str, Any]  # one worker's result-TAG-rRANK.json
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100), linear between closest ranks; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def job_figures(ranks: Sequence[Result]) -> Dict[str, Any]:
