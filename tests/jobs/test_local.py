@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.proctree import alive
 from gpupool.jobs.executors.local import processes
@@ -102,7 +103,7 @@ def test_cancel_after_supervisor_kill_9(shell):
     shell.run("submit", shell.write_spec(spec))
     st = shell.wait_for("orphan", lambda s: s["status"] == "Running")
     os.kill(st["supervisor_pid"], signal.SIGKILL)
-    time.sleep(0.3)
+    wait_until(lambda: not alive(st["supervisor_pid"]), 10, "the supervisor's end")
     assert "supervisor" in shell.run("jobs").stdout  # says the supervisor is gone
     shell.run("cancel", "orphan")
     assert processes.marked_processes(shell.state / "jobs" / "orphan") == []

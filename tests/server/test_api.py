@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from waiting import wait_until
 
 HALF = {"requests": [{"count": 1, "fraction": 0.5}]}
 
@@ -128,9 +129,12 @@ def test_unavailable_and_waiting(running_server):
     result = {}
     waiter = threading.Thread(target=lambda: result.update(r=claim(s, wait_s=10)))
     waiter.start()
-    time.sleep(0.3)
-    status = httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=2).json()
-    assert status["queued"] == 1
+
+    def queued() -> int:
+        return httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=2).json()["queued"]
+
+    wait_until(lambda: queued() == 1, 10, "the waiting claim in the queue")
+    assert queued() == 1
     httpx.delete(f"{s.url}/v1/leases/{full['id']}", headers=s.headers())
     waiter.join(10)
     assert result["r"].status_code == 201
@@ -139,7 +143,9 @@ def test_unavailable_and_waiting(running_server):
 def test_dead_client_lease_is_reclaimed_after_ttl(running_server):
     s = running_server
     lease = claim(s, {"requests": [{"count": 2, "fraction": 1.0}]}, ttl_s=1).json()
-    time.sleep(2.5)  # TTL 1 s + expiry interval 1 s, no heartbeat
+    # TTL 1 s + expiry interval 1 s, no heartbeat: reclaimed after about 2 s (5 s leaves room for a loaded
+    # machine). The lease leaves /v1/leases at its TTL, the reclaim (counted) comes with the next sweep.
+    wait_until(lambda: "gpupool_leases_expired_total 1.0" in httpx.get(s.url + "/metrics").text, 5, "the reclaim")
     assert httpx.get(s.url + "/v1/leases", headers=s.headers()).json()["leases"] == []
     r = httpx.post(f"{s.url}/v1/leases/{lease['id']}/heartbeat", headers=s.headers())
     assert r.status_code == 404

@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from waiting import wait_until
 
 WHOLE = {"requests": [{"count": 1, "fraction": 1.0}]}
 
@@ -227,7 +228,12 @@ def test_usage_reports_gpu_seconds_by_queue_and_refuses_bad_queries(running_serv
     s = running_server
     assert put_queue(s, "a", {"quota": 1}).status_code == 200
     lease = claim(s, queue="a").json()
-    time.sleep(1.0)
+
+    def used_s() -> float:  # the server counts a live lease up to now
+        r = httpx.get(s.url + "/v1/usage", params={"since": "3600", "by": "queue"}, headers=s.headers())
+        return sum(row["gpu_seconds"] for row in r.json()["usage"] if row["key"] == "a")
+
+    wait_until(lambda: used_s() >= 1.0, 10, "a GPU-second on queue a")
     assert httpx.delete(f"{s.url}/v1/leases/{lease['id']}", headers=s.headers()).status_code == 200
     r = httpx.get(s.url + "/v1/usage", params={"since": "3600", "by": "queue"}, headers=s.headers())
     assert r.status_code == 200, r.text
