@@ -129,6 +129,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--ca-file", default="/etc/kubernetes/gpupool/ca.crt", help="deploy/tls/ca.crt, on the control plane"
     )
+    p.add_argument(
+        "--bind",
+        action="store_true",
+        help="the extender also binds GPU pods, recording the GPUs it chose (gpupool.io/choice) for the "
+        "device plugin; GPU pods then wait while the webhook is down",
+    )
     p.set_defaults(func=handle_scheduler_config)
 
     p = verbs.add_parser("secret", help="print the kubectl commands that install a user token for a namespace")
@@ -182,9 +188,15 @@ def handle_webhook(args: argparse.Namespace) -> int:
         mps_pipe_dir=args.mps_pipe_dir if mps else "",
         mps_shm_dir=args.mps_shm_dir,
     )
+    api = None
+    if in_cluster:  # the extender's bind verb reads and binds pods
+        from ..kube.config import IN_CLUSTER_ONLY, api_client
+        from ..kube.dra.apiclient import KubeApi
+
+        api = KubeApi(api_client("the extender binds pods", "pass --agents NODE=URL,...", IN_CLUSTER_ONLY))
     cluster = ClusterState(targets, token=token, ca=args.agent_ca or "", pending=kube_pending() if in_cluster else None)
     cluster.start(args.refresh)
-    server = serve(args.listen, WebhookApp(config, cluster), args.tls_cert, args.tls_key)
+    server = serve(args.listen, WebhookApp(config, cluster, api), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
@@ -261,7 +273,7 @@ def handle_scheduler_config(args: argparse.Namespace) -> int:
     from ..kube.manifests import scheduler_config
 
     config = scheduler_config(
-        args.cluster_ip, namespace=args.namespace, kubeconfig=args.kubeconfig, ca_file=args.ca_file
+        args.cluster_ip, namespace=args.namespace, kubeconfig=args.kubeconfig, ca_file=args.ca_file, bind=args.bind
     )
     sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
     return 0

@@ -1,5 +1,5 @@
 """The webhook server: AdmissionReview (admission.k8s.io/v1) at /mutate and /validate, the
-scheduler extender at /extender/filter and /extender/prioritize, and /healthz.
+scheduler extender at /extender/filter, /extender/prioritize and /extender/bind, and /healthz.
 
 HTTP/1.1 over TLS on gpupool's one listener (`webserver` on `server.listener`: connection, head,
 body and in-flight limits, the app called inline), and the certificate re-read when its file
@@ -22,6 +22,8 @@ from ..core.errors import InvalidInput
 from ..core.fragmentation import LearnedMix
 from ..server.listener import parse_listen
 from . import extender
+from .binder import handle_bind
+from .dra.apiclient import KubeApi
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate
@@ -34,15 +36,17 @@ ROUTE_NAMES = {
     "/validate": "validate",
     "/extender/filter": "filter",
     "/extender/prioritize": "prioritize",
+    "/extender/bind": "bind",
 }
 
 
 class WebhookApp:
     """Routes a request (path, body) to an answer (status, JSON); no sockets here."""
 
-    def __init__(self, config: MutateConfig, cluster: ClusterState) -> None:
+    def __init__(self, config: MutateConfig, cluster: ClusterState, api: Optional[KubeApi] = None) -> None:
         self.config = config
         self.cluster = cluster
+        self.api = api  # the API server, for the bind verb (records the pod's choice, then binds)
         self.metrics = WebhookMetrics()
         # fragaware's mix: the claims of the pods prioritized here (in memory: a restart learns again)
         self.mix = LearnedMix()
@@ -65,13 +69,14 @@ class WebhookApp:
             "/validate": self._validate,
             "/extender/filter": self._filter,
             "/extender/prioritize": self._prioritize,
+            "/extender/bind": self._bind,
         }
         if path not in routes:
             return 404, {
                 "error": {
                     "code": "not_found",
                     "message": f"no route {path}; use /mutate, /validate, "
-                    "/extender/filter, /extender/prioritize or /healthz",
+                    "/extender/filter, /extender/prioritize, /extender/bind or /healthz",
                 }
             }
         if method != "POST":
@@ -194,6 +199,15 @@ class WebhookApp:
         except Exception:
             log.exception("extender prioritize failed")
             return 200, []
+
+    def _bind(self, data: Dict[str, Any]) -> Tuple[int, Any]:
+        if self.api is None:
+            return 200, {"Error": "gpupool extender: bind needs the Kubernetes API: start the webhook in a cluster"}
+        try:
+            return 200, handle_bind(data, self.cluster.states(), self.api, self.mix.frag)
+        except Exception as err:  # the protocol reports errors in the result, with HTTP 200
+            log.exception("extender bind failed")
+            return 200, {"Error": f"gpupool extender: {err}"}
 
 
 class CertReloader:

@@ -171,6 +171,20 @@ def kube_live_pods(node: str) -> LivePods:  # pragma: no cover - needs an API se
     return live
 
 
+def kube_recorded(node: str) -> Callable[[int], List[Tuple[str, ...]]]:  # pragma: no cover - needs an API server
+    """The GPUs the extender recorded for the Pending pods' containers on `node` that ask for N units."""
+    from .choice import gpus_for_units
+
+    api = core_v1("the device plugin reads the extender's GPU choices", "pass --no-reap (or --live-pods-file FILE)")
+
+    def lookup(units: int) -> List[Tuple[str, ...]]:
+        found = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node},status.phase=Pending")
+        pods = api.api_client.sanitize_for_serialization(found).get("items") or []
+        return gpus_for_units(pods, node, units)
+
+    return lookup
+
+
 def file_live_pods(path: str) -> LivePods:
     """UIDs from a file (one per line, '#' comments), as of its modification time (tests, development).
 
@@ -267,6 +281,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             agent_url=advertise,
             envs={SOCKET_ENV: str(attest)},
             mounts=[(str(attest.parent), str(attest.parent), True)],
+            recorded=kube_recorded(node) if config.in_cluster else None,
         ),
     )
     # On a DRA-only node the device-plugin folder may not exist: DRA serves alone there.

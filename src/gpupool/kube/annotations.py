@@ -3,7 +3,8 @@
 Read: `gpupool.io/inject` (or Bitfusion's `auto-management/bitfusion`),
 `gpupool.io/filter` (or `bitfusion-client/filter`), `gpupool.io/policy`.
 Written by the mutating webhook: `gpupool.io/mutated` (the idempotency marker)
-and `gpupool.io/claim` (each GPU container's exact ask, for the extender).
+and `gpupool.io/claim` (each GPU container's exact ask, for the extender). Written by the
+extender's bind: `gpupool.io/choice` (the node and GPUs the share was placed on, kube.choice).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ FILTER = f"{DOMAIN}/filter"
 POLICY = f"{DOMAIN}/policy"
 MARKER = f"{DOMAIN}/mutated"
 CLAIM = f"{DOMAIN}/claim"
+CHOICE = f"{DOMAIN}/choice"
 MARKER_VALUE = "v1"
 BITFUSION_INJECT = "auto-management/bitfusion"
 BITFUSION_FILTER = "bitfusion-client/filter"

@@ -271,7 +271,7 @@ def observe(mix: LearnedMix, claim: Claim, states: Mapping[str, NodeState]) -> N
         mix.observe(request_shape(request, device))
 
 
-def _get(obj: Mapping[str, Any], key: str) -> Any:
+def message_field(obj: Mapping[str, Any], key: str) -> Any:
     """A field of an extender message, matching keys case-insensitively as Go does."""
     if key in obj:
         return obj[key]
@@ -283,8 +283,8 @@ def _get(obj: Mapping[str, Any], key: str) -> Any:
 
 
 def _candidates(args: Mapping[str, Any]) -> Tuple[List[str], Optional[List[Dict[str, Any]]]]:
-    names = _get(args, "NodeNames")
-    nodes = _get(args, "Nodes")
+    names = message_field(args, "NodeNames")
+    nodes = message_field(args, "Nodes")
     items = (nodes or {}).get("items") if isinstance(nodes, dict) else None
     if names is None and items is not None:
         names = [((n.get("metadata") or {}).get("name")) for n in items]
@@ -295,7 +295,7 @@ def handle_filter(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> D
     """ExtenderArgs -> ExtenderFilterResult (errors go in "Error", as the protocol expects)."""
     names, items = _candidates(args)
     try:
-        claim = pod_claim(_get(args, "Pod") or {})
+        claim = pod_claim(message_field(args, "Pod") or {})
     except InvalidInput as err:
         return {"NodeNames": None, "FailedNodes": {}, "Error": err.message}
     outcome = filter_nodes(claim, names, states)
@@ -304,7 +304,7 @@ def handle_filter(args: Mapping[str, Any], states: Mapping[str, NodeState]) -> D
         "FailedAndUnresolvableNodes": outcome.unresolvable,
         "Error": "",
     }
-    if items is not None and _get(args, "NodeNames") is None:
+    if items is not None and message_field(args, "NodeNames") is None:
         keep = set(outcome.passed)
         result["Nodes"] = {
             "apiVersion": "v1",
@@ -323,7 +323,7 @@ def handle_prioritize(
     """ExtenderArgs -> HostPriorityList; `mix` (the server's LearnedMix) learns each pod's claim."""
     names, _ = _candidates(args)
     try:
-        claim = pod_claim(_get(args, "Pod") or {})
+        claim = pod_claim(message_field(args, "Pod") or {})
     except InvalidInput:
         claim = None
     if mix is not None and claim is not None:

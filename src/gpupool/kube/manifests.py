@@ -87,6 +87,7 @@ def scheduler_config(
     port: int = 443,
     kubeconfig: str = "/etc/kubernetes/scheduler.conf",
     ca_file: str = f"{SCHEDULER_DIR}/ca.crt",
+    bind: bool = False,
 ) -> Dict[str, Any]:
     """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with gpupool's extender.
 
@@ -107,26 +108,29 @@ def scheduler_config(
             f"kubectl -n {namespace} get service {service} -o jsonpath='{{.spec.clusterIP}}'"
         ) from None
     host = f"[{address}]" if address.version == 6 else str(address)
+    extender: Dict[str, Any] = {
+        "urlPrefix": f"https://{host}:{port}/extender",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 1,
+        "enableHTTPS": True,
+        "tlsConfig": {"serverName": f"{service}.{namespace}.svc", "caFile": ca_file},
+        "httpTimeout": "5s",
+        # The extender only knows names: it reads GPU state from the node agents.
+        "nodeCacheCapable": True,
+        # Only pods that ask for gpupool.io/gpu are sent to the extender.
+        "managedResources": [{"name": "gpupool.io/gpu", "ignoredByScheduler": False}],
+        # If the extender is down, pods still schedule on units alone (the scheduler logs
+        # each failed call); the runner then queues at start if a GPU is fragmented.
+        "ignorable": True,
+    }
+    if bind:
+        # The extender binds (kube.binder): it records the pod's GPUs (gpupool.io/choice) first. A
+        # binder is never ignorable: while the webhook is down, GPU pods wait instead of binding.
+        extender.update(bindVerb="bind", ignorable=False)
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig},
-        "extenders": [
-            {
-                "urlPrefix": f"https://{host}:{port}/extender",
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "weight": 1,
-                "enableHTTPS": True,
-                "tlsConfig": {"serverName": f"{service}.{namespace}.svc", "caFile": ca_file},
-                "httpTimeout": "5s",
-                # The extender only knows names: it reads GPU state from the node agents.
-                "nodeCacheCapable": True,
-                # Only pods that ask for gpupool.io/gpu are sent to the extender.
-                "managedResources": [{"name": "gpupool.io/gpu", "ignoredByScheduler": False}],
-                # If the extender is down, pods still schedule on units alone (the scheduler logs
-                # each failed call); the runner then queues at start if a GPU is fragmented.
-                "ignorable": True,
-            }
-        ],
+        "extenders": [extender],
     }

@@ -23,7 +23,7 @@ from ...core.model import Device
 from ..resources import UNITS, UNITS_PER_GPU
 from . import api_pb2 as pb
 from . import api_pb2_grpc as rpc
-from .units import preferred_units, unit_ids
+from .units import preferred_units, recorded_units, unit_ids
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class PluginConfig:
     envs: Dict[str, str] = field(default_factory=dict)  # extra env for every allocation
     mounts: Sequence[Tuple[str, str, bool]] = ()  # (container path, host path, read only), if the host path exists
     watch_interval_s: float = 0.5
+    # The GPUs the extender recorded (gpupool.io/choice) for each not yet started container on this
+    # node asking for N units: GetPreferredAllocation gives their units rather than choosing again.
+    recorded: Optional[Callable[[int], Sequence[Sequence[str]]]] = None
 
 
 # The generated stubs are untyped (excluded from mypy, imported as Any): subclassing them is the gRPC idiom.
@@ -70,6 +73,10 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
         responses = []
         for r in request.container_requests:
             size = int(r.allocation_size)
+            ids = self.plugin.recorded_units(list(r.available_deviceIDs), list(r.must_include_deviceIDs), size)
+            if ids is not None:
+                responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+                continue
             if 0 < size <= UNITS_PER_GPU:
                 self.plugin.mix.observe(TaskShape(1, size * 10))
             elif size > 0 and size % UNITS_PER_GPU == 0:
@@ -135,6 +142,24 @@ class DevicePlugin:
                 self.unhealthy = set(uuids)
                 self.version += 1
                 self.changed.notify_all()
+
+    def recorded_units(self, available: List[str], must: List[str], size: int) -> Optional[List[str]]:
+        """The units of the GPUs the extender chose for a container of `size` units; None (logged
+        when a lookup is configured) when none was recorded or the recorded GPUs cannot give them."""
+        lookup = self.config.recorded
+        if lookup is None:
+            return None
+        try:
+            candidates = [tuple(g) for g in lookup(size)]
+        except Exception as err:  # the API server unreachable: choose here, as without a choice
+            log.warning("reading the recorded GPU choices failed (%s): choosing %d units here", err, size)
+            return None
+        for gpus in dict.fromkeys(candidates):  # one per distinct GPU set, in the pods' order
+            ids = recorded_units(available, must, size, self.table, gpus)
+            if ids is not None:
+                return ids
+        log.info("no recorded GPU choice holds %d units of %d available: choosing here", size, len(available))
+        return None
 
     def list_response(self) -> pb.ListAndWatchResponse:
         return pb.ListAndWatchResponse(

@@ -8,6 +8,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ...core.fragmentation import Fragmentation, fragaware_devices
 from ...core.model import Device
 from ...core.placement import NO_HISTORY
+from ..choice import per_gpu_units
 from ..resources import UNITS_PER_GPU
 
 MAX_ID = 63  # the kubelet's limit on a device ID
@@ -67,3 +68,26 @@ def preferred_units(
         if left <= 0:
             break
     return chosen
+
+
+def recorded_units(
+    available: Sequence[str], must: Sequence[str], size: int, table: Mapping[str, Device], gpus: Sequence[str]
+) -> Optional[List[str]]:
+    """`size` units on the GPUs the extender recorded for the container (`gpus`, kube.choice), the
+    same share of each; None when those GPUs' free units cannot hold it (the caller then chooses)."""
+    per_gpu = per_gpu_units(size, len(gpus))
+    if per_gpu is None:
+        return None
+    free: Dict[str, List[str]] = {}
+    for uid in available:
+        device = table.get(uid)
+        if device is not None:
+            free.setdefault(device.uuid, []).append(uid)
+    mandatory = set(must)
+    chosen: List[str] = []
+    for uuid in gpus:
+        units = sorted(free.get(uuid, ()), key=lambda u: (u not in mandatory, u))  # the kubelet's must-haves first
+        if len(units) < per_gpu:
+            return None
+        chosen += units[:per_gpu]
+    return chosen if mandatory <= set(chosen) else None

@@ -41,13 +41,19 @@ class KubeApi:
     def server(self) -> str:
         return str(self.client.configuration.host)
 
-    def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """One call; the decoded JSON answer, or ApiError with the server's own message."""
+    def request(
+        self, method: str, path: str, body: Optional[Dict[str, Any]] = None, content_type: str = "application/json"
+    ) -> Dict[str, Any]:
+        """One call; the decoded JSON answer, or ApiError with the server's own message.
+
+        Args:
+            content_type: of the body; a PATCH names its kind (application/merge-patch+json ...).
+        """
         from urllib3.exceptions import HTTPError
 
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         try:
             call = self.client.param_serialize(
                 method, path, header_params=headers, body=body, auth_settings=["BearerToken"]

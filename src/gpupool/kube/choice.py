@@ -1,0 +1,120 @@
+"""A pod's share decided once: the extender's choice of node and GPUs, recorded on the pod.
+
+The extender's bind verb places the pod's claim (the webhook's `gpupool.io/claim`) on the node
+the scheduler picked, with core placement and the extender's learned shape mix, and writes the
+answer to `gpupool.io/choice` before it binds the pod. The later steps read that annotation and
+check it still holds instead of choosing again (pure functions here, no I/O).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..core.errors import InvalidInput, Unavailable
+from ..core.fragmentation import Fragmentation
+from ..core.placement import place
+from . import annotations as ann
+from .resources import UNITS, UNITS_PER_GPU, claim_of
+
+PENDING = "Pending"  # the pod phase between binding and the start of its containers
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The node and, per GPU container, the UUIDs of the GPUs its share is on (one per GPU asked)."""
+
+    node: str
+    gpus: Mapping[str, Tuple[str, ...]]
+
+    def encode(self) -> str:
+        """The `gpupool.io/choice` value: compact, sorted (a stable patch)."""
+        body = {"node": self.node, "gpus": {c: list(u) for c, u in self.gpus.items()}}
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: Optional[str]) -> Optional[Choice]:
+        """Read `gpupool.io/choice` back; None when absent or not one (then the step chooses itself)."""
+        if not text:
+            return None
+        try:
+            data: Any = json.loads(text)
+            gpus = {str(c): tuple(str(u) for u in uuids) for c, uuids in data["gpus"].items()}
+            return cls(str(data["node"]), gpus)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def recorded(pod: Mapping[str, Any]) -> Optional[Choice]:
+    """The choice recorded on `pod` (an API Pod object), if any."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return Choice.decode(annotations.get(ann.CHOICE))
+
+
+def choose(
+    pod: Mapping[str, Any],
+    node: str,
+    devices: Sequence[Any],
+    allocated: Mapping[str, int],
+    frag: Optional[Fragmentation] = None,
+) -> Optional[Choice]:
+    """Place the pod's claim on `node`'s GPUs: its choice, None when the pod asks for no GPU.
+
+    Raises Unavailable (the placement's reason) when the node cannot hold it now, InvalidInput
+    when the pod carries no readable `gpupool.io/claim` (it did not pass the webhook).
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    asks = ann.decode_claim(annotations.get(ann.CLAIM))
+    if asks is None:
+        if ann.CLAIM in annotations:
+            raise InvalidInput(f"annotation {ann.CLAIM} {annotations[ann.CLAIM]!r} is not the webhook's")
+        return None
+    names = list(asks)
+    claim = claim_of([asks[n] for n in names], ann.read_filters(annotations), ann.read_policy(annotations))
+    placement = place(devices, allocated, claim, frag)
+    if placement.slices is None:
+        raise Unavailable(f"node {node}: {placement.reason}")
+    gpus: Dict[str, List[str]] = {n: [] for n in names}
+    for s in placement.slices:
+        gpus[names[s.group]].append(s.device_uuid)
+    return Choice(node, {n: tuple(u) for n, u in gpus.items()})
+
+
+def verify(choice: Choice, node: str, known: Iterable[str]) -> Optional[str]:
+    """Why the recorded `choice` cannot be used on `node` whose GPUs are `known` (None: it can)."""
+    if choice.node != node:
+        return f"the choice is for node {choice.node}, not {node}"
+    have = set(known)
+    missing = sorted({u for uuids in choice.gpus.values() for u in uuids} - have)
+    if missing:
+        return f"GPU {missing[0]} of the choice is not on node {node}"
+    return None
+
+
+def gpus_for_units(pods: Iterable[Mapping[str, Any]], node: str, units: int) -> List[Tuple[str, ...]]:
+    """The recorded GPUs of each GPU container of a pod bound to `node` and not started that asks
+    for `units` `gpupool.io/gpu` units: what the kubelet's GetPreferredAllocation can be for.
+
+    The kubelet does not say which pod it allocates for; a container is a candidate when its
+    pod is Pending on this node with a choice and its units equal the request's.
+    """
+    out: List[Tuple[str, ...]] = []
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        choice = recorded(pod)
+        if choice is None or spec.get("nodeName") != node or status.get("phase", PENDING) != PENDING:
+            continue
+        for container in spec.get("containers") or []:
+            uuids = choice.gpus.get(str(container.get("name")))
+            limits = (container.get("resources") or {}).get("limits") or {}
+            if uuids and str(limits.get(UNITS, "")).strip() == str(units):
+                out.append(uuids)
+    return out
+
+
+def per_gpu_units(units: int, gpus: int) -> Optional[int]:
+    """Units to take on each of `gpus` GPUs for `units` in all (None: not an even split of at most one GPU each)."""
+    if gpus <= 0 or units % gpus or units // gpus > UNITS_PER_GPU:
+        return None
+    return units // gpus

@@ -1,0 +1,326 @@
+"""A pod's share decided once: the extender's bind verb places the pod's claim on the node the
+scheduler picked, records the GPUs on the pod (gpupool.io/choice) and binds it, against an API
+server stand-in on loopback (the paths, verbs, content types and objects of the core/v1 API);
+the device plugin's GetPreferredAllocation then gives the recorded GPUs' units over gRPC instead
+of choosing again, and chooses itself (with a log line) only when nothing recorded fits."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, Tuple
+
+import grpc
+import pytest
+
+from gpupool.kube import annotations as ann
+from gpupool.kube.admission import WebhookApp, serve
+from gpupool.kube.choice import Choice, gpus_for_units, verify
+from gpupool.kube.deviceplugin import api_pb2 as pb
+from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
+from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpupool.kube.dra.apiclient import KubeApi
+from gpupool.kube.extender import NodeState
+from gpupool.kube.manifests import scheduler_config
+from gpupool.kube.mutate import MutateConfig, mutate
+from gpupool.kube.nodestate import ClusterState
+
+from .conftest import Kubelet, apply_patch, gpus, to_v1pod
+
+pytest.importorskip("kubernetes")
+NODE_A = gpus("a", 2)  # GPU-a-0, GPU-a-1, 16 GiB each
+
+
+def user_pod(name: str, limits: Dict[str, str], policy: str = "binpack", uid: str = "") -> Dict[str, Any]:
+    """A pod as a user writes it, passed through the mutating webhook's patch, as the API stores it."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid or f"uid-{name}", "annotations": {}},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "python:3.11",
+                    "command": ["python", "t.py"],
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+    if policy:
+        pod["metadata"]["annotations"][ann.POLICY] = policy
+    mutated = apply_patch(pod, mutate(pod, MutateConfig()).patch)
+    to_v1pod(mutated)  # shaped as the API documents a Pod
+    return mutated
+
+
+class ApiServer:
+    """The core/v1 pod calls the binder makes: GET a pod, PATCH it (merge patch), POST its binding."""
+
+    def __init__(self) -> None:
+        self.pods: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.calls: List[Tuple[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, code: int, body: Dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _status(self, code: int, reason: str, message: str) -> None:
+                self._answer(
+                    code,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": message,
+                        "reason": reason,
+                        "code": code,
+                    },
+                )
+
+            def _pod(self) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+                parts = [urllib.parse.unquote(p) for p in urllib.parse.urlsplit(self.path).path.split("/")]
+                # ['', 'api', 'v1', 'namespaces', NS, 'pods', NAME, (binding)]
+                if len(parts) < 7 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods":
+                    return None, parts
+                return outer.pods.get((parts[4], parts[6])), parts
+
+            def _body(self) -> Dict[str, Any]:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+
+            def do_GET(self) -> None:
+                outer.calls.append(("GET", self.path))
+                path = urllib.parse.urlsplit(self.path)
+                if path.path == "/api/v1/pods":  # the agent's list of the node's Pending pods
+                    query = urllib.parse.parse_qs(path.query).get("fieldSelector", [""])[0]
+                    node = dict(f.split("=", 1) for f in query.split(",") if f).get("spec.nodeName")
+                    items = [p for p in outer.pods.values() if p["spec"].get("nodeName") == node]
+                    self._answer(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+                    return
+                pod, parts = self._pod()
+                if pod is None:
+                    self._status(404, "NotFound", f'pods "{parts[-1]}" not found')
+                else:
+                    self._answer(200, pod)
+
+            def do_PATCH(self) -> None:
+                outer.calls.append(("PATCH", self.path))
+                pod, parts = self._pod()
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    self._status(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
+                elif pod is None:
+                    self._status(404, "NotFound", f'pods "{parts[-1]}" not found')
+                else:
+                    patch = self._body()
+                    pod["metadata"].setdefault("annotations", {}).update(patch["metadata"]["annotations"])
+                    self._answer(200, pod)
+
+            def do_POST(self) -> None:
+                outer.calls.append(("POST", self.path))
+                pod, parts = self._pod()
+                binding = self._body()
+                if pod is None or parts[-1] != "binding":
+                    self._status(404, "NotFound", f'pods "{parts[6] if len(parts) > 6 else "?"}" not found')
+                elif pod["spec"].get("nodeName"):
+                    self._status(
+                        409,
+                        "Conflict",
+                        f"Operation cannot be fulfilled on pods/binding "
+                        f'"{parts[6]}": pod {parts[6]} is already assigned to node '
+                        f'"{pod["spec"]["nodeName"]}"',
+                    )
+                elif binding.get("kind") != "Binding" or (binding.get("target") or {}).get("kind") != "Node":
+                    self._status(400, "BadRequest", "not a Binding to a Node")
+                elif binding["metadata"].get("uid") not in (None, pod["metadata"]["uid"]):
+                    self._status(409, "Conflict", "Precondition failed: UID in precondition does not match")
+                else:
+                    pod["spec"]["nodeName"] = binding["target"]["name"]
+                    self._answer(
+                        201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+                    )
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def add(self, pod: Dict[str, Any]) -> Dict[str, Any]:
+        self.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
+        return pod
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def api():
+    server = ApiServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def extender(api):
+    """The webhook server (plain HTTP here) with the extender's bind verb over the stand-in."""
+    cluster = ClusterState(dict)
+    # GPU-a-0 60 % used, GPU-a-1 free; node-b full.
+    b = gpus("b", 1)
+    cluster.set_states(
+        {"node-a": NodeState(NODE_A, {NODE_A[0].uuid: 9830}), "node-b": NodeState(b, {b[0].uuid: 16384})}
+    )
+    server = serve("127.0.0.1:0", WebhookApp(MutateConfig(), cluster, KubeApi.at(api.url)))
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+
+    def bind(args: Dict[str, Any]) -> Dict[str, Any]:
+        conn.request("POST", "/extender/bind", json.dumps(args), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200  # the protocol's errors travel in the result
+        return json.loads(resp.read())
+
+    yield bind
+    conn.close()
+    server.shutdown()
+
+
+def binding_args(pod: Dict[str, Any], node: str) -> Dict[str, Any]:
+    """ExtenderBindingArgs as kube-scheduler sends it (Go field names, no json tags)."""
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+
+
+def test_bind_records_the_choice_before_binding(api, extender):
+    pod = api.add(user_pod("p1", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}))
+    assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    assert pod["spec"]["nodeName"] == "node-a"
+    choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
+    # binpack: the fuller GPU that holds 30 %, as core placement decides on the agent's state.
+    assert choice == Choice("node-a", {"train": (NODE_A[0].uuid,)})
+    assert verify(choice, "node-a", [d.uuid for d in NODE_A]) is None
+    assert [m for m, _ in api.calls] == ["GET", "PATCH", "POST"]  # recorded, then bound
+    assert api.calls[-1][1] == "/api/v1/namespaces/team-a/pods/p1/binding"
+
+
+def test_two_gpus_each_with_the_share_are_two_distinct_gpus(api, extender):
+    pod = api.add(user_pod("p2", {"gpupool.io/gpu-amount": "2", "gpupool.io/gpu-percent": "40"}))
+    assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
+    assert choice is not None and sorted(choice.gpus["train"]) == sorted(d.uuid for d in NODE_A)
+
+
+@pytest.mark.parametrize(
+    "change, node, says",
+    [
+        ({}, "node-b", "node node-b"),  # full now: the placement's reason
+        ({"uid": "another"}, "node-a", "no longer the one of UID"),  # replaced since it was scheduled
+        ({"bound": "node-b"}, "node-a", "already assigned to node"),  # the API's own 409 message
+        ({"name": "../../nodes/x"}, "node-a", "not found"),  # a name cannot add a path segment
+    ],
+)
+def test_a_bind_that_cannot_hold_is_an_error_and_nothing_is_recorded(api, extender, change, node, says):
+    pod = api.add(user_pod("p3", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "50"}))
+    args = binding_args(pod, node)
+    if "uid" in change:
+        args["PodUID"] = change["uid"]
+    if "bound" in change:
+        pod["spec"]["nodeName"] = change["bound"]
+    if "name" in change:
+        args["PodName"] = change["name"]
+    result = extender(args)
+    assert says in result["Error"] and result["Error"].startswith("gpupool extender: ")
+    if "bound" not in change:
+        assert "nodeName" not in pod["spec"]
+    if "bound" in change:  # recorded, then the API refused the binding: the next bind records again
+        assert api.calls[-1][0] == "POST"
+    else:
+        assert ann.CHOICE not in pod["metadata"]["annotations"]
+
+
+def test_a_pod_without_gpus_is_bound_without_a_choice(api, extender):
+    pod = api.add(user_pod("cpu", {}, policy=""))
+    assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    assert pod["spec"]["nodeName"] == "node-a" and ann.CHOICE not in (pod["metadata"].get("annotations") or {})
+
+
+def test_bind_without_the_api_server_says_so():
+    cluster = ClusterState(dict)
+    assert (
+        "Kubernetes API"
+        in WebhookApp(MutateConfig(), cluster).handle(
+            "POST", "/extender/bind", b'{"PodName":"p","PodNamespace":"n","Node":"a"}'
+        )[1]["Error"]
+    )
+
+
+def test_scheduler_config_with_bind_names_the_verb_and_is_not_ignorable():
+    (plain,) = scheduler_config("10.96.0.200")["extenders"]
+    assert "bindVerb" not in plain and plain["ignorable"] is True
+    (binder,) = scheduler_config("10.96.0.200", bind=True)["extenders"]
+    assert binder["bindVerb"] == "bind" and binder["ignorable"] is False
+
+
+def test_the_device_plugin_gives_the_recorded_gpus_units(api, extender, tmp_path, caplog):
+    pod = api.add(user_pod("p4", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}))
+    assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    recorded_gpu = NODE_A[0].uuid
+    lookups: List[int] = []
+    client = KubeApi.at(api.url)
+
+    def lookup(units: int) -> List[Tuple[str, ...]]:
+        lookups.append(units)
+        query = urllib.parse.urlencode({"fieldSelector": "spec.nodeName=node-a,status.phase=Pending"})
+        pods = client.request("GET", f"/api/v1/pods?{query}")["items"]
+        return gpus_for_units(pods, "node-a", units)
+
+    kubelet_dir = tmp_path / "dp"
+    kubelet_dir.mkdir()
+    plugin = DevicePlugin(NODE_A, PluginConfig(kubelet_dir=str(kubelet_dir), watch_interval_s=0.1, recorded=lookup))
+    kubelet = Kubelet(str(kubelet_dir))
+    try:
+        plugin.start()
+        kubelet.requests.get(timeout=5)
+        by_gpu = {d.uuid: [u for u, dev in plugin.units if dev.uuid == d.uuid] for d in NODE_A}
+        # The kubelet's view: GPU-a-0 all free, GPU-a-1 half taken. Alone, the plugin would put 30
+        # units on the fuller GPU-a-1; the extender recorded GPU-a-0.
+        available = by_gpu[NODE_A[0].uuid] + by_gpu[NODE_A[1].uuid][50:]
+
+        def preferred(size: int) -> List[str]:
+            channel = grpc.insecure_channel(f"unix://{plugin.socket_path}")
+            with channel:
+                resp = rpc.DevicePluginStub(channel).GetPreferredAllocation(
+                    pb.PreferredAllocationRequest(
+                        container_requests=[
+                            pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+                        ]
+                    ),
+                    timeout=5,
+                )
+            return list(resp.container_responses[0].deviceIDs)
+
+        ids = preferred(30)
+        assert len(ids) == 30 and {plugin.table[u].uuid for u in ids} == {recorded_gpu}
+        # No pod recorded for 20 units: the plugin chooses (the fuller GPU), and says so.
+        with caplog.at_level(logging.INFO, logger="gpupool.kube.deviceplugin.plugin"):
+            ids = preferred(20)
+        assert {plugin.table[u].uuid for u in ids} == {NODE_A[1].uuid}
+        assert "no recorded GPU choice holds 20 units" in caplog.text
+        assert lookups == [30, 20]
+    finally:
+        kubelet.stop()
+        plugin.stop()
