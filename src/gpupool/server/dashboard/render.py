@@ -8,45 +8,17 @@ no inline script, so the routes' Content-Security-Policy can forbid it.
 
 from __future__ import annotations
 
-import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from ...core.quantity import format_mib
 from . import shapes
 from .history import Point
+from .units import clock, duration, mib, percent
 from .view import DashboardView
 
 STATIC = "/ui/static"
 REFRESH_MS = 2000
-
-
-def mib(value: Optional[int]) -> str:
-    """MiB in a human unit; '–' when unknown."""
-    return "–" if value is None else format_mib(int(value))
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: 42s, 3m 05s, 2h 07m, 3d 4h."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
-
-
-def percent(part: float, whole: float) -> str:
-    """`part` as a whole percentage of `whole`; '–' when there is no whole."""
-    return f"{100.0 * part / whole:.0f}%" if whole else "–"
-
-
-def clock(at: float) -> str:
-    """A wall-clock time of day, local to the server."""
-    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def _environment() -> Environment:

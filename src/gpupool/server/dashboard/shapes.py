@@ -7,10 +7,11 @@ pool's, and the templates escape both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from .history import Point
-from .view import GpuRow, Segment
+from .units import mib
+from .view import GpuRow
 
 COLORS = 8  # lease colours l0..l7 / u0..u7 in dashboard.css
 BAR_W = 1000.0  # the bars' viewBox width; CSS stretches it to the cell
@@ -37,16 +38,20 @@ class Chart:
     lines: Tuple[Line, ...]
 
 
-@dataclass(frozen=True)
-class Slab:
-    """One lease's slice in a GPU's bar: where it starts and how wide, and how much of it its processes use."""
+class Slab(NamedTuple):
+    """One lease's slice in a GPU's bar: what it says on hover, where it is (viewBox units, to 0.1), what is used.
 
-    segment: Segment
-    color: int
-    x: float
-    width: float
-    used_width: float  # 0: nothing used (or not sampled)
-    over: bool  # its processes use more than the slice
+    A tuple, so the template unpacks it in its loop header, and one text for
+    the hover title: at 10,000 slices each lookup and each escaped value
+    costs milliseconds.
+    """
+
+    title: str  # "lease ID (HOLDER): 1.6GiB allocated, 1.2GiB used"
+    css: str  # "l<colour>"
+    x: str
+    width: str
+    fill: str  # the class of what its processes use: "u<colour>", "over" past the slice, "" for nothing
+    fill_width: str
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,8 @@ class Bar:
     """A GPU's bar: the slices (top row) and all use on the GPU, leased then unleased (bottom row)."""
 
     slabs: Tuple[Slab, ...]
-    leased_width: Optional[float]  # None: usage not sampled
-    unleased_width: float
+    used_width: str  # "": usage not sampled
+    unleased_width: str  # "": no process of no lease
 
 
 def color(lease_id: str) -> int:
@@ -69,13 +74,25 @@ def bar(g: GpuRow) -> Bar:
     x = 0.0
     for s in g.segments:
         width = s.allocated_mib * scale
+        c = color(s.lease_id)
         used = s.used_mib or 0
-        slabs.append(Slab(s, color(s.lease_id), x, width, min(used, s.allocated_mib) * scale, used > s.allocated_mib))
+        said = "not sampled" if s.used_mib is None else f"{mib(s.used_mib)} used"
+        slabs.append(
+            Slab(
+                f"lease {s.lease_id} ({s.holder}): {mib(s.allocated_mib)} allocated, {said}",
+                f"l{c}",
+                f"{x:.1f}",
+                f"{width:.1f}",
+                "" if not used else "over" if used > s.allocated_mib else f"u{c}",
+                f"{min(used, s.allocated_mib) * scale:.1f}",
+            )
+        )
         x += width
     if g.used_mib is None:
-        return Bar(tuple(slabs), None, 0.0)
-    leased = max(0, g.used_mib - g.unleased_mib)
-    return Bar(tuple(slabs), min(BAR_W, leased * scale), min(BAR_W, g.unleased_mib * scale))
+        return Bar(tuple(slabs), "", "")
+    leased = min(BAR_W, max(0, g.used_mib - g.unleased_mib) * scale)
+    unleased = f"{min(BAR_W, g.unleased_mib * scale):.1f}" if g.unleased_mib else ""
+    return Bar(tuple(slabs), f"{leased:.1f}", unleased)
 
 
 def charts(history: Sequence[Point], now: float) -> Tuple[Chart, ...]:
