@@ -19,12 +19,12 @@ import pytest
 
 from gpupool.kube import annotations as ann
 from gpupool.kube.admission import WebhookApp, serve
-from gpupool.kube.choice import Choice, gpus_for_units, verify
+from gpupool.kube.choice import Choice, gpus_for_units, pinned_claim, verify
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpupool.kube.dra.apiclient import KubeApi
-from gpupool.kube.extender import NodeState
+from gpupool.kube.extender import NodeState, pod_claim
 from gpupool.kube.manifests import scheduler_config
 from gpupool.kube.mutate import MutateConfig, mutate
 from gpupool.kube.nodestate import ClusterState
@@ -324,3 +324,32 @@ def test_the_device_plugin_gives_the_recorded_gpus_units(api, extender, tmp_path
     finally:
         kubelet.stop()
         plugin.stop()
+
+
+def test_a_bound_pod_not_started_counts_on_its_recorded_gpus():
+    pod = user_pod("p5", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"})
+    state = NodeState(NODE_A, {NODE_A[0].uuid: 9830})
+    # Recorded on the free GPU-a-1 (the state when it was bound); placing its claim again would
+    # pick the fuller GPU-a-0 (binpack).
+    pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
+    again = state.with_pending([(pod["metadata"]["uid"], pod_claim(pod))])
+    assert again.allocated[NODE_A[0].uuid] > 9830
+    pinned = state.with_pending([(pod["metadata"]["uid"], pinned_claim(pod))])
+    assert pinned.allocated == {NODE_A[0].uuid: 9830, NODE_A[1].uuid: 4915}
+
+
+def test_two_containers_recorded_on_one_gpu_count_there_both():
+    pod = user_pod("p6", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"})
+    second = dict(pod["spec"]["containers"][0], name="helper")
+    pod["spec"]["containers"].append(second)
+    asks = ann.decode_claim(pod["metadata"]["annotations"][ann.CLAIM])
+    assert asks is not None
+    pod["metadata"]["annotations"][ann.CLAIM] = ann.encode_claim({"train": asks["train"], "helper": asks["train"]})
+    pod["metadata"]["annotations"][ann.CHOICE] = Choice(
+        "node-a", {"train": (NODE_A[1].uuid,), "helper": (NODE_A[1].uuid,)}
+    ).encode()
+    pinned = NodeState(NODE_A, {}).with_pending([("u", pinned_claim(pod))])
+    assert pinned.allocated == {NODE_A[1].uuid: 2 * 4915}
+    # A record that does not match the claim (one GPU short) is not used.
+    pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
+    assert pinned_claim(pod) is None

@@ -8,12 +8,15 @@ check it still holds instead of choosing again (pure functions here, no I/O).
 
 from __future__ import annotations
 
+import glob
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput, Unavailable
+from ..core.filters import Filter
 from ..core.fragmentation import Fragmentation
+from ..core.model import Claim, GpuRequest, Policy
 from ..core.placement import place
 from . import annotations as ann
 from .resources import UNITS, UNITS_PER_GPU, claim_of
@@ -79,6 +82,25 @@ def choose(
     for s in placement.slices:
         gpus[names[s.group]].append(s.device_uuid)
     return Choice(node, {n: tuple(u) for n, u in gpus.items()})
+
+
+def pinned_claim(pod: Mapping[str, Any]) -> Optional[Claim]:
+    """The pod's claim held to the GPUs recorded for it: one request per recorded GPU, each with
+    `device.uuid` set to it, so that placing it (a bound pod not yet started, counted by the
+    extender) lands where the bind put it instead of choosing again. None without a usable record."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    asks = ann.decode_claim(annotations.get(ann.CLAIM))
+    choice = recorded(pod)
+    if asks is None or choice is None:
+        return None
+    requests: List[GpuRequest] = []
+    for name, ask in asks.items():
+        uuids = choice.gpus.get(name, ())
+        if len(uuids) != ask.amount:
+            return None
+        one = replace(ask, amount=1)
+        requests += [one.request([Filter("device.uuid", "=", glob.escape(u))]) for u in uuids]
+    return Claim(tuple(requests), Policy.BINPACK) if requests else None
 
 
 def verify(choice: Choice, node: str, known: Iterable[str]) -> Optional[str]:

@@ -178,7 +178,9 @@ def kube_targets(port: int, scheme: str = "http") -> Targets:  # pragma: no cove
 
 
 def kube_pending() -> Pending:  # pragma: no cover - needs an API server
-    """Pods bound to a node with a gpupool claim (in cluster), for `NodeState.with_pending`."""
+    """Pods bound to a node with a gpupool claim (in cluster), for `NodeState.with_pending`: on the
+    GPUs the extender's bind recorded for them, else wherever their claim fits."""
+    from .choice import pinned_claim
     from .extender import pod_claim
 
     api = core_v1("the extender counts pods bound but not yet started", "pass --agents NODE=URL,...")
@@ -189,7 +191,8 @@ def kube_pending() -> Pending:  # pragma: no cover - needs an API server
         for pod in pods.items:
             if not pod.spec.node_name or not (pod.metadata.annotations or {}).get("gpupool.io/claim"):
                 continue
-            claim = pod_claim({"metadata": {"annotations": pod.metadata.annotations}, "spec": {}})
+            shape = {"metadata": {"annotations": pod.metadata.annotations}, "spec": {}}
+            claim = pinned_claim(shape) or pod_claim(shape)
             if claim is not None:
                 out.setdefault(pod.spec.node_name, []).append((pod.metadata.uid, claim))
         return out
