@@ -190,3 +190,43 @@ def test_terminate_skips_gone_foreign_and_zombie_processes():
         assert time.monotonic() - started < 1
     finally:
         zombie.wait()
+
+
+STUBBORN_TREE = (
+    # A group leader and its forked child, both ignoring SIGTERM: only SIGKILL ends them.
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if os.fork() == 0:\n"
+    "    time.sleep(60)\n"
+    "    sys.exit(0)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_terminate_ends_a_whole_process_group():
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", STUBBORN_TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    polite = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        members = group_members(stubborn.pid)
+        assert len(members) == 2, members
+        started = time.monotonic()
+        # A grace long enough for the polite group to go on SIGTERM on a busy machine.
+        killed = terminate((), 2.0, groups=[stubborn.pid, polite.pid], reap=lambda: (stubborn.poll(), polite.poll()))
+        took = time.monotonic() - started
+        assert killed == [stubborn.pid]
+        assert 2.0 <= took < 8
+        assert stubborn.returncode == -signal.SIGKILL and polite.returncode is not None
+        assert not any(alive(pid) for pid in members)
+        assert not any(alive(pid) for pid in group_members(stubborn.pid) + group_members(polite.pid))
+    finally:
+        kill_all([stubborn, polite])
+
+
+def test_terminate_never_signals_its_own_group_or_init():
+    started = time.monotonic()
+    assert terminate((), grace_s=5, groups=[os.getpgrp(), 1, 0]) == []
+    assert time.monotonic() - started < 1

@@ -1,5 +1,5 @@
 """Process trees from Linux /proc (stdlib only): who descends from whom, which lease or pod a process
-belongs to, and ending a set of processes (SIGTERM, grace, SIGKILL).
+belongs to, and the one stop of processes and process groups (SIGTERM, grace, SIGKILL): `terminate`.
 
 Used by the runner (its child's whole tree ends with the lease) and by the server-side watchdog
 (which processes on a GPU belong to which lease). Every reader tolerates processes that vanish
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .env import LEASE_ID_ENV
 
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Set
+    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 PROC = "/proc"
 # A ppid chain longer than this is a loop in a racy snapshot, not a real tree (pid_max is 4M,
@@ -182,40 +182,66 @@ def alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X", "x")
 
 
-def terminate(pids: Iterable[int], grace_s: float) -> List[int]:
-    """End `pids`: SIGTERM, up to `grace_s` for them to go, then SIGKILL; returns the SIGKILLed ones.
+def terminate(
+    pids: Iterable[int], grace_s: float, groups: Iterable[int] = (), reap: Optional[Callable[[], object]] = None
+) -> List[int]:
+    """The one process stop: SIGTERM `pids` and process groups `groups`, up to `grace_s` for them to
+    go, then SIGKILL what is left; returns the pids and group ids that needed SIGKILL.
 
-    Pids already gone or not ours to signal are skipped; this process and init never are signalled.
+    Pids or groups already gone or not ours to signal are skipped; this process, its own group and
+    init never are signalled. `reap`, called while waiting, collects the caller's own ended
+    children (Popen.poll): an unreaped zombie still counts as a live member of its group.
     """
-    me = os.getpid()
-    targets: List[int] = []
+    me, my_group = os.getpid(), os.getpgrp()
+    targets: List[Tuple[int, bool]] = []  # (id, is a group)
     for pid in dict.fromkeys(pids):  # unique, order kept
-        if pid <= 1 or pid == me:
-            continue
-        try:
-            os.kill(pid, signal.SIGTERM)
+        if pid > 1 and pid != me and _signal(pid, False, signal.SIGTERM):
+            targets.append((pid, False))
+    for pgid in dict.fromkeys(groups):
+        if pgid > 1 and pgid != my_group and _signal(pgid, True, signal.SIGTERM):
+            targets.append((pgid, True))
+    remaining = _wait_gone(targets, grace_s, reap)
+    killed = [target for target in remaining if _signal(*target, signal.SIGKILL)]
+    _wait_gone(killed, _KILL_SETTLE_S, reap)
+    return [ident for ident, _ in killed]
+
+
+def _signal(ident: int, group: bool, signum: int) -> bool:
+    """Send `signum` to a process or a process group; False when it is gone or not ours."""
+    try:
+        (os.killpg if group else os.kill)(ident, signum)
+        if signum == signal.SIGTERM:
             # A stopped process would hold SIGTERM until continued: let it see it now.
-            os.kill(pid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError):
-            continue
-        targets.append(pid)
-    remaining = _wait_gone(targets, grace_s)
-    killed: List[int] = []
-    for pid in remaining:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except (ProcessLookupError, PermissionError):
-            continue
-    _wait_gone(killed, _KILL_SETTLE_S)
-    return killed
+            (os.killpg if group else os.kill)(ident, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
-def _wait_gone(pids: List[int], timeout_s: float) -> List[int]:
-    """Poll until every pid is gone or a zombie, or `timeout_s` passes; returns those still alive."""
-    remaining = [p for p in pids if alive(p)]
+def _running(ident: int, group: bool, table: Optional[Dict[int, ProcessInfo]]) -> bool:
+    """Whether a process, or any process of a group, is still there and not a zombie (an orphaned
+    zombie waits for init, which may take its time: it has ended all the same)."""
+    if not group:
+        return alive(ident)
+    try:
+        os.killpg(ident, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return any(alive(pid) for pid in group_members(ident, table))
+
+
+def _wait_gone(
+    targets: List[Tuple[int, bool]], timeout_s: float, reap: Optional[Callable[[], object]]
+) -> List[Tuple[int, bool]]:
+    """Poll until every target is gone, or `timeout_s` passes; returns those still there."""
+    remaining = targets
     deadline = time.monotonic() + max(timeout_s, 0.0)
-    while remaining and time.monotonic() < deadline:
+    while True:
+        # One read of /proc a round, and only while a group is waited for.
+        table = process_table() if any(group for _, group in remaining) else None
+        remaining = [target for target in remaining if _running(*target, table)]
+        if reap is not None:
+            reap()  # after the look: what just ended is collected before this returns
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
         time.sleep(_POLL_S)
-        remaining = [p for p in remaining if alive(p)]
-    return remaining

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import IO, Iterable, List, Mapping, Optional, Sequence
 
+from ....isolation.proctree import terminate
 from ...environment import JOB_DIR_ENV
 
 
@@ -51,21 +51,13 @@ def group_alive(pgid: int) -> bool:
 
 
 def stop_groups(pgids: Iterable[int], grace_s: float = 5.0, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
-    """SIGTERM every group, wait up to `grace_s` for them to go, then SIGKILL what is left.
+    """SIGTERM every group, wait up to `grace_s` for them to go, then SIGKILL what is left
+    (isolation.proctree.terminate, the one process stop).
 
     `children` are our own Popen leaders: polling them reaps them, since an
     unreaped (zombie) leader still counts as a live group member.
     """
-    live = [p for p in pgids if signal_group(p, signal.SIGTERM)]
-    deadline = time.monotonic() + grace_s
-    while live and time.monotonic() < deadline:
-        for child in children:
-            child.poll()
-        live = [p for p in live if group_alive(p)]
-        if live:
-            time.sleep(0.05)
-    for pgid in live:
-        signal_group(pgid, signal.SIGKILL)
+    terminate((), grace_s, groups=pgids, reap=lambda: [child.poll() for child in children])
     for child in children:
         try:
             child.wait(timeout=5)
