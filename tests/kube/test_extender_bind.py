@@ -28,6 +28,7 @@ from gpupool.kube.extender import NodeState, pod_claim
 from gpupool.kube.manifests import scheduler_config
 from gpupool.kube.mutate import MutateConfig, mutate
 from gpupool.kube.nodestate import ClusterState
+from gpupool.kube.validate import validate
 
 from .conftest import Kubelet, apply_patch, gpus, to_v1pod
 
@@ -353,3 +354,11 @@ def test_two_containers_recorded_on_one_gpu_count_there_both():
     # A record that does not match the claim (one GPU short) is not used.
     pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
     assert pinned_claim(pod) is None
+
+
+def test_a_new_pod_carrying_a_choice_is_denied():
+    pod = user_pod("p7", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"})
+    assert validate(pod).allowed
+    pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
+    verdict = validate(pod)
+    assert not verdict.allowed and ann.CHOICE in verdict.message and "remove it" in verdict.message
