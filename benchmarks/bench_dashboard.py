@@ -5,8 +5,9 @@ A real pool (SQLite state dir) is filled directly through the store: 10,000 leas
 lease in the usage record (as the watchdog writes it), 20 enforcement actions and a
 history hour. Then, each --rounds times:
 
-- the server side of `/`: pool status, view, HTML (`page`), and the whole GET through the
-  app (auth, gzip) over a real uvicorn socket, reading the status afresh;
+- the server side of `/`: pool status, view, HTML (`page`, from the Jinja2 templates, and
+  `live`), and the whole GET through the app (auth, gzip) over a real uvicorn socket,
+  reading the status afresh;
 - `/ui/live`, what the page fetches on every refresh, afresh and with the status read shared
   by the viewers of the last second (the default);
 - `/metrics` (every per-lease series included);
@@ -190,6 +191,7 @@ def main() -> int:
             "pool_status": timed(pool.status, args.rounds),
             "view_build": timed(lambda: build(status, now), args.rounds),
             "html_page": timed(lambda: draw.page(view, points, auth=False), args.rounds),
+            "html_live": timed(lambda: draw.live(view, points), args.rounds),
             "html_bytes": len(html.encode()),
             "html_gzip_bytes": len(gzip.compress(html.encode(), 5)),
         }
