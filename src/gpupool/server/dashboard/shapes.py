@@ -1,7 +1,8 @@
 """Where the dashboard's SVG shapes go: the last hour's line charts and each GPU's memory bar. Pure, no HTML.
 
-The templates draw these; every figure here is a number, every text the
-pool's, and the templates escape both.
+The templates draw these. What is here is numbers and plain text (a slice's
+hover title holds the pool's names as they are): never markup, so the
+templates' autoescaping escapes all of it.
 """
 
 from __future__ import annotations
