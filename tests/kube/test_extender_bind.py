@@ -362,3 +362,17 @@ def test_a_new_pod_carrying_a_choice_is_denied():
     pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
     verdict = validate(pod)
     assert not verdict.allowed and ann.CHOICE in verdict.message and "remove it" in verdict.message
+
+
+def test_a_plugin_sharing_the_pools_mix_does_not_count_asks_twice(tmp_path):
+    from gpupool.core.fragmentation import LearnedMix
+
+    shared = LearnedMix()
+    own = DevicePlugin(NODE_A, PluginConfig(kubelet_dir=str(tmp_path)))
+    node = DevicePlugin(NODE_A, PluginConfig(kubelet_dir=str(tmp_path)), mix=shared)
+    assert node.mix is shared and own.mix is not shared
+    for plugin in (own, node):
+        plugin.learn(30)
+        plugin.learn(200)
+    assert own.mix.histogram.observed == 2
+    assert shared.histogram.observed == 0  # the pool counts the claims when the runners claim

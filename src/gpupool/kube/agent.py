@@ -242,10 +242,12 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
         signal.signal(sig, _exit_during_start_up)  # while serving, the server's run() handles them
     node = config.node or os.environ.get("NODE_NAME", "") or os.uname().nodename
     live: Optional[LivePods] = None
+    recorded = None  # the extender's GPU choices, read where the node's pods are read from the API
     if config.live_pods_file:
         live = file_live_pods(config.live_pods_file)
     elif config.in_cluster:
         live = kube_live_pods(node)  # fails here, before anything is started, outside a cluster
+        recorded = kube_recorded(node)
     devices = discover(config.devices, node)
     config.check()
     dra_api = None
@@ -281,8 +283,9 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             agent_url=advertise,
             envs={SOCKET_ENV: str(attest)},
             mounts=[(str(attest.parent), str(attest.parent), True)],
-            recorded=kube_recorded(node) if config.in_cluster else None,
+            recorded=recorded,
         ),
+        mix=prepared.pool.mix,  # the pool's: one learned shape mix on the node
     )
     # On a DRA-only node the device-plugin folder may not exist: DRA serves alone there.
     with_device_plugin = config.device_plugin and (not config.dra or os.path.isdir(config.kubelet_dir))

@@ -77,10 +77,7 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
             if ids is not None:
                 responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
                 continue
-            if 0 < size <= UNITS_PER_GPU:
-                self.plugin.mix.observe(TaskShape(1, size * 10))
-            elif size > 0 and size % UNITS_PER_GPU == 0:
-                self.plugin.mix.observe(TaskShape(size // UNITS_PER_GPU, 1000))
+            self.plugin.learn(size)
             ids = preferred_units(
                 list(r.available_deviceIDs),
                 list(r.must_include_deviceIDs),
@@ -111,12 +108,17 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
 class DevicePlugin:
     """Serves the DevicePlugin service and keeps it registered with the kubelet."""
 
-    def __init__(self, devices: Sequence[Device], config: PluginConfig) -> None:
+    def __init__(self, devices: Sequence[Device], config: PluginConfig, mix: Optional[LearnedMix] = None) -> None:
+        """Args:
+        mix: the node pool's learned mix, shared (one mix per node; the pool counts the claims);
+            without it the plugin learns its own from the containers' asks.
+        """
         self.config = config
         self.devices = list(devices)
         self.units = unit_ids(self.devices)
         self.table = dict(self.units)
-        self.mix = LearnedMix()  # the containers' asks seen here: fragaware's mix for GetPreferredAllocation
+        self.mix = mix or LearnedMix()  # fragaware's mix when GetPreferredAllocation chooses
+        self.learns = mix is None
         self.unhealthy: Set[str] = set()
         self.changed = threading.Condition()
         self.version = 0
@@ -142,6 +144,16 @@ class DevicePlugin:
                 self.unhealthy = set(uuids)
                 self.version += 1
                 self.changed.notify_all()
+
+    def learn(self, size: int) -> None:
+        """Count a container's ask of `size` units in the plugin's own mix (a shared pool mix
+        counts the claim itself, when the container's runner claims)."""
+        if not self.learns:
+            return
+        if 0 < size <= UNITS_PER_GPU:
+            self.mix.observe(TaskShape(1, size * 10))
+        elif size > 0 and size % UNITS_PER_GPU == 0:
+            self.mix.observe(TaskShape(size // UNITS_PER_GPU, 1000))
 
     def recorded_units(self, available: List[str], must: List[str], size: int) -> Optional[List[str]]:
         """The units of the GPUs the extender chose for a container of `size` units; None (logged
