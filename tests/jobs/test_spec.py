@@ -79,14 +79,14 @@ def test_memory_and_percent_forms():
         ({"roles": {"worker": {"replicas": 0, "command": ["x"]}}}, "roles.worker.replicas", ">= 1"),
         ({"roles": {"worker": {"replicas": 1}}}, "roles.worker.command", "missing"),
         ({"roles": {"worker": {"command": []}}}, "roles.worker.command", "empty"),
-        ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 1.5}}}}, "roles.worker.gpu", "(0, 1]"),
+        ({"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 1.5}}}}, "roles.worker.gpu.fraction", "(0, 1]"),
         ({"roles": {"worker": {"command": ["x"], "gpu": {"count": 1}}}}, "roles.worker.gpu", "fraction"),
         (
             {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "memory": "1Gi"}}}},
             "roles.worker.gpu",
             "not both",
         ),
-        ({"roles": {"worker": {"command": ["x"], "gpu": {"memory": "lots"}}}}, "roles.worker.gpu", "8Gi"),
+        ({"roles": {"worker": {"command": ["x"], "gpu": {"memory": "lots"}}}}, "roles.worker.gpu.memory", "8Gi"),
         (
             {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "cores": 2}}}},
             "roles.worker.gpu.cores",
@@ -139,3 +139,81 @@ def test_cli_bad_spec_exits_2_without_traceback(tmp_path, capsys):
     assert main(["submit", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "roles.worker.gpu" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # the field's dotted path, the value as written, the rule and the fix, on one line
+        (
+            {"roles": {"worker": {"command": ["x"], "gpu": {"count": 0, "fraction": 0.5}}}},
+            "roles.worker.gpu.count: 0 must be a whole number >= 1",
+        ),
+        (
+            {"roles": {"worker": {"replicas": "2", "command": ["x"]}}},
+            "roles.worker.replicas: '2' must be a whole number",
+        ),
+        (
+            {"roles": {"worker": {"replicas": True, "command": ["x"]}}},
+            "roles.worker.replicas: True must be a whole number",
+        ),
+        ({"backoffSeconds": -1}, "backoffSeconds: -1 must be >= 0"),
+        ({"activeDeadlineSeconds": float("nan")}, "activeDeadlineSeconds: nan must be a finite number"),
+        ({"priority": 10**12}, "priority: 1000000000000 must be a whole number <= "),
+        (
+            {"roles": {"worker": {"command": ["x"], "env": {"A": [1]}}}},
+            "roles.worker.env.A: [1] must be a string or a number",
+        ),
+        ({"annotations": {"team": None}}, "annotations.team: None must be a string or a number"),
+        (
+            {"roles": {"worker": {"command": ["x"], "resources": {"memory": "lots"}}}},
+            "roles.worker.resources.memory: memory 'lots' is not a size: write e.g. 8Gi",
+        ),
+        (
+            {"roles": {"worker": {"command": ["x"], "resources": {"gpus": 1}}}},
+            "roles.worker.resources.gpus: unknown field: use one of cpu, memory",
+        ),
+        (
+            {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "filters": ["vendor"]}}}},
+            "roles.worker.gpu.filters: filter 'vendor' is not KEY=VALUE",
+        ),
+        (
+            {"roles": {"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "count": 10**6}}}},
+            "roles.worker.gpu: GPU count 1000000 is over the limit",
+        ),
+        ({"roles": {"worker": {"command": ["x"], "image": 5}}}, "roles.worker.image: 5 must be a string"),
+        ({"roles": "worker"}, "roles: 'worker' must be a mapping of role names"),
+    ],
+)
+def test_errors_carry_the_field_path_the_value_and_the_fix(changes, message):
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec(**changes))
+    assert err.value.message.startswith(message), err.value.message
+    assert err.value.path == message.split(":", 1)[0] and "\n" not in err.value.message
+    assert err.value.exit_code == 2
+
+
+def test_the_first_problem_is_named_and_the_others_counted():
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec(backoffLimit=-1, priority="high", roles={"worker": {"replicas": 0, "command": ["x"]}}))
+    assert err.value.message.endswith("(and 2 more)"), err.value.message
+
+
+def test_a_missing_field_says_what_to_write():
+    with pytest.raises(SpecError) as err:
+        parse_spec({"name": "j"})
+    assert (
+        err.value.message
+        == "roles: is missing: give at least one role, e.g. roles: {worker: {replicas: 2, command: [...]}}"
+    )
+    with pytest.raises(SpecError) as err:
+        parse_spec({"roles": {"worker": {"command": ["x"]}}})
+    assert err.value.message == "name: is missing: give the job a name, e.g. digits-ddp"
+
+
+def test_empty_sections_in_yaml_mean_none():
+    """`env:` with nothing after it is null in YAML: no variables, as before the model."""
+    s = parse_spec(
+        spec(env=None, annotations=None, setup=None, roles={"worker": {"command": ["x"], "env": None, "gpu": 0}})
+    )
+    assert s.env == () and s.annotations == () and s.setup == () and s.roles[0].env == () and s.roles[0].gpu is None

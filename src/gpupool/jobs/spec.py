@@ -1,23 +1,20 @@
 """The job spec: a pure, validated description of a distributed training job.
 
 A spec is written once in YAML and run by any executor (local processes,
-Kubernetes Indexed Jobs, Kubeflow TFJob/PyTorchJob). Validation errors name
-the field by its path (``roles.worker.gpu.fraction``) and say how to fix it.
+Kubernetes Indexed Jobs, Kubeflow TFJob/PyTorchJob). Its layout is validated
+by the models of `spec_model`; errors name the field by its path
+(``roles.worker.gpu.fraction``), the value and how to fix it.
 """
 
 from __future__ import annotations
 
 import enum
-import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..core.errors import GpupoolError, InvalidInput
-from ..core.filters import Filter
+from ..core.errors import InvalidInput
 from ..core.model import GpuRequest, Policy
-from ..core.quantity import parse_fraction, parse_memory_mib
 
 
 class SpecError(InvalidInput):
@@ -71,32 +68,7 @@ ROLES: Dict[Framework, Tuple[str, ...]] = {
 }
 # Roles that serve others and never finish by themselves: stopped once the job is done.
 SERVICE_ROLES = ("ps", "evaluator")
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME = 40  # leaves room for "-worker-12" and a 63-character DNS label on Kubernetes
-_JOB_KEYS = {
-    "name",
-    "framework",
-    "roles",
-    "restartPolicy",
-    "backoffLimit",
-    "backoffSeconds",
-    "successPolicy",
-    "activeDeadlineSeconds",
-    "env",
-    "setup",
-    "workingDir",
-    "placement",
-    "image",
-    "namespace",
-    "annotations",
-    "queue",
-    "priority",
-}
-_ROLE_KEYS = {"replicas", "command", "env", "gpu", "image", "restartPolicy", "resources"}
-_RESOURCE_KEYS = {"cpu", "memory"}
-_CPU_RE = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
-_GPU_KEYS = {"count", "amount", "fraction", "memory", "filters"}
 
 
 @dataclass(frozen=True)
@@ -158,139 +130,64 @@ def load_spec(path: str) -> JobSpec:
 
 
 def parse_spec(data: Any) -> JobSpec:
-    """Validate a spec given as plain data (parsed YAML or JSON)."""
+    """Validate a spec given as plain data (parsed YAML or JSON) with `spec_model.JobModel`."""
+    # pydantic only where a spec is read: the executors and manifests need the dataclasses alone
+    from pydantic import ValidationError
+
+    from .spec_model import JobModel, explain
+
     if not isinstance(data, Mapping):
         raise SpecError("", "a job spec must be a mapping with at least 'name' and 'roles'")
-    _no_unknown(data, _JOB_KEYS, "")
-    name = data.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > MAX_NAME:
-        raise SpecError(
-            "name",
-            f"{name!r} is not a valid job name: use lowercase letters, digits and '-', "
-            f"starting with a letter, at most {MAX_NAME} characters (e.g. digits-ddp)",
-        )
-    framework = _enum(Framework, data.get("framework", "none"), "framework")
-    roles_data = data.get("roles")
-    if not isinstance(roles_data, Mapping) or not roles_data:
-        raise SpecError("roles", "give at least one role, e.g. roles: {worker: {replicas: 2, command: [...]}}")
-    allowed = ROLES[framework]
-    roles = []
-    for role_name in sorted(roles_data, key=lambda r: allowed.index(r) if r in allowed else len(allowed)):
+    try:
+        model = JobModel.model_validate(dict(data))
+    except ValidationError as err:
+        raise SpecError(*explain(err)) from None
+    allowed = ROLES[model.framework]
+    for role_name in model.roles:
         if role_name not in allowed:
             raise SpecError(
                 f"roles.{role_name}",
-                f"unknown role for framework {framework.value}: use one of {', '.join(allowed)}",
+                f"unknown role for framework {model.framework.value}: use one of {', '.join(allowed)}",
             )
-        roles.append(_parse_role(str(role_name), roles_data[role_name]))
+    roles = tuple(
+        RoleSpec(
+            name=name,
+            replicas=role.replicas,
+            command=role.command,
+            env=tuple(role.env.items()),
+            gpu=None if role.gpu is None else role.gpu.request(),
+            image=role.image,
+            cpu=role.resources.cpu if role.resources else "",
+            memory_mib=role.resources.memory if role.resources else None,
+        )
+        for name, role in sorted(model.roles.items(), key=lambda item: allowed.index(item[0]))
+    )
     spec = JobSpec(
-        name=name,
-        framework=framework,
-        roles=tuple(roles),
-        restart_policy=_enum(RestartPolicy, data.get("restartPolicy", "Never"), "restartPolicy"),
-        backoff_limit=_int(data.get("backoffLimit", 3), "backoffLimit", minimum=0),
-        backoff_seconds=_number(data.get("backoffSeconds", 1.0), "backoffSeconds", minimum=0.0),
-        success_policy=_enum(SuccessPolicy, data.get("successPolicy", "chief"), "successPolicy"),
-        active_deadline_seconds=(
-            None
-            if data.get("activeDeadlineSeconds") is None
-            else _number(data["activeDeadlineSeconds"], "activeDeadlineSeconds", minimum=1e-9)
-        ),
-        env=_env(data.get("env"), "env"),
-        setup=_command(data["setup"], "setup") if data.get("setup") else (),
-        working_dir=_str(data.get("workingDir", ""), "workingDir"),
-        placement=_placement(data.get("placement", "spread")),
-        image=_str(data.get("image", ""), "image"),
-        namespace=_str(data.get("namespace", "default"), "namespace"),
-        annotations=_env(data.get("annotations"), "annotations", check_names=False),
-        queue=_queue(data.get("queue", "")),
-        priority=_priority(data.get("priority", 0)),
+        name=model.name,
+        framework=model.framework,
+        roles=roles,
+        restart_policy=model.restart_policy,
+        backoff_limit=model.backoff_limit,
+        backoff_seconds=model.backoff_seconds,
+        success_policy=model.success_policy,
+        active_deadline_seconds=model.active_deadline_seconds,
+        env=tuple(model.env.items()),
+        setup=model.setup or (),
+        working_dir=model.working_dir,
+        placement=model.placement,
+        image=model.image,
+        namespace=model.namespace,
+        annotations=tuple(model.annotations.items()),
+        queue=model.queue,
+        priority=model.priority,
     )
     _check_framework_rules(spec)
     return spec
 
 
-def _parse_role(name: str, data: Any) -> RoleSpec:
-    path = f"roles.{name}"
-    if not isinstance(data, Mapping):
-        raise SpecError(path, "must be a mapping with replicas, command, and optionally env and gpu")
-    _no_unknown(data, _ROLE_KEYS, path)
-    if "command" not in data:
-        raise SpecError(f"{path}.command", "is missing: give the command to run, e.g. [python, train.py]")
-    if "restartPolicy" in data:
-        raise SpecError(f"{path}.restartPolicy", "is set for the whole job: move it to the top level")
-    cpu, memory = _resources(data.get("resources"), f"{path}.resources")
-    return RoleSpec(
-        name=name,
-        replicas=_int(data.get("replicas", 1), f"{path}.replicas", minimum=1),
-        command=_command(data["command"], f"{path}.command"),
-        env=_env(data.get("env"), f"{path}.env"),
-        gpu=_gpu(data.get("gpu"), f"{path}.gpu"),
-        image=_str(data.get("image", ""), f"{path}.image"),
-        cpu=cpu,
-        memory_mib=memory,
-    )
-
-
-def _resources(data: Any, path: str) -> Tuple[str, Optional[int]]:
-    """`resources: {cpu: 2, memory: 8Gi}` per replica (host memory; a bare number is MiB)."""
-    if data is None:
-        return "", None
-    if not isinstance(data, Mapping):
-        raise SpecError(path, "must be a mapping such as {cpu: 2, memory: 8Gi}")
-    _no_unknown(data, _RESOURCE_KEYS, path)
-    cpu = ""
-    if data.get("cpu") is not None:
-        cpu = str(data["cpu"]).strip()
-        if isinstance(data["cpu"], bool) or not _CPU_RE.match(cpu) or float(cpu.rstrip("m") or 0) <= 0:
-            raise SpecError(
-                f"{path}.cpu", f"{data['cpu']!r} is not a cpu amount: use cores (2, 0.5) or millicores (500m)"
-            )
-    memory = None
-    if data.get("memory") is not None:
-        try:
-            memory = parse_memory_mib(data["memory"], f"{path}.memory")
-        except GpupoolError as err:
-            raise SpecError(path, err.message) from None
-    return cpu, memory
-
-
 def roles_without_image(spec: JobSpec) -> List[str]:
     """Roles that name no image, neither their own nor the job's."""
     return [] if spec.image else [r.name for r in spec.roles if not r.image]
-
-
-def _gpu(data: Any, path: str) -> Optional[GpuRequest]:
-    """`gpu: {count: 1, fraction: 0.5}` or `{count: 2, memory: 8Gi}`; a bare number is a fraction of one GPU."""
-    if data is None or data is False or data == 0:
-        return None
-    if isinstance(data, (int, float, str)) and not isinstance(data, bool):
-        data = {"fraction": data}
-    if not isinstance(data, Mapping):
-        raise SpecError(path, "must be a mapping such as {count: 1, fraction: 0.5} or {count: 1, memory: 8Gi}")
-    _no_unknown(data, _GPU_KEYS, path)
-    if "count" in data and "amount" in data:
-        raise SpecError(path, "give count or amount (the same thing), not both")
-    count = _int(data.get("count", data.get("amount", 1)), f"{path}.count", minimum=1)
-    has_fraction, has_memory = data.get("fraction") is not None, data.get("memory") is not None
-    if has_fraction == has_memory:
-        raise SpecError(
-            path,
-            ("give fraction or memory, not both" if has_fraction else "give fraction (e.g. 0.5) or memory (e.g. 8Gi)")
-            + " per GPU",
-        )
-    try:
-        fraction = parse_fraction(data["fraction"], f"{path}.fraction") if has_fraction else None
-        memory = parse_memory_mib(data["memory"], f"{path}.memory") if has_memory else None
-        filters = data.get("filters") or []
-        if isinstance(filters, str):
-            filters = [filters]
-        if not isinstance(filters, list):
-            raise SpecError(f"{path}.filters", "must be a list such as ['device.name=*A100*']")
-        return GpuRequest(count, fraction, memory, tuple(Filter.parse(str(f)) for f in filters))
-    except SpecError:
-        raise
-    except GpupoolError as err:
-        raise SpecError(path, err.message) from None
 
 
 def _check_framework_rules(spec: JobSpec) -> None:
@@ -307,95 +204,6 @@ def _check_framework_rules(spec: JobSpec) -> None:
         raise SpecError("roles.evaluator.replicas", "TensorFlow runs at most one evaluator: set replicas: 1")
     if spec.role("ps") is not None and spec.framework is Framework.TENSORFLOW and spec.role("worker") is None:
         raise SpecError("roles.worker", "ParameterServerStrategy needs workers next to the ps role")
-
-
-def _no_unknown(data: Mapping[str, Any], known: Set[str], path: str) -> None:
-    for key in data:
-        if key not in known:
-            where = f"{path}.{key}" if path else str(key)
-            raise SpecError(where, f"unknown field: use one of {', '.join(sorted(known))}")
-
-
-def _enum(cls: Any, value: Any, path: str) -> Any:
-    for member in cls:
-        if str(value) == member.value or str(value).lower() == member.value.lower():
-            return member
-    raise SpecError(path, f"{value!r} is not one of {', '.join(m.value for m in cls)}")
-
-
-def _int(value: Any, path: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(path, f"{value!r} must be a whole number >= {minimum}")
-    return value
-
-
-def _number(value: Any, path: str, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise SpecError(path, f"{value!r} must be a number >= {minimum:g}")
-    return float(value)
-
-
-def _str(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise SpecError(path, f"{value!r} must be a string")
-    return value
-
-
-def _command(value: Any, path: str) -> Tuple[str, ...]:
-    """A list of arguments, or one string split like a shell would (no shell runs it)."""
-    if isinstance(value, str):
-        try:
-            parts: List[str] = shlex.split(value)
-        except ValueError as err:
-            raise SpecError(path, f"cannot split {value!r}: {err}") from None
-    elif isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-        parts = [str(v) for v in value]
-    else:
-        raise SpecError(path, "must be a list of strings such as [python, train.py, --epochs, '3']")
-    if not parts:
-        raise SpecError(path, "is empty: give the program to run")
-    return tuple(parts)
-
-
-def _env(value: Any, path: str, check_names: bool = True) -> Tuple[Tuple[str, str], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, Mapping):
-        raise SpecError(path, "must be a mapping of NAME: value")
-    out = []
-    for key, val in value.items():
-        if check_names and not _ENV_RE.match(str(key)):
-            raise SpecError(f"{path}.{key}", "is not a valid environment variable name (letters, digits, _)")
-        if isinstance(val, (dict, list)) or val is None:
-            raise SpecError(f"{path}.{key}", f"{val!r} must be a string or a number")
-        out.append((str(key), str(val).lower() if isinstance(val, bool) else str(val)))
-    return tuple(out)
-
-
-def _queue(value: Any) -> str:
-    from ..core.model import check_queue_name
-
-    if value == "":
-        return ""
-    try:
-        return check_queue_name(value)
-    except GpupoolError as err:
-        raise SpecError("queue", err.message) from None
-
-
-def _priority(value: Any) -> int:
-    from ..core.model import MAX_PRIORITY
-
-    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise SpecError("priority", f"{value!r} must be a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY}")
-    return value
-
-
-def _placement(value: Any) -> Policy:
-    try:
-        return Policy.parse(value)
-    except GpupoolError as err:
-        raise SpecError("placement", err.message) from None
 
 
 def spec_to_dict(spec: JobSpec) -> Dict[str, Any]:
