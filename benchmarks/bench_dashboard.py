@@ -62,7 +62,8 @@ def fill(pool: Pool, gpus: int, leases: int) -> None:
             holder = Holder(f"team-{i % 7}", 1, device.node, f"pod:team-{i % 7}/train-{i}:uid-{i:08d}")
         else:
             holder = Holder(f"user{i % 50}", 10000 + i, device.node)
-        lease = Lease(f"{i:016x}", holder, (Slice(device.uuid, share),), 30.0, now - i, now + 30.0 + i)
+        # an hour to live: a run on a busy machine takes minutes, and no lease may expire while it is measured
+        lease = Lease(f"{i:016x}", holder, (Slice(device.uuid, share),), 3600.0, now - i, now + 3600.0 + i)
         rows.append(lease)
         processes.append(ProcessUsage(20000 + i, device.uuid, share * (i % 5) // 4, 0.3, lease.id))
     with pool.store.write() as tx:
@@ -117,7 +118,7 @@ def serve(app: Any) -> Any:
     for _ in range(200):
         try:
             httpx.get(url + "/healthz", timeout=1)
-            return server, url
+            return server, thread, url
         except httpx.HTTPError:
             time.sleep(0.05)
     raise RuntimeError("uvicorn did not start")
@@ -197,7 +198,7 @@ def main() -> int:
         }
         app = create_app(pool, None)
         app.state.dashboard.history = history
-        server, url = serve(app)
+        server, thread, url = serve(app)
         gz = {"accept-encoding": "gzip"}
         with httpx.Client(timeout=60) as client:
             # every request reads the pool's status afresh (one viewer, refreshing slower than 1 s) ...
@@ -217,6 +218,7 @@ def main() -> int:
         if not args.no_browser:
             figures["browser"] = browser(url)
         server.should_exit = True
+        thread.join(30)  # the app's shutdown waits for its reads before the pool closes under it
         pool.close()
 
     results = {
