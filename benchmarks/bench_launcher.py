@@ -52,6 +52,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import serverproc  # beside this script
 
+from gpupool.core.percentile import percentile
+
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 RUN = ["run", "-q", "-n", "1", "-p", "0.5", "--", "true"]
@@ -170,7 +172,7 @@ def summary(case: List[Tuple[float, float]], bare: List[Tuple[float, float]]) ->
         "ratio": round(statistics.median(wall) / statistics.median(bare_wall), 2),
         "pair_ratio_median": round(statistics.median(c / b for c, b in zip(wall, bare_wall)), 2),
         "min_ms": round(min(wall) * 1000, 1),
-        "p90_ms": round(sorted(wall)[int(0.9 * (len(wall) - 1))] * 1000, 1),
+        "p90_ms": round(percentile(wall, 90) * 1000, 1),
         "cpu_median_ms": round(statistics.median(cpu) * 1000, 1),
         "bare_cpu_median_ms": round(statistics.median(bare_cpu) * 1000, 1),
         "cpu_ratio": round(statistics.median(cpu) / statistics.median(bare_cpu), 2),
