@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
 
 import pytest
 from clock import FakeClock
+from waiting import wait_until
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim, Holder
@@ -172,7 +172,8 @@ def test_the_lease_id_in_the_env_alone_attributes_nothing(pool, tmp_path):
     try:
         usage = tmp_path / "usage.json"
         write_usage(usage, {uuid: {proc.pid: GIB, stranger.pid: GIB}})
-        time.sleep(0.1)  # the children have exec'd: their environ is the one given
+        for pid in (proc.pid, stranger.pid):  # the children have exec'd: their environ is the one given
+            wait_until(lambda pid=pid: LEASE_ID_ENV.encode() in Path(f"/proc/{pid}/environ").read_bytes(), 10)
         report = watchdog(pool, usage, FakeClock(), Kills()).step()
         owners = {p.pid: p.lease_id for p in report.processes}
         assert owners == {proc.pid: "", stranger.pid: ""}

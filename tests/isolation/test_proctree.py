@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.env import LEASE_ID_ENV
 from gpupool.isolation.proctree import (
@@ -183,7 +184,7 @@ def test_terminate_skips_gone_foreign_and_zombie_processes():
     gone = subprocess.Popen(["true"])
     gone.wait()
     try:
-        time.sleep(0.2)
+        wait_until(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10)
         started = time.monotonic()
         # pid 1 and this process are never signalled; a zombie counts as gone at once.
         assert terminate([zombie.pid, gone.pid, 1, os.getpid()], grace_s=5) == []

@@ -18,6 +18,7 @@ from typing import Iterator, Set
 import httpx
 import pytest
 import yaml
+from waiting import wait_until
 
 MONITORING = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 PROMTOOL = shutil.which("promtool")
@@ -64,8 +65,14 @@ def live_metrics(tmp_path_factory) -> str:
             claim = {"requests": [{"count": 1, "fraction": 0.25}], "queue": queue}
             body = {"claim": claim, "holder": {"pid": 1, "label": label}}
             assert httpx.post(server.url + "/v1/leases", json=body, headers=h).status_code == 201
-        time.sleep(1.2)  # one watchdog sample
-        text = httpx.get(server.url + "/metrics").text
+        claimed = time.time()
+
+        def sampled_since_the_claims() -> str:
+            text = httpx.get(server.url + "/metrics").text
+            found = re.search(r"^gpupool_usage_sampled_timestamp_seconds (\S+)$", text, re.M)
+            return text if found and float(found.group(1)) > claimed else ""
+
+        text = wait_until(sampled_since_the_claims, 10, "a watchdog sample after the claims")
     finally:
         server.stop()
     return text + webhook_metrics()
