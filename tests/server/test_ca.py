@@ -41,6 +41,8 @@ WATCH = textwrap.dedent(
             writes = any(c in mode for c in "wxa") if isinstance(mode, str) else bool(flags & os.O_CREAT)
             if writes:
                 created.add(args[0])
+        if event == "os.rename" and isinstance(args[1], str) and args[1].startswith(root):
+            created.add(args[1])  # a file renamed into place is looked at from then on too
 
     os.umask(0)
     sys.addaudithook(hook)
