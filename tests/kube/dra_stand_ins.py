@@ -22,6 +22,25 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DRIVER = "gpu.gpupool.io"
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """An API server stand-in's handler: JSON bodies in and out, quiet."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, code: int, body: Dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Dict[str, Any]:
+        answer: Dict[str, Any] = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        return answer
+
+
 def resource_claim(
     namespace: str, name: str, uid: str, results: Optional[List[Dict[str, Any]]], memory: str = "8Gi"
 ) -> Dict[str, Any]:
@@ -81,23 +100,9 @@ class ApiServer:
         self.lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, code: int, body: Dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def _not_found(self) -> None:
                 self._answer(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "message": "not found"})
-
-            def _body(self) -> Dict[str, Any]:
-                return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
 
             def do_GET(self) -> None:
                 parts = self.path.split("/")

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
@@ -31,6 +31,7 @@ from gpupool.kube.nodestate import ClusterState
 from gpupool.kube.validate import validate
 
 from .conftest import Kubelet, apply_patch, gpus, to_v1pod
+from .dra_stand_ins import JsonHandler
 
 pytest.importorskip("kubernetes")
 NODE_A = gpus("a", 2)  # GPU-a-0, GPU-a-1, 16 GiB each
@@ -70,18 +71,7 @@ class ApiServer:
         self.calls: List[Tuple[str, str]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, code: int, body: Dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def _status(self, code: int, reason: str, message: str) -> None:
                 self._answer(
                     code,
@@ -102,9 +92,6 @@ class ApiServer:
                 if len(parts) < 7 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods":
                     return None, parts
                 return outer.pods.get((parts[4], parts[6])), parts
-
-            def _body(self) -> Dict[str, Any]:
-                return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
 
             def do_GET(self) -> None:
                 outer.calls.append(("GET", self.path))
