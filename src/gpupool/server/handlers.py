@@ -16,27 +16,25 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 
+from pydantic import ValidationError
+
 from ..core.attestation import TICKET_FIELD
 from ..core.errors import (
     Forbidden,
-    GpupoolError,
     InvalidClaim,
     InvalidInput,
     Unavailable,
     Unsatisfiable,
 )
-from ..core.model import Claim, Holder, Lease, Policy
-from ..core.outage import check_key
+from ..core.model import Claim, Holder, Lease
 from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
+from .models import ClaimRequest, explain
 from .wire import json_object
 
 log = logging.getLogger(__name__)
-
-CLAIM_KEYS = {"claim", "holder", "wait_s", "ttl_s", "key"}
-POLICIES = tuple(p.value for p in Policy)
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -135,43 +133,28 @@ class LeaseApi:
 
 def parse_claim(
     raw: bytes, identity: Identity, auth_on: bool, default_ttl_s: float
-) -> Tuple[Claim, Holder, Any, Any, str]:
-    """The claim request body -> (claim, holder, wait_s, ttl_s, key); the pool checks the numbers."""
+) -> Tuple[Claim, Holder, float, float, str]:
+    """The claim request body -> (claim, holder, wait_s, ttl_s, key), validated by `ClaimRequest`."""
     body = json_object(raw)
-    unknown = set(body) - CLAIM_KEYS
-    if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a claim request has {sorted(CLAIM_KEYS)}")
-    if "claim" not in body:
-        raise InvalidClaim(
-            'the request needs a "claim" with "requests", e.g. {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}}'
-        )
-    raw_holder = body.get("holder")
-    raw_holder = {} if raw_holder is None else raw_holder
-    if not isinstance(raw_holder, dict):
-        raise InvalidInput(f"holder must be an object with name, pid, host, label; got {raw_holder!r}")
-    _check_kinds(body["claim"], raw_holder)
     try:
-        claim = Claim.from_dict(body["claim"])
-        holder = Holder.from_dict(raw_holder)
-    except GpupoolError:
-        raise
-    except (TypeError, ValueError, KeyError, AttributeError) as err:
-        raise InvalidClaim(f"the claim is malformed: {err}") from None
-    claim = bind_queue(claim, identity)
+        request = ClaimRequest.model_validate(body)
+    except ValidationError as err:
+        # The request's own shape (a field it does not have, a holder that is not an object) is
+        # malformed input (400); every rule of the claim and its fields, a claim that can never
+        # be valid (422).
+        (loc, kind) = err.errors()[0]["loc"], err.errors()[0]["type"]
+        shape = len(loc) == 1 and (kind == "extra_forbidden" or loc == ("holder",))
+        raise (InvalidInput if shape else InvalidClaim)(explain(ClaimRequest, err)) from None
+    claim = bind_queue(request.claim.to_core(), identity)
+    holder = request.holder.to_core() if request.holder is not None else Holder()
     if auth_on:
         # The token decides who holds the lease: nobody can claim as someone else.
         holder = Holder(identity.name, holder.pid, holder.host, holder.label)
     elif not holder.name:
         holder = Holder("anonymous", holder.pid, holder.host, holder.label)
-    wait_s = body.get("wait_s")
-    ttl_s = body.get("ttl_s")
-    key = body.get("key")
-    if key is not None:
-        try:
-            key = check_key(key)
-        except ValueError as err:
-            raise InvalidClaim(str(err)) from None
-    return claim, holder, 0.0 if wait_s is None else wait_s, default_ttl_s if ttl_s is None else ttl_s, key or ""
+    wait_s = 0.0 if request.wait_s is None else request.wait_s
+    ttl_s = default_ttl_s if request.ttl_s is None else request.ttl_s
+    return claim, holder, wait_s, ttl_s, request.key or ""
 
 
 def bind_queue(claim: Claim, identity: Identity) -> Claim:
@@ -185,28 +168,6 @@ def bind_queue(claim: Claim, identity: Identity) -> Claim:
             f"drop --queue or use a token of queue {claim.queue!r}"
         )
     return dataclasses.replace(claim, queue=identity.queue)
-
-
-def _check_kinds(claim: Any, holder: Dict[str, Any]) -> None:
-    """Refuse fields of the wrong JSON kind that `from_dict` would coerce (a pid "12", a policy
-    "BINPACK"), so the API accepts exactly what its OpenAPI document says (schemas.py)."""
-    for key in ("name", "host", "label"):
-        if holder.get(key) is not None and not isinstance(holder[key], str):
-            raise InvalidClaim(f"holder.{key} {holder[key]!r} must be a string")
-    pid = holder.get("pid")
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
-        raise InvalidClaim(f"holder.pid {pid!r} must be an integer")
-    if not isinstance(claim, dict):
-        return  # Claim.from_dict says what a claim is
-    policy = claim.get("policy")
-    if policy is not None and policy not in POLICIES:
-        raise InvalidClaim(f"policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
-
-    requests = claim.get("requests")
-    for request in requests if isinstance(requests, list) else ():
-        filters = request.get("filters") if isinstance(request, dict) else None
-        if filters is not None and not (isinstance(filters, list) and all(isinstance(f, str) for f in filters)):
-            raise InvalidClaim(f"filters {filters!r} must be a list of 'key=value' strings")
 
 
 def dumps(data: Any) -> bytes:

@@ -1,8 +1,9 @@
 """The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`.
 
 Listing queues and usage needs any valid token; creating, changing and deleting a queue needs
-an admin token. Bodies and query values are checked here for their JSON kind and range (a
-quota "1" or NaN is a 400, never a 500); the pool checks the rest (`QueueSpec`, quota sums).
+an admin token. A body is validated by `models.QueueRequest` and query values here, for their
+JSON kind and range (a quota "1" or NaN is a 400, never a 500); the pool checks the rest
+(`QueueSpec`, quota sums).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import InvalidInput
 from ..core.queues import QueueSpec, check_usage_key
+from .models import QueueRequest, validated
 from .routes import ERRORS, Admin, Api, Caller, json_response, read_body
-from .schemas import QueueRequest, body_schema
+from .schemas import body_schema
 from .wire import json_object
 
-QUEUE_FIELDS = ("quota", "weight", "limit")
 # `since` below this is "seconds ago", at or above it epoch seconds (2001-09-09: no pool is older).
 EPOCH_SINCE = 1e9
 
@@ -67,12 +68,10 @@ async def usage(
 
 
 def parse_queue(name: str, body: Dict[str, Any]) -> QueueSpec:
-    """The QueueSpec of a PUT body {quota, weight?, limit?} for the queue of the path; QueueSpec
-    checks the name and numbers (a "1", NaN or -1 is InvalidInput naming the field)."""
-    unknown = set(body) - set(QUEUE_FIELDS)
-    if unknown:  # "name" too: the path names the queue
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a queue has {', '.join(QUEUE_FIELDS)}")
-    return QueueSpec.from_dict({**body, "name": name})
+    """The QueueSpec of a PUT body (`QueueRequest`) for the queue of the path; QueueSpec checks
+    the name and what spans fields (a limit below the quota)."""
+    request = validated(QueueRequest, body)
+    return QueueSpec(name, request.quota, 1.0 if request.weight is None else request.weight, request.limit)
 
 
 def parse_since(text: str, now: float) -> float:

@@ -19,9 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
-from .auth import Identity, check_name, create_token, require_admin, require_queue
+from .auth import Identity, create_token, require_admin, require_queue
 from .handlers import LeaseApi, dumps
-from .schemas import ClaimRequest, ErrorBody, LeaseBody, TokenRequest, body_schema
+from .models import ClaimRequest, TokenRequest, validated
+from .schemas import ErrorBody, LeaseBody, body_schema
 from .wire import check_size, json_object
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
@@ -203,18 +204,8 @@ async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
             "this server runs without auth (no --token-file), so it creates no tokens: restart it with "
             "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
         )
-    body = json_object(await read_body(request))
-    unknown = set(body) - {"name", "admin", "queue"}
-    if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}: a token request has 'name', 'admin' and 'queue'")
-    is_admin = body.get("admin", False)
-    if not isinstance(is_admin, bool):
-        raise InvalidInput(f"admin {is_admin!r} must be true or false")
-    name = check_name(body.get("name"))
-    queue = body.get("queue")
-    queue = "" if queue is None else queue
-    if not isinstance(queue, str):
-        raise InvalidInput(f"queue {queue!r} must be a queue name (gpupool queue list)")
+    body = validated(TokenRequest, json_object(await read_body(request)))
+    name, is_admin, queue = body.name, body.admin, body.queue or ""
     if queue:
         await run_in_threadpool(require_queue, api.pool, queue)
     token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api", queue)

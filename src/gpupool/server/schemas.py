@@ -1,300 +1,209 @@
-"""The exact OpenAPI description of the API: request and response bodies, and each operation's answers.
+"""The OpenAPI document's bodies and answers: every component is a pydantic model's JSON schema.
 
-Requests are parsed by the core model's `from_dict` (one wire format for HTTP and SQLite, one
-set of error messages); the JSON schemas here describe that format by hand, so they can say what
-pydantic models cannot (exactly one of fraction or memory_mib, the token-name pattern) and every
-success answer has its schema. `OPERATIONS` lists the statuses each operation can answer;
-`app._openapi` applies it, with the bearer scheme only when the server runs with auth.
-The pydantic classes below only give the routes' decorators names to refer to.
+Request bodies are `models` (the server validates with them); the answers below are written as
+models too, for the document only (the server answers with the core types' `to_dict`, the one
+wire format of HTTP and SQLite). `component_schemas` generates the components from all of them,
+`OPERATIONS` lists the statuses each operation can answer; `app._openapi` applies both, with the
+bearer scheme only when the server runs with auth.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from functools import lru_cache
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
+from pydantic_core import core_schema
 
-from ..core.model import (
-    MAX_GPUS_PER_REQUEST,
-    MAX_PREEMPT_GRACE_S,
-    MAX_PRIORITY,
-    MAX_REQUESTS_PER_CLAIM,
-    MIN_FRACTION,
-    PID_MAX,
-    QUEUE_NAME_RE,
-    Claim,
-    Policy,
-)
-from ..core.outage import KEY_PATTERN
 from ..core.queues import USAGE_KEYS
-from ..pool.service import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S
-from .auth import ADMIN_NAME, NAME_PATTERN
+from .models import REQUESTS, ClaimRequest, Pid, QueueRequest, TokenRequest
+from .wire import MAX_BODY_BYTES
+
+REF = "#/components/schemas/{model}"
 
 
-class ClaimRequest(BaseModel):
-    """Name of the claim request body (its schema is `component_schemas()["ClaimRequest"]`)."""
+# --- answers ------------------------------------------------------------------------------
+class HolderBody(BaseModel):
+    name: str
+    pid: Pid
+    host: str
+    label: str
 
 
-class TokenRequest(BaseModel):
-    """Name of the token request body."""
+class SliceBody(BaseModel):
+    uuid: str
+    memory_mib: int
+    group: int
 
 
-class QueueRequest(BaseModel):
-    """Name of the queue request body (PUT /v1/queues/{name})."""
+class AttestBody(BaseModel):
+    """In a claim's answer only: the lease's key and the node's attestation socket, where the
+    claimant proves its pid (gpupool run does)."""
+
+    key: str
+    socket: str
 
 
 class LeaseBody(BaseModel):
-    """Name of a lease in answers."""
+    id: str
+    holder: HolderBody
+    devices: List[SliceBody]
+    ttl_s: float
+    created_at: float
+    expires_at: float
+    queue: str = ""
+    priority: int = 0
+    preempt_grace_s: float = 0.0
+    preempted_at: Optional[float] = Field(None, description="when the pool told it to stop")
+    attest: Optional[AttestBody] = None
+
+
+class LeaseList(BaseModel):
+    leases: List[LeaseBody]
+
+
+class Released(BaseModel):
+    released: str
+
+
+class DeviceBody(BaseModel):
+    uuid: str
+    index: int
+    name: str
+    memory_mib: int
+    node: str
+    healthy: bool
+    allocated_mib: int
+
+
+class DeviceList(BaseModel):
+    devices: List[DeviceBody]
+
+
+class IsolationBody(BaseModel):
+    mode: str
+    mps_pipe_dir: str = ""
+    mps_log_dir: str = ""
+
+
+class QueueBody(BaseModel):
+    name: str
+    quota: float
+    weight: float
+    limit: Optional[float]
+    allocated: float
+    borrowed: float
+    waiting: int
+    preemptions: int
+
+
+class PoolStatusBody(BaseModel):
+    devices: List[DeviceBody]
+    leases: List[LeaseBody]
+    queued: int = Field(ge=0)
+    node: str
+    isolation: IsolationBody
+    usage: Optional[Dict[str, Any]] = Field(description="the watchdog's last sample")
+    problems: List[str] = Field(description="leases on GPUs gone or too small")
+    queues: List[QueueBody] = []
+
+
+class QueueList(BaseModel):
+    queues: List[QueueBody]
+
+
+class QueueDeleted(BaseModel):
+    deleted: str
+
+
+class UsageRow(BaseModel):
+    key: str
+    gpu_seconds: float
+    gpu_hours: float
+    leases: int
+
+
+class UsageBody(BaseModel):
+    since: float
+    until: float
+    by: Literal[USAGE_KEYS]  # type: ignore[valid-type]  # the one list of keys, spelled once in core.queues
+    usage: List[UsageRow]
+
+
+class TokenBody(BaseModel):
+    name: str
+    token: str
+
+
+class DoctorProblem(BaseModel):
+    kind: str
+    message: str
+
+
+class DoctorReport(BaseModel):
+    db: str
+    healthy: bool
+    verdict: str
+    problems: List[DoctorProblem]
+    devices: int
+    leases: int
+    tickets: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    request_id: str = Field("", description="in a 500 only: the server's log has it with the details")
 
 
 class ErrorBody(BaseModel):
-    """Name of the error answer."""
+    error: ErrorDetail
 
 
-REF = "#/components/schemas/{model}"
-DEFAULT_POLICY = Claim.__dataclass_fields__["policy"].default.value  # what a claim without a policy gets
+ANSWERS: Tuple[Type[BaseModel], ...] = (
+    LeaseBody,
+    LeaseList,
+    Released,
+    DeviceList,
+    PoolStatusBody,
+    QueueList,
+    QueueDeleted,
+    UsageBody,
+    TokenBody,
+    DoctorReport,
+    Health,
+    ErrorBody,
+)
 
 
-def ref(name: str) -> Dict[str, str]:
-    return {"$ref": REF.format(model=name)}
+class _OpenApiSchema(GenerateJsonSchema):
+    """Pydantic's JSON schema, as an OpenAPI 3.1 document writes it: an optional value is
+    {"type": [T, "null"]} with its limits beside (not anyOf), and no generated titles."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        inner = self.generate_inner(schema["schema"])
+        if isinstance(inner.get("type"), str) and not {"enum", "const"} & set(inner):
+            return {**inner, "type": [inner["type"], "null"]}
+        return super().nullable_schema(schema)
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
 
 
-def _object(properties: Dict[str, Any], required: Tuple[str, ...] = (), closed: bool = False) -> Dict[str, Any]:
-    schema: Dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = list(required)
-    if closed:
-        schema["additionalProperties"] = False
-    return schema
-
-
-_STR = {"type": "string"}
-FILTER_PATTERN = r"^(device\.(name|uuid|index|memory)|server\.addr)(=|>=|<=)\S+$"
-_INT = {"type": "integer"}
-_NUM = {"type": "number"}
-
-
+@lru_cache(maxsize=1)
 def component_schemas() -> Dict[str, Any]:
-    """Every body of the API as an OpenAPI (JSON Schema 2020-12) component schema."""
-    pid = {"type": "integer", "minimum": 0, "maximum": PID_MAX, "description": "0: none"}
-    holder_fields: Dict[str, Dict[str, Any]] = {"name": _STR, "pid": pid, "host": _STR, "label": _STR}
-    device_fields = {
-        "uuid": _STR,
-        "index": _INT,
-        "name": _STR,
-        "memory_mib": _INT,
-        "node": _STR,
-        "healthy": {"type": "boolean"},
-        "allocated_mib": _INT,
-    }
-    return {
-        "GpuRequestBody": {
-            **_object(
-                {
-                    "count": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": MAX_GPUS_PER_REQUEST,
-                        "default": 1,
-                        "description": "distinct GPUs",
-                    },
-                    "fraction": {
-                        "type": ["number", "null"],
-                        "minimum": MIN_FRACTION,
-                        "maximum": 1,
-                        "description": "share of each GPU's memory (rounded up to whole MiB, at least 1 MiB)",
-                    },
-                    "memory_mib": {"type": ["integer", "null"], "minimum": 1, "description": "MiB of each GPU"},
-                    "filters": {
-                        "type": ["array", "null"],
-                        "items": {"type": "string", "pattern": FILTER_PATTERN},
-                        "examples": [["device.name=*A100*", "device.memory>=16GiB"]],
-                    },
-                }
-            ),
-            # exactly one of the two is a number (the other absent or null)
-            "oneOf": [
-                {"required": ["fraction"], "properties": {"fraction": {"type": "number"}}},
-                {"required": ["memory_mib"], "properties": {"memory_mib": {"type": "integer"}}},
-            ],
-            "description": "N distinct GPUs, each with exactly one of fraction or memory_mib",
-        },
-        "ClaimBody": _object(
-            {
-                "requests": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_REQUESTS_PER_CLAIM,
-                    "items": ref("GpuRequestBody"),
-                    "description": "granted all together or not at all (a gang: one per replica)",
-                },
-                "policy": {"type": "string", "enum": [p.value for p in Policy], "default": DEFAULT_POLICY},
-                "queue": {
-                    "type": "string",
-                    "pattern": f"^({QUEUE_NAME_RE.pattern})?$",
-                    "default": "",
-                    "description": "the queue (GET /v1/queues); a token bound to a queue claims in it only",
-                },
-                "priority": {
-                    "type": "integer",
-                    "minimum": -MAX_PRIORITY,
-                    "maximum": MAX_PRIORITY,
-                    "default": 0,
-                    "description": "higher first inside the queue",
-                },
-                "preempt_grace_s": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_PREEMPT_GRACE_S,
-                    "description": "seconds between SIGTERM and SIGKILL when preempted (default: the server's)",
-                },
-            },
-            ("requests",),
-        ),
-        "HolderRequest": {
-            **_object({key: dict(kind, type=[kind["type"], "null"]) for key, kind in holder_fields.items()}),
-            "type": ["object", "null"],
-            "description": "name is set by the server from the token's name when auth is on",
-        },
-        "ClaimRequest": _object(
-            {
-                "claim": ref("ClaimBody"),
-                "holder": ref("HolderRequest"),
-                "wait_s": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_WAIT_S,
-                    "default": 0,
-                    "description": "seconds to wait in the FIFO queue; 0 fails at once",
-                },
-                "ttl_s": {
-                    "type": ["number", "null"],
-                    "minimum": MIN_TTL_S,
-                    "maximum": MAX_TTL_S,
-                    "description": "the lease expires this long after the last heartbeat (default: the server's)",
-                },
-                "key": {
-                    "type": ["string", "null"],
-                    "pattern": KEY_PATTERN,
-                    "description": "a random id the client picks for this claim and sends with each try of it: "
-                    "a retry (the answer was lost, the server restarted) gets the lease granted to it, "
-                    "or its place in the queue back",
-                },
-            },
-            ("claim",),
-            closed=True,
-        ),
-        "TokenRequest": _object(
-            {
-                "name": {"type": "string", "pattern": NAME_PATTERN, "not": {"const": ADMIN_NAME}},
-                "admin": {"type": "boolean", "default": False},
-                "queue": {
-                    "type": ["string", "null"],
-                    "pattern": f"^({QUEUE_NAME_RE.pattern})?$",
-                    "description": "the one queue (it must exist) its claims may use",
-                },
-            },
-            ("name",),
-            closed=True,
-        ),
-        "HolderBody": _object(holder_fields, tuple(holder_fields)),
-        "SliceBody": _object({"uuid": _STR, "memory_mib": _INT, "group": _INT}, ("uuid", "memory_mib", "group")),
-        "LeaseBody": _object(
-            {
-                "id": _STR,
-                "holder": ref("HolderBody"),
-                "devices": {"type": "array", "items": ref("SliceBody")},
-                "ttl_s": _NUM,
-                "created_at": _NUM,
-                "expires_at": _NUM,
-                "queue": _STR,
-                "priority": _INT,
-                "preempt_grace_s": _NUM,
-                "preempted_at": {"type": ["number", "null"], "description": "when the pool told it to stop"},
-                "attest": {
-                    **_object({"key": _STR, "socket": _STR}, ("key", "socket")),
-                    "description": "in a claim's answer only: the lease's key and the node's attestation "
-                    "socket, where the claimant proves its pid (gpupool run does)",
-                },
-            },
-            ("id", "holder", "devices", "ttl_s", "created_at", "expires_at"),
-        ),
-        "LeaseList": _object({"leases": {"type": "array", "items": ref("LeaseBody")}}, ("leases",)),
-        "Released": _object({"released": _STR}, ("released",)),
-        "DeviceBody": _object(device_fields, tuple(device_fields)),
-        "DeviceList": _object({"devices": {"type": "array", "items": ref("DeviceBody")}}, ("devices",)),
-        "PoolStatusBody": _object(
-            {
-                "devices": {"type": "array", "items": ref("DeviceBody")},
-                "leases": {"type": "array", "items": ref("LeaseBody")},
-                "queued": {"type": "integer", "minimum": 0},
-                "node": _STR,
-                "isolation": _object({"mode": _STR, "mps_pipe_dir": _STR, "mps_log_dir": _STR}, ("mode",)),
-                "usage": {"type": ["object", "null"], "description": "the watchdog's last sample"},
-                "problems": {"type": "array", "items": _STR, "description": "leases on GPUs gone or too small"},
-                "queues": {"type": "array", "items": ref("QueueBody")},
-            },
-            ("devices", "leases", "queued", "node", "isolation", "usage", "problems"),
-        ),
-        "QueueRequest": _object(
-            {
-                "quota": {"type": "number", "minimum": 0, "description": "GPUs guaranteed (1.5 = 1.5 GPUs' worth)"},
-                "weight": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1},
-                "limit": {"type": ["number", "null"], "minimum": 0, "description": "GPUs at most, borrowing included"},
-            },
-            ("quota",),
-            closed=True,
-        ),
-        "QueueBody": _object(
-            {
-                "name": _STR,
-                "quota": _NUM,
-                "weight": _NUM,
-                "limit": {"type": ["number", "null"]},
-                "allocated": _NUM,
-                "borrowed": _NUM,
-                "waiting": _INT,
-                "preemptions": _INT,
-            },
-            ("name", "quota", "weight", "limit", "allocated", "borrowed", "waiting", "preemptions"),
-        ),
-        "QueueList": _object({"queues": {"type": "array", "items": ref("QueueBody")}}, ("queues",)),
-        "QueueDeleted": _object({"deleted": _STR}, ("deleted",)),
-        "UsageBody": _object(
-            {
-                "since": _NUM,
-                "until": _NUM,
-                "by": {"type": "string", "enum": list(USAGE_KEYS)},
-                "usage": {
-                    "type": "array",
-                    "items": _object(
-                        {"key": _STR, "gpu_seconds": _NUM, "gpu_hours": _NUM, "leases": _INT},
-                        ("key", "gpu_seconds", "gpu_hours", "leases"),
-                    ),
-                },
-            },
-            ("since", "until", "by", "usage"),
-        ),
-        "TokenBody": _object({"name": _STR, "token": _STR}, ("name", "token")),
-        "DoctorReport": _object(
-            {
-                "db": _STR,
-                "healthy": {"type": "boolean"},
-                "verdict": _STR,
-                "problems": {
-                    "type": "array",
-                    "items": _object({"kind": _STR, "message": _STR}, ("kind", "message")),
-                },
-                "devices": _INT,
-                "leases": _INT,
-                "tickets": _INT,
-            },
-            ("db", "healthy", "verdict", "problems", "devices", "leases", "tickets"),
-        ),
-        "Health": _object({"status": {"const": "ok"}}, ("status",)),
-        "ErrorDetail": _object({"code": _STR, "message": _STR, "request_id": _STR}, ("code", "message")),
-        "ErrorBody": _object({"error": ref("ErrorDetail")}, ("error",)),
-    }
+    """Every body of the API as an OpenAPI (JSON Schema 2020-12) component schema, by model name."""
+    models = [(model, "validation") for model in REQUESTS] + [(model, "serialization") for model in ANSWERS]
+    _, document = models_json_schema(models, ref_template=REF, schema_generator=_OpenApiSchema)  # type: ignore[arg-type]
+    schemas: Dict[str, Any] = document["$defs"]
+    for schema in schemas.values():
+        schema.pop("title", None)  # the component's name says it
+    return schemas
 
 
 TEXT = "text"  # the Prometheus text format instead of a JSON schema
@@ -320,9 +229,9 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
 # Operations that answer 403 without auth too (a server without auth mints no tokens).
 _FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post")}
 REQUEST_BODIES = {
-    ("/v1/leases", "post"): "ClaimRequest",
-    ("/v1/tokens", "post"): "TokenRequest",
-    ("/v1/queues/{name}", "put"): "QueueRequest",
+    ("/v1/leases", "post"): ClaimRequest.__name__,
+    ("/v1/tokens", "post"): TokenRequest.__name__,
+    ("/v1/queues/{name}", "put"): QueueRequest.__name__,
 }
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",
@@ -330,7 +239,7 @@ _DESCRIPTIONS = {
     403: "the token may not do this (an admin's call, a lease of another, a queue its token is not bound to)",
     404: "no such lease or queue",
     409: "no room now, and the wait ran out",
-    413: "the body is over 1 MiB",
+    413: f"the body is over {MAX_BODY_BYTES} bytes",
     415: "a server without auth takes changes with Content-Type: application/json only",
     422: "a claim that can never be valid or never fit",
     503: "the pool's database cannot be used (damaged, read-only, disk full)",
@@ -361,6 +270,10 @@ def responses(path: str, method: str, auth: bool) -> Dict[str, Any]:
     return answers
 
 
+def ref(name: str) -> Dict[str, str]:
+    return {"$ref": REF.format(model=name)}
+
+
 def request_body(name: str) -> Dict[str, Any]:
     """The `requestBody` of an operation whose JSON body (schema `name`) we parse ourselves."""
     return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
@@ -371,4 +284,13 @@ def body_schema(model: type) -> Dict[str, Any]:
     return {"requestBody": request_body(model.__name__)}
 
 
-__all__: List[str] = ["component_schemas", "OPERATIONS", "responses", "body_schema", "request_body", "REQUEST_BODIES"]
+__all__: List[str] = [
+    "component_schemas",
+    "OPERATIONS",
+    "responses",
+    "body_schema",
+    "request_body",
+    "REQUEST_BODIES",
+    "LeaseBody",
+    "ErrorBody",
+]
