@@ -8,26 +8,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
+from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
 GRACE_S = 1.0
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def alive(pid: int) -> bool:
@@ -78,7 +68,7 @@ def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path)
     )
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        wait_for(record.exists, 20, "the child to start")
+        wait_until(record.exists, 20, "the child to start")
         child = json.loads(record.read_text())["pid"]
         status = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json()
         (lease,) = status["leases"]
@@ -87,8 +77,8 @@ def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path)
 
         # Within its 4 GiB share: shown, not touched.
         write_usage(usage, {uuid: {str(child): 2048}})
-        shown = wait_for(lambda: _status_cli(env, server.url)["usage"], 5, "a usage sample")
-        wait_for(lambda: _lease_used(_status_cli(env, server.url), lease["id"]) == 2048, 5, "the lease's 2 GiB")
+        shown = wait_until(lambda: _status_cli(env, server.url)["usage"], 5, "a usage sample")
+        wait_until(lambda: _lease_used(_status_cli(env, server.url), lease["id"]) == 2048, 5, "the lease's 2 GiB")
         status = _status_cli(env, server.url)
         assert next(d for d in status["usage"]["devices"] if d["uuid"] == uuid)["memory_used_mib"] == 2048
         assert shown is not None and alive(child)
@@ -98,7 +88,7 @@ def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path)
         # 8 GiB on a 4 GiB share: killed within grace + 2 s.
         write_usage(usage, {uuid: {str(child): 8192}, _other(status, uuid): {str(stranger.pid): 512}})
         started = time.monotonic()
-        wait_for(lambda: not alive(child), GRACE_S + 2, "the over-share child to be killed")
+        wait_until(lambda: not alive(child), GRACE_S + 2, "the over-share child to be killed")
         assert time.monotonic() - started <= GRACE_S + 2
         assert runner.wait(timeout=10) == 128 + 15  # the child died of SIGTERM; the runner says so
         # --enforce-unleased kill: the process with no lease is ended too.
@@ -185,4 +175,4 @@ def test_mps_mode_server_runs_the_daemon_for_its_life(server_factory, fake_mps, 
     assert child_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
 
     assert server.stop() == 0
-    wait_for(lambda: not alive(daemon["pid"]), 10, "the MPS daemon to end with the server")
+    wait_until(lambda: not alive(daemon["pid"]), 10, "the MPS daemon to end with the server")

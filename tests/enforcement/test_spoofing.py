@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import httpx
 import pytest
+from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
 from gpupool.runner.attest import AttestFailed, attest
@@ -28,16 +29,6 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 GRACE_S = 0.5
 INTERVAL_S = 0.2
 GIB = 1024
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def alive(pid: int) -> bool:
@@ -84,7 +75,7 @@ def start_run(server, tmp_path: Path, token: str, name: str, fraction: str) -> s
 
 def child_of(tmp_path: Path, name: str, runner: subprocess.Popen) -> int:
     record = tmp_path / f"{name}.json"
-    wait_for(lambda: record.exists() or runner.poll() is not None, 30, f"{name}'s command to start")
+    wait_until(lambda: record.exists() or runner.poll() is not None, 30, f"{name}'s command to start")
     assert record.exists(), runner.stderr.read() if runner.stderr else runner.returncode
     return int(json.loads(record.read_text())["pid"])
 
@@ -101,7 +92,7 @@ def usage_since(server, started: float) -> dict:
         usage = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json().get("usage") or {}
         return usage if usage.get("sampled_at", 0) > started else None
 
-    return wait_for(fresh, 10, "a fresh usage sample")  # type: ignore[return-value]
+    return wait_until(fresh, 10, "a fresh usage sample")  # type: ignore[return-value]
 
 
 def test_spoofed_holder_fields_never_reach_another_lease(watched, tmp_path):
@@ -177,7 +168,7 @@ def test_spoofed_holder_fields_never_reach_another_lease(watched, tmp_path):
 
         # Bob's real job over its share is his to lose, and only his.
         write_usage(usage, {uuid: {alice_child: 6 * GIB, bob_child: 5 * GIB}})
-        wait_for(lambda: not alive(bob_child), GRACE_S + 3, "Bob's over-share child to be killed")
+        wait_until(lambda: not alive(bob_child), GRACE_S + 3, "Bob's over-share child to be killed")
         assert bob_run.wait(timeout=10) == 128 + 15
         assert alive(alice_child) and alice.poll() is None
         (tmp_path / "alice.stop").touch()

@@ -7,9 +7,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 import pytest
+from waiting import wait_until
 
 from gpupool.core.errors import Unavailable
 from gpupool.core.isolation_mode import IsolationMode
@@ -28,15 +29,6 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def daemons(record: Path) -> List[dict]:
@@ -60,7 +52,7 @@ def test_start_and_stop_leave_no_process(fake_mps, tmp_path, monkeypatch):
     server = int((fake_mps / f"server-{seen['pid']}.pid").read_text())
     assert alive(seen["pid"]) and alive(server)
     daemon.stop()
-    assert not alive(seen["pid"]) and wait_for(lambda: not alive(server))
+    assert not alive(seen["pid"]) and wait_until(lambda: not alive(server))
     assert not (Path(isolation.mps_pipe_dir) / "control").exists()  # it quit, it was not killed
     daemon.stop()  # idempotent
 
@@ -70,9 +62,9 @@ def test_a_killed_daemon_is_restarted(fake_mps, tmp_path):
         first = daemon.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        assert wait_for(lambda: daemon.pid not in (None, first))
+        assert wait_until(lambda: daemon.pid not in (None, first))
         assert daemon.restarts == 1
-        assert wait_for(lambda: mps.answers(daemon.pipe_dir, daemon.log_dir))  # the new one serves
+        assert wait_until(lambda: mps.answers(daemon.pipe_dir, daemon.log_dir))  # the new one serves
         second = daemon.pid
     assert second is not None and not alive(second)
 
@@ -84,7 +76,7 @@ def test_stop_after_kill_9_ends_cleanly(fake_mps, tmp_path, monkeypatch):
     pid = daemon.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    assert wait_for(lambda: not alive(pid))
+    assert wait_until(lambda: not alive(pid))
     started = time.monotonic()
     daemon.stop()
     assert time.monotonic() - started < 5
@@ -132,5 +124,5 @@ def test_ensure_detached_starts_once_and_stays_until_stopped(fake_mps, tmp_path)
     [seen] = daemons(fake_mps)
     assert alive(seen["pid"])  # outlives the call that started it
     assert stop_detached(state) is True
-    assert wait_for(lambda: not alive(seen["pid"]))
+    assert wait_until(lambda: not alive(seen["pid"]))
     assert stop_detached(state) is False

@@ -9,25 +9,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Dict
 
 import httpx
+from waiting import wait_until
 
 from gpupool.core.attestation import SOCKET_ENV, TICKET_FIELD
 from gpupool.devices.usage import EMULATED_USAGE_ENV
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parent / "holder.py")
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def write_usage(path: Path, usage: Dict[str, Dict[str, int]]) -> None:
@@ -42,7 +33,7 @@ def owners(server, started: float) -> Dict[int, str]:
         usage = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json().get("usage") or {}
         return usage if usage.get("sampled_at", 0) > started else None
 
-    usage = wait_for(fresh, 10, "a fresh usage sample")
+    usage = wait_until(fresh, 10, "a fresh usage sample")
     return {p["pid"]: p["lease_id"] for p in usage["processes"]}  # type: ignore[index]
 
 
@@ -96,7 +87,7 @@ def test_attestations_survive_a_server_kill_9(server_factory, tmp_path, monkeypa
         text=True,
     )
     try:
-        wait_for(record.exists, 30, "the command to start")
+        wait_until(record.exists, 30, "the command to start")
         child = json.loads(record.read_text())["pid"]
         (lease,) = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json()["leases"]
         write_usage(usage, {lease["devices"][0]["uuid"]: {str(child): 1024}})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -177,15 +176,6 @@ def _queued(s) -> int:
     return httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=5).json()["queued"]
 
 
-def _eventually(check, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("fast_path", ["1", "0"], ids=["fast_path", "routers"])
 def test_a_waiting_claim_whose_client_left_leaves_the_queue(server_factory, monkeypatch, fast_path):
     monkeypatch.setenv("GPUPOOL_FAST_PATH", fast_path)  # the server subprocess inherits it
@@ -199,10 +189,10 @@ def test_a_waiting_claim_whose_client_left_leaves_the_queue(server_factory, monk
         + f"Authorization: Bearer {s.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    assert _eventually(lambda: _queued(s) == 1, 5)
+    assert wait_until(lambda: _queued(s) == 1, 5)
     sock.close()
     # Well before the pool's own ticket timeout (5 s): the server saw the client go.
-    assert _eventually(lambda: _queued(s) == 0, 2)
+    assert wait_until(lambda: _queued(s) == 0, 2)
     httpx.delete(f"{s.url}/v1/leases/{full['id']}", headers=s.headers())
     assert httpx.get(s.url + "/v1/leases", headers=s.headers()).json()["leases"] == []
     assert 'gpupool_claims_total{result="unavailable"} 1.0' in httpx.get(s.url + "/metrics").text
