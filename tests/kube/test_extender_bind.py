@@ -12,6 +12,7 @@ import logging
 import threading
 import urllib.parse
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
@@ -363,3 +364,17 @@ def test_a_plugin_sharing_the_pools_mix_does_not_count_asks_twice(tmp_path):
         plugin.learn(200)
     assert own.mix.histogram.observed == 2
     assert shared.histogram.observed == 0  # the pool counts the claims when the runners claim
+
+
+def test_the_binders_rbac_grants_what_the_bind_calls_and_nothing_more(api, extender):
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "scheduler" / "binder-rbac.yaml"
+    role, binding = list(yaml.safe_load_all(path.read_text()))
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    pod = api.add(user_pod("p8", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}))
+    assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    verb = {"GET": "get", "PATCH": "patch", "POST": "create"}
+    used = {("pods/binding" if p.endswith("/binding") else "pods", verb[m]) for m, p in api.calls}
+    assert granted == used == {("pods", "get"), ("pods", "patch"), ("pods/binding", "create")}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpupool-webhook", "namespace": "gpupool-system"}]

@@ -30,7 +30,9 @@ MODELS = {
     "Job": "V1Job",
 }
 # The one role that writes: the DRA plugin publishes its node's ResourceSlices (deploy/dra/rbac.yaml).
-WRITERS = {"gpupool-agent-dra": {"resourceslices"}}
+# The only roles that write, and what: the DRA agent its slices; the extender's bind (opt-in,
+# deploy/scheduler/binder-rbac.yaml) the pod's gpupool.io/choice annotation and its Binding.
+WRITERS = {"gpupool-agent-dra": {"resourceslices"}, "gpupool-extender-binder": {"pods", "pods/binding"}}
 
 
 def load(obj, model):
