@@ -72,6 +72,6 @@ def parent_death_signal(sig: int = signal.SIGKILL) -> Optional[Callable[[], None
     def arm() -> None:  # runs in the forked child before exec: no imports, no locks
         prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:  # the runner died before the signal was armed
-            os._exit(1)
+            os._exit(1)  # the forked child, before exec: the runner's exit handlers are not its own
 
     return arm
