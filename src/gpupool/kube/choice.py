@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..core.errors import InvalidInput, Unavailable
 from ..core.filters import Filter
 from ..core.fragmentation import Fragmentation
-from ..core.model import Claim, GpuRequest, Policy
+from ..core.model import Claim, Device, GpuRequest, Policy
 from ..core.placement import place
 from . import annotations as ann
 from .resources import UNITS, UNITS_PER_GPU, claim_of
@@ -58,7 +58,7 @@ def recorded(pod: Mapping[str, Any]) -> Optional[Choice]:
 def choose(
     pod: Mapping[str, Any],
     node: str,
-    devices: Sequence[Any],
+    devices: Sequence[Device],
     allocated: Mapping[str, int],
     frag: Optional[Fragmentation] = None,
 ) -> Optional[Choice]:
@@ -103,17 +103,6 @@ def pinned_claim(pod: Mapping[str, Any]) -> Optional[Claim]:
     return Claim(tuple(requests), Policy.BINPACK) if requests else None
 
 
-def verify(choice: Choice, node: str, known: Iterable[str]) -> Optional[str]:
-    """Why the recorded `choice` cannot be used on `node` whose GPUs are `known` (None: it can)."""
-    if choice.node != node:
-        return f"the choice is for node {choice.node}, not {node}"
-    have = set(known)
-    missing = sorted({u for uuids in choice.gpus.values() for u in uuids} - have)
-    if missing:
-        return f"GPU {missing[0]} of the choice is not on node {node}"
-    return None
-
-
 def gpus_for_units(pods: Iterable[Mapping[str, Any]], node: str, units: int) -> List[Tuple[str, ...]]:
     """The recorded GPUs of each GPU container of a pod bound to `node` and not started that asks
     for `units` `gpupool.io/gpu` units: what the kubelet's GetPreferredAllocation can be for.
@@ -125,7 +114,9 @@ def gpus_for_units(pods: Iterable[Mapping[str, Any]], node: str, units: int) -> 
     for pod in pods:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         choice = recorded(pod)
-        if choice is None or spec.get("nodeName") != node or status.get("phase", PENDING) != PENDING:
+        if choice is None or choice.node != node or spec.get("nodeName") != node:
+            continue
+        if status.get("phase", PENDING) != PENDING:
             continue
         for container in spec.get("containers") or []:
             uuids = choice.gpus.get(str(container.get("name")))
