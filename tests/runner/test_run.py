@@ -11,24 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.env import CONTEXT_RESERVE_MIB
 
 HOLDER = str(Path(__file__).with_name("holder.py"))
 
 
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def read_record(path: Path) -> dict:
-    wait_for(path.exists, what=f"{path}")
+    wait_until(path.exists, timeout=15, what=f"{path}")
     return json.loads(path.read_text())
 
 
@@ -128,7 +119,7 @@ def test_two_halves_fit_third_fails_fast_or_waits(pool, tmp_path):
         assert "--wait" in fast.stderr and "Traceback" not in fast.stderr
 
         waiting = pool.start("run", "-p", "0.5", "--wait", "30", "--", sys.executable, HOLDER, str(records[2]))
-        wait_for(lambda: pool.status()["queued"] == 1, what="the third claim to queue")
+        wait_until(lambda: pool.status()["queued"] == 1, timeout=15, what="the third claim to queue")
         assert not records[2].exists()
         stops[0].touch()
         assert first[0].wait(timeout=15) == 0
@@ -153,7 +144,7 @@ def test_killed_runner_lease_is_reclaimed_after_ttl(pool, tmp_path):
         runner.kill()  # kill -9: no release, no more heartbeats
         runner.wait(timeout=5)
         killed_at = time.time()
-        wait_for(lambda: pool.status()["leases"] == [], timeout=5, what="the lease to expire")
+        wait_until(lambda: pool.status()["leases"] == [], timeout=5, what="the lease to expire")
         assert time.time() - killed_at > 0.3
     finally:
         stop.touch()
@@ -263,7 +254,7 @@ def test_sigterm_while_queued_leaves_no_lease_and_no_ticket(pool, tmp_path):
     try:
         read_record(record)
         waiting = pool.start("run", "-p", "0.5", "--wait", "30", "--", "true")
-        wait_for(lambda: pool.status()["queued"] == 1, what="the claim to queue")
+        wait_until(lambda: pool.status()["queued"] == 1, timeout=15, what="the claim to queue")
         waiting.send_signal(signal.SIGTERM)
         _, err = waiting.communicate(timeout=15)
         assert waiting.returncode == 143

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import stop_process
+from waiting import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -66,16 +67,6 @@ def attributes(driver, selector: str, name: str) -> list:
     )
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {timeout:g} s")
-
-
 def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     import httpx
     from selenium.webdriver.common.by import By
@@ -88,7 +79,7 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     field = browser.find_element(By.NAME, "token")  # the sign-in page: the API's token
     field.send_keys(server.token)
     field.submit()
-    uuids = wait_for(lambda: attributes(browser, "tr.gpu", "data-uuid"), 10, "the GPUs show")
+    uuids = wait_until(lambda: attributes(browser, "tr.gpu", "data-uuid"), 10, "the GPUs show")
     assert len(uuids) == 2
     assert all(u.startswith("GPU-emu-") for u in uuids)
     assert not browser.find_elements(By.CSS_SELECTOR, "tr.lease")
@@ -104,7 +95,7 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     )
     try:
         started = time.monotonic()
-        lease = wait_for(lambda: texts(browser, "tr.lease"), 5.0, "the new lease shows")
+        lease = wait_until(lambda: texts(browser, "tr.lease"), 5.0, "the new lease shows")
         appeared_s = time.monotonic() - started
         assert browser.execute_script("return window.__notReloaded === true;"), "the page was reloaded"
         assert "50%" in lease[0] and "8GiB" in lease[0]
@@ -115,8 +106,8 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
         on = held["devices"][0]["uuid"]
         other = next(u for u in uuids if u != on)
         usage.write_text(json.dumps({on: {str(run.pid): 6144}, other: {str(os.getpid()): 1024}}))
-        wait_for(lambda: any("6GiB" in t for t in texts(browser, "tr.lease")), 5.0, "the lease's use shows")
-        wait_for(
+        wait_until(lambda: any("6GiB" in t for t in texts(browser, "tr.lease")), 5.0, "the lease's use shows")
+        wait_until(
             lambda: browser.find_elements(By.CSS_SELECTOR, "#enforcement tbody tr"), 5.0, "the watchdog's warning shows"
         )
         assert browser.find_elements(By.CSS_SELECTOR, "svg.bar rect.unleased")
@@ -128,5 +119,5 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
         print(f"lease appeared after {appeared_s:.2f} s; screenshot {shot}")
     finally:
         stop_process(run, signal.SIGTERM)
-    wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, "tr.lease"), 5.0, "the released lease goes")
+    wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, "tr.lease"), 5.0, "the released lease goes")
     assert console_errors(browser) == []

@@ -11,24 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import httpx
 import pytest
 from conftest import ServerProcess, quiet_port, start_server
+from waiting import wait_until
 
 FULL = ["-n", "2", "-p", "1.0"]  # the whole pool of two emulated GPUs
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = 30.0) -> object:
-    """Poll `check` until it returns something true; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 class Restartable:
@@ -103,11 +93,11 @@ def test_a_runner_at_ttl_4_survives_6_s_of_downtime(tmp_path, cleanup):
     done = tmp_path / "done"
     runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(done))
     cleanup.append(runner)
-    lease_id = wait_until("the runner's lease", lambda: [x["id"] for x in leases(server)])[0]
+    lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
     server.kill()
     time.sleep(6.0)  # the outage itself, longer than the TTL (nothing is asserted after it)
     server.start()
-    wait_until("the heartbeat back", lambda: "works again" in runner.stderr(), timeout=20)
+    wait_until(lambda: "works again" in runner.stderr(), 20, "the heartbeat back")
     assert [x["id"] for x in leases(server)] == [lease_id]
     done.touch()
     assert runner.wait() == 0, runner.stderr()
@@ -125,14 +115,14 @@ def test_a_waiting_claim_keeps_its_place_through_a_restart(tmp_path, cleanup):
     order = tmp_path / "order"
     first = Runner(server, tmp_path, "b", [*FULL, "--wait", "120"], ["sh", "-c", f"echo b >> {order}"])
     cleanup.append(first)
-    wait_until("b in the queue", lambda: server.get("/v1/status")["queued"] == 1)
+    wait_until(lambda: server.get("/v1/status")["queued"] == 1, 30, "b in the queue")
     server.kill()
-    wait_until("b to notice", lambda: "trying again until" in first.stderr())
+    wait_until(lambda: "trying again until" in first.stderr(), 30, "b to notice")
     server.start()
     later = Runner(server, tmp_path, "c", [*FULL, "--wait", "120"], ["sh", "-c", f"echo c >> {order}"])
     cleanup.append(later)
-    wait_until("b back and c queued", lambda: server.get("/v1/status")["queued"] == 2)
-    wait_until("b back", lambda: "answers again" in first.stderr())
+    wait_until(lambda: server.get("/v1/status")["queued"] == 2, 30, "b back and c queued")
+    wait_until(lambda: "answers again" in first.stderr(), 30, "b back")
     assert httpx.delete(f"{server.url}/v1/leases/{full}", headers=headers, timeout=10).status_code == 200
     assert first.wait() == 0, first.stderr()
     assert later.wait() == 0, later.stderr()
@@ -155,7 +145,7 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup, 
     borrower_cmd = ["sh", "-c", f"trap 'touch {term}' TERM; while [ ! -e {stop} ]; do sleep 0.05; done"]
     borrower = Runner(server, tmp_path, "borrower", [*FULL, "--queue", "b", "--ttl", "6"], borrower_cmd)
     cleanup.append(borrower)
-    victim = wait_until("the borrower's lease", lambda: leases(server))[0]["id"]
+    victim = wait_until(lambda: leases(server), 30, "the borrower's lease")[0]["id"]
     claimant = Runner(server, tmp_path, "claimant", ["-n", "1", "-p", "1.0", "--queue", "a", "--wait", "120"], ["true"])
     cleanup.append(claimant)
 
@@ -163,13 +153,13 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup, 
         lease = server.get(f"/v1/leases/{victim}")
         return lease if lease.get("preempted_at") and (term.exists() or not heard) else None
 
-    wait_until("the preemption to reach the borrower", preempted)
+    wait_until(preempted, 30, "the preemption to reach the borrower")
     server.kill()
     time.sleep(8.0)  # the outage: longer than the borrower's TTL
     server.start()
-    wait_until("the claimant back", lambda: "answers again" in claimant.stderr())
+    wait_until(lambda: "answers again" in claimant.stderr(), 30, "the claimant back")
     assert [x["id"] for x in leases(server)] == [victim], "the preempted lease is neither lost nor done yet"
-    wait_until("the borrower to hear of it", term.exists)
+    wait_until(term.exists, 30, "the borrower to hear of it")
     stop.touch()
     assert claimant.wait() == 0, claimant.stderr()
     assert borrower.wait() == 8, borrower.stderr()  # stopped by its preemption (exit 8), not lost (exit 6)
@@ -192,9 +182,9 @@ def test_a_lease_released_by_an_admin_after_the_return_still_ends_the_run_with_e
     cleanup.append(server)
     runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(tmp_path / "never"))
     cleanup.append(runner)
-    lease_id = wait_until("the runner's lease", lambda: [x["id"] for x in leases(server)])[0]
+    lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
     server.kill()
-    wait_until("the runner to notice", lambda: "heartbeat failed" in runner.stderr())
+    wait_until(lambda: "heartbeat failed" in runner.stderr(), 30, "the runner to notice")
     server.start()
     r = httpx.delete(f"{server.url}/v1/leases/{lease_id}", headers=server.server.headers(), timeout=10)
     assert r.status_code == 200, r.text
