@@ -192,7 +192,16 @@ class ClaimRequest(_Body):
 class TokenRequest(_Body):
     """The body of POST /v1/tokens: create or rotate a named token."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # an admin token acts on every lease: it is bound to no queue
+        json_schema_extra={
+            "not": {
+                "required": ["admin", "queue"],
+                "properties": {"admin": {"const": True}, "queue": {"type": "string", "minLength": 1}},
+            }
+        },
+    )
 
     name: str = Field(pattern=NAME_PATTERN, json_schema_extra={"not": {"const": ADMIN_NAME}, **example("alice")})
     admin: bool = False
@@ -209,6 +218,14 @@ class TokenRequest(_Body):
         if name == ADMIN_NAME:  # the schema's "not": the server's own token has this name
             raise PydanticCustomError("reserved", "is the server's own token's name: choose another")
         return name
+
+    @model_validator(mode="after")
+    def _admin_in_no_queue(self) -> TokenRequest:
+        if self.admin and self.queue:
+            raise PydanticCustomError(
+                "admin_queue", "an admin token is bound to no queue (it may act on every lease): drop admin or queue"
+            )
+        return self
 
 
 class QueueRequest(_Body):
