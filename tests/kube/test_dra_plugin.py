@@ -17,7 +17,7 @@ from gpupool.enforcement.attest import node_attestations
 from gpupool.enforcement.attribution import Attributor
 from gpupool.isolation.env import LEASE_ID_ENV, MEMORY_LIMIT_ENV
 from gpupool.isolation.evidence import NodeView, Witness
-from gpupool.kube.dra.apiclient import KubeApi
+from gpupool.kube.apiclient import KubeApi
 from gpupool.kube.dra.plugin import DraConfig, DraPlugin
 from gpupool.kube.dra.prepare import claim_uid_of_label
 from gpupool.pool import Pool
@@ -238,7 +238,7 @@ def test_the_default_share_is_whole_steps_from_the_minimum(memory_mib):
 
 
 def test_an_unreachable_api_server_is_one_error_naming_it():
-    from gpupool.kube.dra.apiclient import ApiError
+    from gpupool.kube.apiclient import ApiError
 
     with pytest.raises(ApiError, match="the API server at http://127.0.0.1:9 is not reachable") as err:
         KubeApi.at("http://127.0.0.1:9").request("GET", "/apis/resource.k8s.io/v1/resourceslices")

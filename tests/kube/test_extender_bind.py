@@ -20,11 +20,11 @@ import pytest
 
 from gpupool.kube import annotations as ann
 from gpupool.kube.admission import WebhookApp, serve
+from gpupool.kube.apiclient import KubeApi
 from gpupool.kube.choice import Choice, gpus_for_units, pinned_claim
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
 from gpupool.kube.deviceplugin.plugin import DevicePlugin, PluginConfig
-from gpupool.kube.dra.apiclient import KubeApi
 from gpupool.kube.extender import NodeState, pod_claim
 from gpupool.kube.manifests import scheduler_config
 from gpupool.kube.mutate import MutateConfig, mutate

@@ -190,8 +190,8 @@ def handle_webhook(args: argparse.Namespace) -> int:
     )
     api = None
     if in_cluster:  # the extender's bind verb reads and binds pods
+        from ..kube.apiclient import KubeApi
         from ..kube.config import IN_CLUSTER_ONLY, api_client
-        from ..kube.dra.apiclient import KubeApi
 
         api = KubeApi(api_client("the extender binds pods", "pass --agents NODE=URL,...", IN_CLUSTER_ONLY))
     cluster = ClusterState(targets, token=token, ca=args.agent_ca or "", pending=kube_pending() if in_cluster else None)

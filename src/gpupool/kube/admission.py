@@ -22,8 +22,8 @@ from ..core.errors import InvalidInput
 from ..core.fragmentation import LearnedMix
 from ..server.listener import parse_listen
 from . import extender
+from .apiclient import KubeApi
 from .binder import handle_bind
-from .dra.apiclient import KubeApi
 from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate

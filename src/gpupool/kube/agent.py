@@ -252,7 +252,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
     config.check()
     dra_api = None
     if config.dra:
-        from .dra.apiclient import from_environment
+        from .apiclient import from_environment
 
         dra_api = from_environment("the DRA plugin reads ResourceClaims and writes ResourceSlices")
     cert, key = serving_files(config, node)

@@ -16,8 +16,8 @@ from typing import Any, Dict, Mapping, Optional
 from ..core.errors import GpupoolError
 from ..core.fragmentation import Fragmentation
 from . import annotations as ann
+from .apiclient import ApiError, KubeApi
 from .choice import choose
-from .dra.apiclient import ApiError, KubeApi
 from .extender import NodeState, message_field
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,11 @@ from ...core.errors import InvalidInput
 from ...enforcement.attest import node_attestations
 from ...isolation.hookdir import write_hook_dir
 from ...pool import Pool
+from ..apiclient import ApiError, KubeApi
 from . import DEFAULT_DRIVER
 from . import dra_pb2 as pb
 from . import dra_pb2_grpc as rpc
 from . import pluginregistration_pb2_grpc as reg_rpc
-from .apiclient import ApiError, KubeApi
 from .attributes import nvml_attributes
 from .cdi import DEFAULT_CDI_DIR
 from .checkpoint import Checkpoint, PreparedDevice

@@ -22,8 +22,8 @@ from ...core.model import Claim, Device, GpuRequest, Holder, Lease
 from ...enforcement.attest import Attestations
 from ...isolation.env import GpuShare, child_env, isolation_env
 from ...pool import Pool
+from ..apiclient import ApiError, KubeApi
 from .allocation import AllocatedDevice, allocated_devices, reserved_pods
-from .apiclient import ApiError, KubeApi
 from .cdi import CdiDevice, CdiMount, remove_spec, write_spec
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .slices import device_name

@@ -8,8 +8,8 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ...core.model import Device
+from ..apiclient import ApiError, KubeApi
 from .allocation import MEMORY
-from .apiclient import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The DRA plugin's calls to the Kubernetes API server: GET a ResourceClaim, write ResourceSlices.
+"""JSON calls to the Kubernetes API server: the DRA plugin's (ResourceClaims, ResourceSlices) and
+the extender bind's (read and annotate a pod, create its Binding).
 
 Through the kubernetes package's own ApiClient (its configuration loaders, TLS, credentials and
 token refresh, its HTTP transport), with plain JSON in and out: resource.k8s.io/v1 objects are
@@ -82,6 +83,6 @@ def _status_message(data: bytes, response: Any) -> str:
 def from_environment(purpose: str) -> KubeApi:  # pragma: no cover - needs a cluster or a kubeconfig
     """The API server of the pod's service account, else of $KUBECONFIG (~/.kube/config); a clear
     one-line error when neither is there."""
-    from ..config import IN_CLUSTER_FIRST, api_client
+    from .config import IN_CLUSTER_FIRST, api_client
 
     return KubeApi(api_client(purpose, "set KUBECONFIG", IN_CLUSTER_FIRST))
