@@ -217,3 +217,32 @@ def test_empty_sections_in_yaml_mean_none():
         spec(env=None, annotations=None, setup=None, roles={"worker": {"command": ["x"], "env": None, "gpu": 0}})
     )
     assert s.env == () and s.annotations == () and s.setup == () and s.roles[0].env == () and s.roles[0].gpu is None
+
+
+def test_the_models_json_schema_takes_what_the_model_takes():
+    """The schema the docs show is the YAML form: the examples pass it and the model, a bad one fails both."""
+    import pathlib
+
+    import jsonschema
+    import yaml
+
+    from gpupool.jobs.spec_model import JobModel
+
+    schema = JobModel.model_json_schema(by_alias=True)
+    examples = sorted((pathlib.Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    assert len(examples) >= 4
+    for path in examples:
+        data = yaml.safe_load(path.read_text())
+        jsonschema.validate(data, schema)
+        assert parse_spec(data).name == data["name"]
+    shorthand = spec(roles={"worker": {"command": "python t.py", "gpu": "50%", "resources": {"memory": "8Gi"}}})
+    jsonschema.validate(shorthand, schema)
+    for bad in (
+        spec(name="Digits_DDP"),
+        spec(roles={"worker": {"command": ["x"], "restartPolicy": "Never"}}),
+        spec(roles={"worker": {"command": ["x"], "gpu": {"fraction": 0.5, "cores": 2}}}),
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+        with pytest.raises(SpecError):
+            parse_spec(bad)

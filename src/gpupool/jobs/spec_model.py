@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -116,8 +117,15 @@ def _placement(value: Any) -> Policy:
         _refuse(err.message)
 
 
-Command = Annotated[Any, AfterValidator(_command)]
-EnvValue = Annotated[Any, AfterValidator(_env_value)]
+# The schema of each field is the form the YAML is written in (documented from it), not the parsed one.
+_SIZE = {"anyOf": [{"type": "integer", "description": "MiB"}, {"type": "string", "examples": ["8Gi", "8192Mi"]}]}
+_SCALAR = {"type": ["string", "number", "boolean"]}
+Command = Annotated[
+    Any,
+    AfterValidator(_command),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": ["string", "number"]}}]}),
+]
+EnvValue = Annotated[Any, AfterValidator(_env_value), WithJsonSchema(_SCALAR)]
 # `env:` left empty in YAML is null: no variables
 Env = Annotated[
     Dict[Annotated[str, AfterValidator(_env_name)], EnvValue], BeforeValidator(lambda v: {} if v is None else v)
@@ -134,9 +142,14 @@ class GpuModel(_Closed):
     """`gpu: {count: 1, fraction: 0.5}` or `{count: 2, memory: 8Gi}`; a bare number is a fraction."""
 
     count: Count = 1
-    fraction: Optional[float] = None
-    memory: Optional[int] = None  # MiB
-    filters: Tuple[Filter, ...] = ()
+    fraction: Annotated[Optional[float], WithJsonSchema({"type": ["number", "string"], "examples": [0.5, "50%"]})] = (
+        None
+    )
+    memory: Annotated[Optional[int], WithJsonSchema(_SIZE)] = None  # MiB
+    filters: Annotated[
+        Tuple[Filter, ...],
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
+    ] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -191,11 +204,16 @@ def _gpu_shorthand(value: Any) -> Any:
     return value
 
 
+def _gpu_schema(schema: Dict[str, Any]) -> None:
+    """The gpu field's schema also takes the shorthand `_gpu_shorthand` reads."""
+    schema["anyOf"].append({"type": ["number", "string", "boolean"]})
+
+
 class ResourcesModel(_Closed):
     """`resources: {cpu: 2, memory: 8Gi}` per replica (host memory; a bare number is MiB)."""
 
-    cpu: str = ""  # a Kubernetes cpu quantity ("2", "500m"); "" = the executor's default
-    memory: Optional[int] = None  # MiB
+    cpu: Annotated[str, WithJsonSchema({"type": ["string", "number"], "examples": [2, "500m"]})] = ""
+    memory: Annotated[Optional[int], WithJsonSchema(_SIZE)] = None  # MiB
 
     @field_validator("cpu", mode="before")
     @classmethod
@@ -219,10 +237,12 @@ class RoleModel(_Closed):
     replicas: Count = 1
     command: Command
     env: Env = {}
-    gpu: Annotated[Optional[GpuModel], BeforeValidator(_gpu_shorthand)] = None
+    gpu: Annotated[Optional[GpuModel], BeforeValidator(_gpu_shorthand)] = Field(None, json_schema_extra=_gpu_schema)
     image: Annotated[str, Strict()] = ""
     resources: Optional[ResourcesModel] = None
-    restart_policy: Any = Field(None, alias="restartPolicy")  # only to say where it belongs
+    restart_policy: Annotated[Any, WithJsonSchema({"not": {}})] = Field(
+        None, alias="restartPolicy"
+    )  # only to say where it belongs
 
     @field_validator("restart_policy")
     @classmethod
@@ -233,7 +253,11 @@ class RoleModel(_Closed):
 class JobModel(_Closed):
     """A whole job as its YAML says it: roles plus restart, success and deadline policies."""
 
-    name: Annotated[Any, AfterValidator(_job_name)]
+    name: Annotated[
+        Any,
+        AfterValidator(_job_name),
+        WithJsonSchema({"type": "string", "pattern": _NAME_RE.pattern, "maxLength": MAX_NAME}),
+    ]
     framework: Annotated[Framework, BeforeValidator(_enum_member(Framework))] = Framework.NONE
     roles: Dict[str, RoleModel]
     restart_policy: Annotated[RestartPolicy, BeforeValidator(_enum_member(RestartPolicy))] = Field(
@@ -250,11 +274,13 @@ class JobModel(_Closed):
     env: Env = {}
     setup: Optional[Command] = None
     working_dir: Annotated[str, Strict()] = Field("", alias="workingDir")
-    placement: Annotated[Policy, BeforeValidator(_placement)] = Policy.SPREAD
+    placement: Annotated[Policy, BeforeValidator(_placement), WithJsonSchema({"enum": [p.value for p in Policy]})] = (
+        Policy.SPREAD
+    )
     image: Annotated[str, Strict()] = ""
     namespace: Annotated[str, Strict()] = "default"
     annotations: Annotated[Dict[str, EnvValue], BeforeValidator(lambda v: {} if v is None else v)] = {}
-    queue: Annotated[Any, AfterValidator(_queue)] = ""
+    queue: Annotated[Any, AfterValidator(_queue), WithJsonSchema({"type": "string"})] = ""
     priority: Annotated[int, Strict(), Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
 
     @field_validator("roles")
