@@ -177,10 +177,12 @@ class GpuRequest:
             raise InvalidClaim(f"memory {self.memory_mib!r} MiB must be a whole number >= 1 (e.g. -m 8192)")
 
     def memory_on(self, device: Device) -> int:
-        """MiB this request takes on `device`: at least MIN_SHARE_MIB, fractions rounded down to whole MiB.
+        """MiB this request takes on `device`: a fraction of its memory rounded down to whole MiB, never below 1 MiB.
 
         Down, so that k shares of 1/k always fit one GPU whose MiB count k does not divide
-        (an H100 reports 81,559 MiB: two halves rounded up would need 81,560).
+        (an H100 reports 81,559 MiB: two halves rounded up would need 81,560); never below
+        MIN_SHARE_MIB, so no share is 0. The one statement of the rule: the API's document
+        (server.models) quotes the first line.
         """
         if self.memory_mib is not None:
             return self.memory_mib

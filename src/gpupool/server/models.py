@@ -89,7 +89,7 @@ class GpuRequestBody(_Body):
         None,
         ge=MIN_FRACTION,
         le=1,
-        description=f"share of each GPU's memory: {ROUNDING}",
+        description=f"share of each GPU's memory; the MiB granted: {ROUNDING}",
         json_schema_extra=example(0.5),
     )
     memory_mib: Optional[int] = Field(None, ge=1, description="MiB of each GPU", json_schema_extra=example(8192))
