@@ -30,7 +30,13 @@ def fake_cgroup(tmp_path: Path, pid: int, text: str) -> str:
 @pytest.mark.parametrize(
     "cgroup",
     [
-        f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n",
+        # cgroup v1, cgroupfs driver
+        f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{CID}\n",
+        f"4:pids:/kubepods/pod{UID}/{CID}\n",
+        # cgroup v1, systemd driver
+        f"10:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{SLICE_UID}.slice"
+        f"/cri-containerd-{CID}.scope\n",
+        # cgroup v2, systemd driver (guaranteed QoS has no QoS slice)
         f"0::/kubepods.slice/kubepods-pod{SLICE_UID}.slice/cri-containerd-{CID}.scope\n",
         # read from the agent's own cgroup namespace: the kubelet's tree seen through ".."
         f"0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{SLICE_UID}.slice/cri-containerd-{CID}.scope\n",
@@ -40,13 +46,22 @@ def test_a_pod_uid_counts_below_kubepods(tmp_path, cgroup):
     assert kube_pod_uid(7, proc_root=fake_cgroup(tmp_path, 7, cgroup)) == UID
 
 
+def test_a_static_pod_uid_is_a_32_hex_hash(tmp_path):
+    cgroup = f"0::/kubepods/besteffort/pod{'ab' * 16}/{CID}\n"
+    assert kube_pod_uid(10, proc_root=fake_cgroup(tmp_path, 10, cgroup)) == "ab" * 16
+
+
 @pytest.mark.parametrize(
     "cgroup",
     [
         # a user's delegated subtree can hold a cgroup named after any pod: not the kubelet's
         f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/pod{SLICE_UID}.slice\n",
         f"0::/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/x\n",
-        "0::/\n",
+        "0::/\n",  # inside a cgroup namespace: nothing to see
+        "0::/user.slice/user-1000.slice/session-2.scope\n",
+        "1:name=systemd:/system.slice/podman.service\n",  # "pod" as part of a word
+        # a kubelet nested in a container (kind, docker-in-docker): the node's first component is not kubepods
+        f"0::/docker/{CID}/kubepods/burstable/pod{UID}/{CID}\n",
         "garbage\n",
     ],
 )

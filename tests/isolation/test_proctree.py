@@ -21,16 +21,12 @@ from gpupool.isolation.proctree import (
     group_members,
     is_descendant,
     lease_id_of,
-    pod_uid_of,
     process_table,
     read_process,
     terminate,
 )
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
-
-UID = "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"
-CID = "0123456789abcdef" * 4
 
 
 def kill_all(procs: List[subprocess.Popen]) -> None:
@@ -104,41 +100,6 @@ def test_lease_id_of_reads_the_start_environment():
     finally:
         kill_all([with_lease, without])
     assert lease_id_of(with_lease.pid) is None  # gone
-
-
-@pytest.mark.parametrize(
-    "cgroup",
-    [
-        # cgroup v1, cgroupfs driver
-        f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{CID}\n",
-        f"4:pids:/kubepods/pod{UID}/{CID}\n",
-        # cgroup v1, systemd driver
-        f"10:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
-        f"/cri-containerd-{CID}.scope\n",
-        # cgroup v2, systemd driver (guaranteed QoS has no QoS slice)
-        f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
-        # cgroup v2, cgroupfs driver, docker-in-docker style prefix
-        f"0::/docker/{CID}/kubepods/burstable/pod{UID}/{CID}\n",
-    ],
-)
-def test_pod_uid_from_cgroup(tmp_path, cgroup):
-    root = fake_proc(tmp_path, 77, cgroup=cgroup)
-    assert pod_uid_of(77, proc_root=root) == UID
-
-
-@pytest.mark.parametrize(
-    "cgroup, expected",
-    [
-        ("0::/\n", None),  # inside a cgroup namespace: nothing to see
-        ("0::/user.slice/user-1000.slice/session-2.scope\n", None),
-        ("1:name=systemd:/system.slice/podman.service\n", None),  # "pod" as part of a word
-        (f"0::/kubepods/besteffort/pod{'ab' * 16}/{CID}\n", "ab" * 16),  # static pod: a 32-hex hash
-    ],
-)
-def test_pod_uid_absent_or_static(tmp_path, cgroup, expected):
-    root = fake_proc(tmp_path, 78, cgroup=cgroup)
-    assert pod_uid_of(78, proc_root=root) == expected
-    assert pod_uid_of(79, proc_root=root) is None  # no such process
 
 
 def test_alive_counts_zombies_as_dead():

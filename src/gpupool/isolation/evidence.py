@@ -58,9 +58,19 @@ def peer_credentials(sock: socket.socket) -> Tuple[int, int, int]:
     return pid, uid, gid
 
 
+# The pod UID in a cgroup path: cgroupfs driver `.../pod<uid>/...` (dashes), systemd driver
+# `kubepods-<qos>-pod<uid>.slice` (underscores). Static pods have a 32-hex UID without dashes.
+_POD_PATTERN = (
+    r"(?:^|[/-])pod("
+    r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+    r"|[0-9a-fA-F]{32}"
+    r")(?:\.slice)?(?=/|$)"
+)
+
+
 def start_ticks(pid: int, proc_root: str = proctree.PROC) -> Optional[int]:
     """When `pid` started, in clock ticks since boot; None when it is gone."""
-    fields = proctree._stat_fields(pid, proc_root)
+    fields = proctree.stat_fields(pid, proc_root)
     if fields is None or len(fields) <= _START_FIELD:
         return None
     try:
@@ -98,7 +108,7 @@ def kube_pod_uid(pid: int, proc_root: str = proctree.PROC) -> Optional[str]:
         components = [c for c in parts[2].split("/") if c and c != ".."]
         if not components or not components[0].startswith("kubepods"):
             continue
-        match = re.search(proctree._POD_PATTERN, "/" + "/".join(components))
+        match = re.search(_POD_PATTERN, "/" + "/".join(components))
         if match:
             return match.group(1).replace("_", "-").lower()
     return None

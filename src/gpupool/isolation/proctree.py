@@ -9,7 +9,6 @@ while it reads: a pid that is gone is simply skipped.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass
@@ -28,16 +27,6 @@ _POLL_S = 0.01
 # After SIGKILL the kernel still needs a moment to tear a process down; wait at most this long.
 _KILL_SETTLE_S = 1.0
 
-# The pod UID in a cgroup path: cgroupfs driver `.../pod<uid>/...` (dashes), systemd driver
-# `kubepods-<qos>-pod<uid>.slice` (underscores). Static pods have a 32-hex UID without dashes.
-# Compiled at first use (re caches it): most processes that import this module never read a cgroup.
-_POD_PATTERN = (
-    r"(?:^|[/-])pod("
-    r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
-    r"|[0-9a-fA-F]{32}"
-    r")(?:\.slice)?(?=/|$)"
-)
-
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -48,7 +37,7 @@ class ProcessInfo:
     pgid: int
 
 
-def _stat_fields(pid: int, proc_root: str = PROC) -> Optional[List[str]]:
+def stat_fields(pid: int, proc_root: str = PROC) -> Optional[List[str]]:
     """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as handle:
@@ -65,7 +54,7 @@ def _stat_fields(pid: int, proc_root: str = PROC) -> Optional[List[str]]:
 
 def read_process(pid: int, proc_root: str = PROC) -> Optional[ProcessInfo]:
     """`pid` as a ProcessInfo, or None when it does not exist (any more)."""
-    fields = _stat_fields(pid, proc_root)
+    fields = stat_fields(pid, proc_root)
     if fields is None:
         return None
     try:
@@ -142,24 +131,6 @@ def lease_id_of(pid: int, proc_root: str = PROC) -> Optional[str]:
     return None
 
 
-def pod_uid_of(pid: int, proc_root: str = PROC) -> Optional[str]:
-    """The Kubernetes pod UID (with dashes) from `pid`'s cgroup path, or None outside a pod."""
-    try:
-        with open(f"{proc_root}/{pid}/cgroup", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        # cgroup v1 "ID:controllers:/path", v2 "0::/path": the path is everything after the 2nd ':'.
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        match = re.search(_POD_PATTERN, parts[2])
-        if match:
-            return match.group(1).replace("_", "-").lower()
-    return None
-
-
 def alive(pid: int) -> bool:
     """Whether `pid` exists and is not a zombie (a zombie has ended; only its status is left).
 
@@ -175,7 +146,7 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass  # exists, but someone else's
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None:
         # Reaped since the kill above; or no /proc (not Linux), where the kill is all we know.
         return not os.path.isdir(PROC)

@@ -29,11 +29,11 @@ from ..isolation.proctree import alive, descendants
 from ..logs import get_logger
 from .child import start
 from .prctl import become_subreaper, parent_death_signal
-from .tree import end_tree
+from .tree import end_tree, reap_all
 from .workdir import remove_tree
 
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Mapping, Optional, Sequence, Set, Tuple
 
     from ..isolation.cgroup import LeaseCgroup
 
@@ -236,7 +236,7 @@ def _serve(
             mover.stop()
         if runner_died:
             _end_lease(lease_id, child.pid, reaped, grace_s, cgroup, workdir)
-        _reap()
+        reap_all()
     finally:
         os._exit(0)  # no atexit, no finalizers of the runner's copied state
 
@@ -306,7 +306,7 @@ def _relay(control_fd: int, report_fd: int, main: int) -> Tuple[bool, bool]:
     reaped = False
     pending = b""
     while True:
-        for pid, status in _reap():
+        for pid, status in reap_all():
             if pid == main and report is not None:
                 reaped = True
                 _say(report, _EXIT + str(os.waitstatus_to_exitcode(status)).encode())
@@ -344,19 +344,6 @@ def _end_lease(
         cgroup.remove()
     if workdir is not None:
         remove_tree(workdir)
-
-
-def _reap() -> List[Tuple[int, int]]:
-    """Collect every ended child; returns (pid, wait status) of each."""
-    ended: List[Tuple[int, int]] = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return ended
-        if pid == 0:
-            return ended
-        ended.append((pid, status))
 
 
 def _close_all_but(keep: Set[int]) -> None:

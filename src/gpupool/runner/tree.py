@@ -10,7 +10,7 @@ from ..isolation.proctree import alive, descendants, group_members, lease_id_of,
 from ..logs import get_logger
 
 if TYPE_CHECKING:
-    from typing import Iterable, List, Optional, Set
+    from typing import Iterable, List, Optional, Set, Tuple
 
 log = get_logger(__name__)
 
@@ -88,18 +88,18 @@ def end_tree(
     return killed
 
 
-def reap_all() -> int:
-    """Collect every ended child (zombie) of this process; returns how many. Call it only after the
-    main child's Popen.wait() returned, or it would steal that exit status."""
-    count = 0
+def reap_all() -> List[Tuple[int, int]]:
+    """Collect every ended child (zombie) of this process; returns (pid, wait status) of each. Call it
+    only after the main child's Popen.wait() returned, or it would steal that exit status."""
+    ended: List[Tuple[int, int]] = []
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return count
+            return ended
         if pid == 0:
-            return count
-        count += 1
+            return ended
+        ended.append((pid, status))
 
 
 def reap_orphans(keep: Iterable[int]) -> int:
