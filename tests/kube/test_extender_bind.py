@@ -201,6 +201,7 @@ def test_bind_records_the_choice_before_binding(api, extender):
     choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
     # binpack: the fuller GPU that holds 30 %, as core placement decides on the agent's state.
     assert choice == Choice("node-a", {"train": (NODE_A[0].uuid,)})
+    assert pod["metadata"]["annotations"][ann.chosen_gpu_key(0)] == NODE_A[0].uuid  # the runner's filter
     assert [m for m, _ in api.calls] == ["GET", "PATCH", "POST"]  # recorded, then bound
     assert api.calls[-1][1] == "/api/v1/namespaces/team-a/pods/p1/binding"
 
@@ -210,6 +211,7 @@ def test_two_gpus_each_with_the_share_are_two_distinct_gpus(api, extender):
     assert extender(binding_args(pod, "node-a")) == {"Error": ""}
     choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
     assert choice is not None and sorted(choice.gpus["train"]) == sorted(d.uuid for d in NODE_A)
+    assert pod["metadata"]["annotations"][ann.chosen_gpu_key(0)] == "*"  # a glob names no set: not pinned
 
 
 @pytest.mark.parametrize(
@@ -348,7 +350,10 @@ def test_a_new_pod_carrying_a_choice_is_denied():
     assert validate(pod).allowed
     pod["metadata"]["annotations"][ann.CHOICE] = Choice("node-a", {"train": (NODE_A[1].uuid,)}).encode()
     verdict = validate(pod)
-    assert not verdict.allowed and ann.CHOICE in verdict.message and "remove it" in verdict.message
+    assert not verdict.allowed and ann.CHOICE in verdict.message and "remove them" in verdict.message
+    del pod["metadata"]["annotations"][ann.CHOICE]
+    pod["metadata"]["annotations"][ann.chosen_gpu_key(0)] = NODE_A[1].uuid  # the runner's pin alone
+    assert not validate(pod).allowed
 
 
 def test_a_plugin_sharing_the_pools_mix_does_not_count_asks_twice(tmp_path):
@@ -394,3 +399,99 @@ def test_only_pending_pods_bound_here_with_a_choice_for_here_are_candidates():
     ]
     assert gpus_for_units(pods, "node-a", 30) == [("GPU-ok",)]
     assert gpus_for_units(pods, "node-a", 31) == []
+
+
+def kubelet_expands(pod: Dict[str, Any], index: int, server: str) -> Tuple[List[str], Dict[str, str]]:
+    """The runner's arguments of container `index` as the kubelet starts it: downward-API env from the
+    pod's fields and annotations, then $(VAR) expanded in the command (Kubernetes' rules, enough here)."""
+    container = pod["spec"]["containers"][index]
+    env: Dict[str, str] = {}
+    for e in container["env"]:
+        ref = (e.get("valueFrom") or {}).get("fieldRef")
+        if ref and ref["fieldPath"].startswith("metadata.annotations['"):
+            env[e["name"]] = pod["metadata"]["annotations"].get(
+                ref["fieldPath"][len("metadata.annotations['") : -2], ""
+            )
+        elif ref:
+            env[e["name"]] = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": "team-a"}.get(
+                ref["fieldPath"], pod["metadata"]["uid"]
+            )
+        elif "value" in e:
+            env[e["name"]] = e["value"]
+    env["GPUPOOL_SERVER"] = server
+    command = list(container["command"])
+    for i, arg in enumerate(command):
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        command[i] = arg
+    return command[command.index("run") + 1 : command.index("--")], env
+
+
+def test_the_runner_claims_the_gpu_the_bind_recorded(api, server_factory, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from gpupool.client.http import HttpPoolClient
+
+    node_pool = server_factory()
+    status = HttpPoolClient(node_pool.url, node_pool.token or "").request("GET", "/v1/status")
+    devices = NodeState.from_status(status).devices
+    # The extender saw GPU 1 60 % used (the node's pool has both free): binpack records GPU 1,
+    # where the node's pool alone would put the share on GPU 0.
+    cluster = ClusterState(dict)
+    cluster.set_states({"node-a": NodeState(devices, {devices[1].uuid: 9830})})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "pinned",
+            "namespace": "team-a",
+            "uid": "uid-pinned",
+            "annotations": {ann.POLICY: "binpack"},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "python:3.11",
+                    "command": ["python", "t.py"],
+                    "resources": {"limits": {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}},
+                }
+            ]
+        },
+        "status": {"phase": "Pending"},
+    }
+    pod = api.add(apply_patch(pod, mutate(pod, MutateConfig(pin_choice=True)).patch))
+    to_v1pod(pod)
+    app = WebhookApp(MutateConfig(pin_choice=True), cluster, KubeApi.at(api.url))
+    assert app.handle("POST", "/extender/bind", json.dumps(binding_args(pod, "node-a")).encode())[1] == {"Error": ""}
+
+    def run(args: List[str]) -> str:
+        env = dict(
+            os.environ, GPUPOOL_TOKEN=node_pool.token or "", HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "x")
+        )
+        child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+        done = subprocess.run(
+            [sys.executable, "-m", "gpupool", "run", *args, "--", sys.executable, "-c", child],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    args, _ = kubelet_expands(pod, 0, node_pool.url)
+    assert f"device.uuid={devices[1].uuid}" in args and "--wait" in args
+    assert run(args) == devices[1].uuid  # the recorded GPU
+    unpinned = [a for a in args if not a.startswith("device.uuid=")]
+    unpinned.remove("--filter")
+    assert run(unpinned) == devices[0].uuid  # what the node's pool chooses alone
+
+
+def test_without_pinning_the_webhook_adds_no_filter():
+    plain = user_pod("plain", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"})
+    (container,) = plain["spec"]["containers"]
+    assert "--filter" not in container["command"]
+    assert all(e["name"] != "GPUPOOL_CHOSEN_GPU" for e in container["env"])

@@ -52,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--wait", type=float, default=300.0, help="seconds the runner queues for its share (default 300)")
     p.add_argument("--refresh", type=float, default=2.0, help="seconds between agent polls (default 2)")
     p.add_argument(
+        "--bind",
+        action="store_true",
+        help="the scheduler runs with `gpupool kube scheduler-config --bind`: each GPU container's runner "
+        "claims the GPU the extender's bind recorded (gpupool.io/choice.N) instead of the node choosing again",
+    )
+    p.add_argument(
         "--isolation",
         default="hooks",
         metavar="mps|hooks|none",
@@ -187,6 +193,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
         wait_s=args.wait,
         mps_pipe_dir=args.mps_pipe_dir if mps else "",
         mps_shm_dir=args.mps_shm_dir,
+        pin_choice=args.bind,
     )
     api = None
     if in_cluster:  # the extender's bind verb reads and binds pods

@@ -32,6 +32,12 @@ BITFUSION_FILTER = "bitfusion-client/filter"
 BITFUSION_IGNORED = ("bitfusion-client/os", "bitfusion-client/version")
 
 
+def chosen_gpu_key(index: int) -> str:
+    """`gpupool.io/choice.N`: the device.uuid filter of the pod's container number N, written with
+    the choice; the webhook hands it to that container's runner (downward API) when it pins."""
+    return f"{CHOICE}.{index}"
+
+
 class Mode(enum.Enum):
     """How much the mutating webhook does to a pod."""
 

@@ -17,7 +17,7 @@ from ..core.errors import GpupoolError
 from ..core.fragmentation import Fragmentation
 from . import annotations as ann
 from .apiclient import ApiError, KubeApi
-from .choice import choose
+from .choice import choose, runner_filters
 from .extender import NodeState, message_field
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,9 @@ def handle_bind(
     args: Mapping[str, Any], states: Mapping[str, NodeState], api: KubeApi, frag: Optional[Fragmentation] = None
 ) -> Dict[str, Any]:
     """ExtenderBindingArgs -> ExtenderBindingResult ({"Error": ""} once the pod is bound)."""
-    name, namespace, uid, node = (str(message_field(args, k) or "") for k in ("PodName", "PodNamespace", "PodUID", "Node"))
+    name, namespace, uid, node = (
+        str(message_field(args, k) or "") for k in ("PodName", "PodNamespace", "PodUID", "Node")
+    )
     if not (name and namespace and node):
         return {"Error": "gpupool extender: bind needs PodName, PodNamespace and Node (ExtenderBindingArgs)"}
     where = f"/api/v1/namespaces/{_segment(namespace)}/pods/{_segment(name)}"
@@ -42,7 +44,9 @@ def handle_bind(
         elif ann.CLAIM in ((pod.get("metadata") or {}).get("annotations") or {}):
             return {"Error": f"gpupool extender: no GPU state of node {node} (its gpupool agent is not answering)"}
         if choice is not None:
-            patch = {"metadata": {"annotations": {ann.CHOICE: choice.encode()}}}
+            containers = (pod.get("spec") or {}).get("containers") or []
+            written = {ann.CHOICE: choice.encode(), **runner_filters(choice, containers)}
+            patch = {"metadata": {"annotations": written}}
             api.request("PATCH", where, patch, content_type="application/merge-patch+json")
         binding = {
             "apiVersion": "v1",

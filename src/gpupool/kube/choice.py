@@ -49,6 +49,18 @@ class Choice:
             return None
 
 
+def runner_filters(choice: Choice, containers: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+    """The `gpupool.io/choice.N` annotations of `choice`: per GPU container (by its index in the
+    pod), the `device.uuid` glob its runner claims with: its one GPU, escaped; `*` for several
+    (a glob cannot name a set of GPUs: the node's pool then chooses among all)."""
+    out: Dict[str, str] = {}
+    for index, container in enumerate(containers):
+        uuids = choice.gpus.get(str(container.get("name")))
+        if uuids:
+            out[ann.chosen_gpu_key(index)] = glob.escape(uuids[0]) if len(uuids) == 1 else "*"
+    return out
+
+
 def recorded(pod: Mapping[str, Any]) -> Optional[Choice]:
     """The choice recorded on `pod` (an API Pod object), if any."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}

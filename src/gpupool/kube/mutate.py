@@ -29,6 +29,7 @@ MPS_SHM_VOLUME = "gpupool-mps-shm"
 # MPS clients and their server exchange shared memory through /dev/shm, so the
 # container's must be the agent's (NVIDIA's device plugin mounts it the same way).
 SHM_PATH = "/dev/shm"
+CHOSEN_GPU_ENV = "GPUPOOL_CHOSEN_GPU"  # the container's gpupool.io/choice.N, when the webhook pins
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class MutateConfig:
     # MPS mode: the agent's pipe folder (its --state + /mps/pipe), mounted at the same path; "" = not MPS.
     mps_pipe_dir: str = ""
     mps_shm_dir: str = "/run/gpupool/mps/shm"  # host folder the agent mounts as its /dev/shm
+    # The extender binds (scheduler-config --bind): each runner claims the GPU the bind recorded
+    # (`gpupool.io/choice.N`, through the downward API) instead of the node's pool choosing again.
+    pin_choice: bool = False
 
     def __post_init__(self) -> None:
         for flag, path in (("--mps-pipe-dir", self.mps_pipe_dir), ("--mps-shm-dir", self.mps_shm_dir)):
@@ -111,7 +115,7 @@ def mutate(
             continue
         try:
             new = _container(
-                container, ask, config, gpu_size, injection.wraps(container["name"]), filters, out.warnings
+                container, ask, config, gpu_size, injection.wraps(container["name"]), filters, out.warnings, index
             )
         except InvalidInput as err:
             errors.append(err.message)
@@ -135,6 +139,7 @@ def _container(
     wrap: bool,
     filters: Tuple[Filter, ...],
     warnings: List[str],
+    index: int,
 ) -> Dict[str, Any]:
     new: Dict[str, Any] = _copy(dict(container))
     name = container["name"]
@@ -147,6 +152,9 @@ def _container(
         values[UNITS] = str(units)
         resources[section] = values
     new["env"] = _env(container.get("env") or [], config, name, warnings)
+    if config.pin_choice and not any(e.get("name") == CHOSEN_GPU_ENV for e in new["env"]):
+        path = f"metadata.annotations['{ann.chosen_gpu_key(index)}']"
+        new["env"].append({"name": CHOSEN_GPU_ENV, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}})
     mounts = list(container.get("volumeMounts") or [])
     taken = {m.get("mountPath") for m in mounts} | {m.get("name") for m in mounts}
     for volume, path in ((RUNNER_VOLUME, config.mount_path), (TOKEN_VOLUME, config.token_path)):
@@ -207,6 +215,8 @@ def _wrapped_command(
     runner = [config.python, config.runner_path, "run", *ask.runner_args()]
     for f in filters:
         runner += ["--filter", f.to_text()]
+    if config.pin_choice:
+        runner += ["--filter", f"device.uuid=$({CHOSEN_GPU_ENV})"]
     runner += ["--wait", f"{config.wait_s:g}", "--server", "$(GPUPOOL_SERVER)", "--label", POD_LABEL, "--"]
     if not command:
         warnings.append(

@@ -37,12 +37,12 @@ def validate(pod: Mapping[str, Any], node_devices: Callable[[], Sequence[Sequenc
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
     errors: List[str] = list(init_container_errors(spec))
-    if ann.CHOICE in annotations:
+    if any(key == ann.CHOICE or key.startswith(ann.CHOICE + ".") for key in annotations):
         # Only the extender's bind writes it, after admission: on a new pod it is forged or copied,
         # and the device plugin and the extender would trust it.
         errors.append(
-            f"annotation {ann.CHOICE} is written by gpupool's scheduler extender when it binds the pod; "
-            "remove it from the pod (or its template)"
+            f"annotations {ann.CHOICE} and {ann.CHOICE}.N are written by gpupool's scheduler extender when "
+            "it binds the pod; remove them from the pod (or its template)"
         )
     mode = ann.read_injection(annotations).mode
     translated = bool(annotations.get(ann.MARKER))
