@@ -89,16 +89,18 @@ def test_kvstore_put_get_delete():
     server = KVStoreServer().start()
     try:
         base = f"http://127.0.0.1:{server.port}/{server.token}/global"
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(base + "/rank0")
-        assert err.value.code == 404
-        urllib.request.urlopen(urllib.request.Request(base + "/rank0", data=b"addr", method="PUT"))
-        assert urllib.request.urlopen(base + "/rank0").read() == b"addr"
-        urllib.request.urlopen(urllib.request.Request(base, method="DELETE"))
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(base + "/rank0")
+        assert _status(base + "/rank0") == 404
+        assert _status(base + "/rank0", b"addr", "PUT") == 200
+        assert _body(base + "/rank0") == b"addr"
+        assert _status(base, method="DELETE") == 200
+        assert _status(base + "/rank0") == 404  # the scope is gone
     finally:
         server.stop()
+
+
+def _body(url):
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read()
 
 
 def _status(url, data=None, method="GET"):
@@ -106,14 +108,17 @@ def _status(url, data=None, method="GET"):
         with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=10) as resp:
             return resp.status
     except urllib.error.HTTPError as err:
-        return err.code
+        with err:
+            return err.code
 
 
 def test_kvstore_binds_loopback_and_refuses_without_the_token():
     server = KVStoreServer().start()
     try:
         assert server.server_address[0] == "127.0.0.1"
-        assert len(server.token) >= 32 and KVStoreServer().token != server.token  # random per store
+        other = KVStoreServer()
+        other.server_close()
+        assert len(server.token) >= 32 and other.token != server.token  # random per store
         good = f"http://127.0.0.1:{server.port}/{server.token}/global/rank0"
         assert _status(good, b"secret-addr", "PUT") == 200
         for path in ("global/rank0", f"{server.token[:-1]}x/global/rank0", f"x{server.token}/global/rank0", ""):
@@ -121,7 +126,7 @@ def test_kvstore_binds_loopback_and_refuses_without_the_token():
             assert _status(url) == 401, path
             assert _status(url, b"forged", "PUT") == 401, path
             assert _status(url, method="DELETE") == 401, path
-        assert urllib.request.urlopen(good).read() == b"secret-addr"  # nothing above overwrote or dropped it
+        assert _body(good) == b"secret-addr"  # nothing above overwrote or dropped it
     finally:
         server.stop()
 
@@ -138,7 +143,7 @@ def test_kvstore_refuses_an_oversize_body():
                 assert sock.recv(100).startswith(b"HTTP/1.0 413"), length
         assert _status(url) == 404  # not stored
         assert _status(url, b"x" * MAX_BODY_BYTES, "PUT") == 200
-        assert len(urllib.request.urlopen(url).read()) == MAX_BODY_BYTES
+        assert len(_body(url)) == MAX_BODY_BYTES
     finally:
         server.stop()
 
@@ -159,7 +164,7 @@ def test_horovod_env_carries_the_token_the_way_horovod_builds_its_urls():
         url0 = f"http://{e0['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e0['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/0"
         url1 = f"http://{e1['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{e1['HOROVOD_GLOO_RENDEZVOUS_PORT']}/global/0"
         assert _status(url0, b"rank0-addr", "PUT") == 200
-        assert urllib.request.urlopen(url1).read() == b"rank0-addr"  # rank 1 reads what rank 0 wrote
+        assert _body(url1) == b"rank0-addr"  # rank 1 reads what rank 0 wrote
         forged = f"http://127.0.0.1:{server.port}/global/0"  # the URL a stock env without the token gives
         assert _status(forged) == 401
     finally:
