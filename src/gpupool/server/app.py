@@ -2,8 +2,9 @@
 
 The routes live in `routes` (routers with an auth dependency); this module
 assembles them with the error handlers, the expiry loop and the OpenAPI
-document. Request bodies are parsed with the core model's `from_dict`, so HTTP
-and the store share one wire format and one set of error messages.
+document. Request bodies are validated by the models of `models` (their JSON schemas are the
+document's components) and become core types; answers are the core types' `to_dict`, the one
+wire format of HTTP and the store.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ the fast path, "http_plain" without).
 
 What it is: a plain ASGI wrapper (nothing beyond the ASGI spec) that answers
 the three hot calls with the same `LeaseApi` the routes call, and the same
-auth (`LeaseApi.identify`); everything else, the OpenAPI document included,
+auth (`LeaseApi.identify`) and the same validation of a claim (`models.ClaimRequest`,
+in `LeaseApi.claim`); everything else, the OpenAPI document included,
 goes to the FastAPI app. It is applied in one place, `serve._app`,
 when `ServerConfig.fast_path` is on (default; env `GPUPOOL_FAST_PATH=0` turns
 it off), so `create_app` and the in-process tests see the framework alone.

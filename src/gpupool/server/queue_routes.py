@@ -19,14 +19,13 @@ from starlette.concurrency import run_in_threadpool
 from ..core.errors import InvalidInput
 from ..core.queues import QueueSpec, check_usage_key
 from .models import QueueRequest, validated
-from .routes import ERRORS, Admin, Api, Caller, json_response, read_body
-from .schemas import body_schema
+from .routes import Admin, Api, Caller, json_response, read_body
 from .wire import json_object
 
 # `since` below this is "seconds ago", at or above it epoch seconds (2001-09-09: no pool is older).
 EPOCH_SINCE = 1e9
 
-queue_routes = APIRouter(prefix="/v1", tags=["queues"], responses=ERRORS)
+queue_routes = APIRouter(prefix="/v1", tags=["queues"])
 
 
 @queue_routes.get("/queues", summary="Queues with their quota, weight, limit, allocated, borrowed, waiting")
@@ -37,7 +36,6 @@ async def list_queues(api: Api, _identity: Caller) -> Response:
 
 @queue_routes.put(
     "/queues/{name}",
-    openapi_extra=body_schema(QueueRequest),
     summary="Create or change a queue (admin only)",
 )
 async def put_queue(name: str, request: Request, api: Api, _admin: Admin) -> Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Annotated, Any, Dict, Optional, Union
+from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -21,8 +21,7 @@ from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
 from .auth import Identity, create_token, require_admin, require_queue
 from .handlers import LeaseApi, dumps
-from .models import ClaimRequest, TokenRequest, validated
-from .schemas import ErrorBody, LeaseBody, body_schema
+from .models import TokenRequest, validated
 from .wire import check_size, json_object
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
@@ -30,10 +29,6 @@ MAX_WATCH_S = 60.0
 WATCH_POLL_S = 0.1
 # How often a watch asks whether its client has gone (each ask reads the connection).
 WATCH_DISCONNECT_CHECK_S = 1.0
-
-ERRORS: Dict[Union[int, str], Dict[str, Any]] = {
-    str(code): {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
-}
 
 
 # --- dependencies -------------------------------------------------------------
@@ -96,14 +91,12 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 # --- leases ---------------------------------------------------------------------
-lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"], responses=ERRORS)
+lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"])
 
 
 @lease_routes.post(
     "",
     status_code=201,
-    openapi_extra=body_schema(ClaimRequest),
-    responses={201: {"model": LeaseBody}},
     summary="Claim GPUs: granted now, after waiting in the FIFO queue, or refused",
 )
 async def claim(request: Request, api: Api, identity: Claimer) -> Response:
@@ -120,7 +113,6 @@ async def list_leases(api: Api, _identity: Caller) -> Response:
 
 @lease_routes.get(
     "/{lease_id}",
-    responses={200: {"model": LeaseBody}},
     summary="One live lease; with ?watch=S, answers when it is preempted or after S seconds (0 < S <= 60)",
 )
 async def get_lease(
@@ -165,9 +157,7 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
         await asyncio.sleep(min(WATCH_POLL_S, max(deadline - now, 0.0)))
 
 
-@lease_routes.post(
-    "/{lease_id}/heartbeat", responses={200: {"model": LeaseBody}}, summary="Renew a lease by its TTL (holder or admin)"
-)
+@lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
     return json_response(api.heartbeat(identity, lease_id))
 
@@ -178,7 +168,7 @@ async def release(lease_id: str, api: Api, identity: Caller) -> Response:
 
 
 # --- pool -------------------------------------------------------------------------
-pool_routes = APIRouter(prefix="/v1", tags=["pool"], responses=ERRORS)
+pool_routes = APIRouter(prefix="/v1", tags=["pool"])
 
 
 @pool_routes.get("/status", summary="Devices with their allocation, live leases, queue length")
@@ -194,7 +184,6 @@ async def devices(api: Api, _identity: Caller) -> Response:
 @pool_routes.post(
     "/tokens",
     status_code=201,
-    openapi_extra=body_schema(TokenRequest),
     summary="Create or rotate a named token (admin only)",
 )
 async def tokens(request: Request, api: Api, _admin: Admin) -> Response:

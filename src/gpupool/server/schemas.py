@@ -279,16 +279,10 @@ def request_body(name: str) -> Dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
 
 
-def body_schema(model: type) -> Dict[str, Any]:
-    """`openapi_extra` that documents a JSON request body we parse ourselves."""
-    return {"requestBody": request_body(model.__name__)}
-
-
 __all__: List[str] = [
     "component_schemas",
     "OPERATIONS",
     "responses",
-    "body_schema",
     "request_body",
     "REQUEST_BODIES",
     "LeaseBody",
