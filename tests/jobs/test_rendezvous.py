@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -200,3 +201,16 @@ def test_kubernetes_horovod_pods_get_the_token_from_their_job():
     assert addr == f"h-worker-0.h:29400/$({TOKEN_ENV})"
     assert names.index(TOKEN_ENV) < names.index("HOROVOD_GLOO_RENDEZVOUS_ADDR")  # $(VAR) sees only earlier ones
     assert "kvstore --host 0.0.0.0 --port 29400" in " ".join(container["command"])
+
+
+def test_kvstore_cuts_a_stalled_caller():
+    server = KVStoreServer(idle_timeout_s=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(f"PUT /{server.token}/global/k HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345".encode())
+            started = time.monotonic()
+            assert sock.recv(100) == b""  # closed without an answer, the half body never stored
+            assert time.monotonic() - started < 5
+        assert _status(f"http://127.0.0.1:{server.port}/{server.token}/global/k") == 404
+    finally:
+        server.stop()

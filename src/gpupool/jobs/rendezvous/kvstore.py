@@ -27,6 +27,8 @@ from typing import Dict, Optional, Tuple
 MAX_BODY_BYTES = 1 << 20
 # Where the store's token is handed to a store started on its own (`python -m ...kvstore`).
 TOKEN_ENV = "GPUPOOL_RENDEZVOUS_TOKEN"
+# A caller silent this long mid-request is cut: a stalled connection holds a thread, not the store.
+IDLE_TIMEOUT_S = 30.0
 _PORT_SUFFIX = re.compile(r":\d+$")
 
 
@@ -37,6 +39,10 @@ def new_token() -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     server: KVStoreServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout_s)
 
     def _scope_key(self) -> Optional[Tuple[str, str]]:
         """(scope, key) of an authorised request; None once 401 has been sent."""
@@ -76,7 +82,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_BODY_BYTES:
             self._reply(413, f"body of {length} bytes: send at most {MAX_BODY_BYTES} bytes\n".encode())
             return
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:  # stalled mid-body: nothing stored, the connection cut
+            self.close_connection = True
+            return
+        if len(body) < length:  # the caller hung up mid-body
+            return
         scope, key = where
         with self.server.lock:
             self.server.data.setdefault(scope, {})[key] = body
@@ -107,9 +119,12 @@ class KVStoreServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str = "") -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, token: str = "", idle_timeout_s: float = IDLE_TIMEOUT_S
+    ) -> None:
         super().__init__((host, port), _Handler)
         self.token = token or new_token()
+        self.idle_timeout_s = idle_timeout_s
         self.data: Dict[str, Dict[str, bytes]] = {}
         self.lock = threading.Lock()
 
