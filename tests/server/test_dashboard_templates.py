@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import re
 import typing
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Set
 
 import jinja2
@@ -17,6 +17,7 @@ from gpupool.server.dashboard.view import DashboardView
 
 HOSTILE = "<script>alert(1)</script>\"'><img src=x onerror=alert(1)>&amp;"
 DASHBOARD = Path(render.__file__).parent
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 TEMPLATES = DASHBOARD / "templates"
 OWN_SCRIPT = f'<script src="{render.STATIC}/dashboard.js" defer></script>'  # the page's one script, by src
 
@@ -116,3 +117,15 @@ def test_nothing_in_the_dashboard_is_escaped_or_trusted_by_hand():
 def test_a_missing_variable_fails_instead_of_drawing_a_blank():
     with pytest.raises(jinja2.UndefinedError, match="view"):
         render.ENV.get_template("live.html").render(history=())
+
+
+def test_every_template_ships_in_the_wheel():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    globs = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"]["gpupool.server.dashboard"]
+    patterns = [PurePosixPath(g) for g in globs]
+    for path in TEMPLATES.rglob("*.html"):
+        name = PurePosixPath(path.relative_to(DASHBOARD).as_posix())
+        # setuptools' globs do not cross a folder: the pattern has as many parts as the path
+        assert any(name.match(str(g)) and len(g.parts) == len(name.parts) for g in patterns), (
+            f"{name} is not in pyproject's package-data for gpupool.server.dashboard: add its folder's glob"
+        )
