@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+from gpupool.isolation.proctree import alive
 from tests.conftest import ServerProcess, start_server
 
 PREEMPTEE = str(Path(__file__).parent / "runner" / "preemptee.py")
@@ -88,14 +89,6 @@ def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 30.0)
             return seen
         time.sleep(0.01)
     raise AssertionError(f"no {count} {event!r} events in {log}: {events(log)}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_dead(pid: int, timeout: float = 15.0) -> None:

@@ -14,18 +14,11 @@ import pytest
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
+from gpupool.isolation.proctree import alive
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
 GRACE_S = 1.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture

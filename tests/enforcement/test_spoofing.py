@@ -21,6 +21,7 @@ import pytest
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
+from gpupool.isolation.proctree import alive
 from gpupool.runner.attest import AttestFailed, attest
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
@@ -29,14 +30,6 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 GRACE_S = 0.5
 INTERVAL_S = 0.2
 GIB = 1024
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:

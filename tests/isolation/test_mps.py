@@ -16,19 +16,7 @@ from gpupool.core.errors import Unavailable
 from gpupool.core.isolation_mode import IsolationMode
 from gpupool.isolation import mps
 from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes (its parent has not reaped it yet).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from gpupool.isolation.proctree import alive
 
 
 def daemons(record: Path) -> List[dict]:

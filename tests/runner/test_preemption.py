@@ -4,7 +4,6 @@ with two queues of quota 1: team A borrows the second GPU, team B claims its quo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from gpupool.core.errors import Preempted
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
+from gpupool.isolation.proctree import alive
 
 from .conftest import Pool
 
@@ -36,18 +36,6 @@ def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 20.0)
             return seen
         time.sleep(0.02)
     raise AssertionError(f"no {count} {event!r} events in {log}: {events(log)}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie of someone else's counts as gone
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def teams(pool: Pool) -> None:
