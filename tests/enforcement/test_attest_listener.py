@@ -9,9 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import pytest
+from waiting import wait_until
 
 from gpupool.core.attestation import MAX_LINE_BYTES, request_line
 from gpupool.core.errors import InvalidInput
@@ -127,6 +128,11 @@ def test_bad_lines_get_one_error_line_and_the_connection_is_closed(node, data, t
     assert took < 1.0
 
 
+def busy_or(answer: dict) -> Optional[dict]:
+    """`answer`, or None while the node still says it is busy."""
+    return None if answer.get("error", {}).get("code") == "unavailable" else answer
+
+
 def test_a_stalled_connection_is_cut_after_2_s_and_the_cap_answers_busy(node):
     _, listener = node
     # Four stalled callers hold every slot; the fifth is told "busy" at once.
@@ -139,6 +145,11 @@ def test_a_stalled_connection_is_cut_after_2_s_and_the_cap_answers_busy(node):
         time.sleep(0.2)
         answer, took = exchange(listener.path, b"")
         assert answer["error"]["code"] == "unavailable" and took < 0.5
+        # A runner whose whole line is already sent reads "busy" too, and asks again.
+        for _ in range(20):
+            with pytest.raises(AttestFailed) as refused:
+                attest(str(listener.path), "L", "k" * 64, timeout_s=1.0)
+            assert refused.value.code == "unavailable", refused.value
         for sock in stalled:
             sock.settimeout(5)
             line = sock.makefile("rb").readline()
@@ -148,8 +159,8 @@ def test_a_stalled_connection_is_cut_after_2_s_and_the_cap_answers_busy(node):
     finally:
         for sock in stalled:
             sock.close()
-    # The slots are free again.
-    answer, _ = exchange(listener.path, b"{}\n")
+    # The slots are free again (each as soon as its handler has let go of it).
+    answer = wait_until(lambda: busy_or(exchange(listener.path, b"{}\n")[0]), 5, "a free slot")
     assert answer["error"]["code"] == "invalid_input"
 
 

@@ -227,7 +227,14 @@ def _answer(conn: socket.socket, payload: Dict[str, Any], drain: bool = True) ->
     try:
         conn.settimeout(0.5)
         conn.sendall(answer_line(payload))
-        if not drain:  # the accept loop's own answer ("busy") never waits on the caller
+        if not drain:  # the accept loop's own answer ("busy") never waits on the caller: it drops only
+            conn.setblocking(False)  # what has already arrived, so closing does not reset the answer
+            dropped = 0
+            while dropped < _DRAIN_BYTES:
+                chunk = conn.recv(65536)  # BlockingIOError (an OSError) once nothing more is queued
+                if not chunk:
+                    break
+                dropped += len(chunk)
             return
         conn.shutdown(socket.SHUT_WR)
         deadline = time.monotonic() + _DRAIN_S
