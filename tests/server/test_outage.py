@@ -79,8 +79,13 @@ def cleanup():
 
 
 def until_file(path: Path) -> List[str]:
-    """A command that runs until `path` exists (the test says when it ends)."""
-    return ["sh", "-c", f"while [ ! -e {path} ]; do sleep 0.05; done"]
+    """A command that runs until `path` exists (the test says when it ends); it first touches
+    `path`.started, so a test knows the runner has its lease's answer and runs the command."""
+    return ["sh", "-c", f"touch {path}.started; while [ ! -e {path} ]; do sleep 0.05; done"]
+
+
+def started(path: Path) -> bool:
+    return Path(f"{path}.started").exists()
 
 
 def leases(server: Restartable) -> List[Dict]:
@@ -94,6 +99,7 @@ def test_a_runner_at_ttl_4_survives_6_s_of_downtime(tmp_path, cleanup):
     runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(done))
     cleanup.append(runner)
     lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
+    wait_until(lambda: started(done), 30, "the command to start")
     server.kill()
     time.sleep(6.0)  # the outage itself, longer than the TTL (nothing is asserted after it)
     server.start()
@@ -180,9 +186,12 @@ def test_a_retried_claim_gets_the_lease_granted_to_it(running_server):
 def test_a_lease_released_by_an_admin_after_the_return_still_ends_the_run_with_exit_6(tmp_path, cleanup):
     server = Restartable(tmp_path / "state")
     cleanup.append(server)
-    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(tmp_path / "never"))
+    never = tmp_path / "never"
+    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(never))
     cleanup.append(runner)
     lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
+    # The lease is listed before its answer reaches the runner: kill the server only once the command runs.
+    wait_until(lambda: started(never), 30, "the command to start")
     server.kill()
     wait_until(lambda: "heartbeat failed" in runner.stderr(), 30, "the runner to notice")
     server.start()
