@@ -22,9 +22,12 @@ def percentile(values: Iterable[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return math.nan
-    rank = (len(ordered) - 1) * q / 100
-    j = math.floor(rank)
+    # The rank is (n - 1) * q / 100, split into its whole part and its share of the next gap before
+    # dividing, so that for a whole q both are exact (a float rank loses bits as n grows).
+    position = (len(ordered) - 1) * q
+    j = min(math.floor(position / 100), len(ordered) - 1)
+    share = (position - 100 * j) / 100
     low, high = float(ordered[j]), float(ordered[min(j + 1, len(ordered) - 1)])
     # low + share of the gap: exactly `low` on a rank, and never outside [low, high] (clamped
     # against the last bit of rounding), where a weighted mean of the two can stray by one.
-    return min(max(low + (high - low) * (rank - j), low), high)
+    return min(max(low + (high - low) * share, low), high)
