@@ -428,16 +428,6 @@ class Lease:
         )
 
 
-@dataclass(frozen=True)
-class QueuedClaim:
-    """A claim waiting in the pool's FIFO queue (`Pool.queue()`), with when it joined."""
-
-    ticket: int
-    claim: Claim
-    holder: Holder
-    queued_at: float
-
-
 def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
     """MiB held on each device uuid, summed over `leases`."""
     used: Dict[str, int] = {}
@@ -462,7 +452,6 @@ __all__: List[str] = [
     "Holder",
     "Slice",
     "Lease",
-    "QueuedClaim",
     "allocated_by_device",
     "pod_of_label",
     "pod_uid_of_label",

@@ -47,7 +47,6 @@ from ..core.model import (
     Device,
     Holder,
     Lease,
-    QueuedClaim,
     Slice,
     reap_at,
 )
@@ -62,12 +61,11 @@ from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
 from . import accounting
-from .resume import resume, stamp_alive
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-    from ..core.queues import QueueSpec, QueueStatus, UsageRow
+    from ..core.queues import QueuedClaim, QueueSpec, QueueStatus, UsageRow
     from ..core.usage import UsageReport
     from .admission import Decision
 
@@ -202,6 +200,8 @@ class Pool:
 
     def _resume(self) -> None:
         """A server's start: renew what was live when the last server stopped (pool/resume.py)."""
+        from .resume import resume  # lazily: only a server resumes; a run's embedded pool never loads it
+
         with self.store.write() as tx:
             resumed = resume(tx, self.clock())
         if resumed.leases or resumed.tickets:
@@ -596,6 +596,8 @@ class Pool:
         with self.store.write() as tx:
             now = self.clock()
             if self.serving:  # what the next start renews (pool/resume.py)
+                from .resume import stamp_alive  # lazily, as in _resume
+
                 stamp_alive(tx, now)
             if now >= self._next_history_prune:
                 tx.prune_history(now - HISTORY_RETENTION_S)
@@ -691,6 +693,8 @@ class Pool:
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
+        from ..core.queues import QueuedClaim  # lazily: a run never lists the queue
+
         now = self.clock()
         with self.store.read() as tx:
             rows = tx.queued_claims()
