@@ -5,7 +5,9 @@ tests/test_pyz.py against a real process.
 `gpupool.core.usage`: the usage records, which only a server's watchdog writes; `gpupool.core.queues`
 and `gpupool.pool.admission`: the queue rules, which a pool without queues never applies (the
 store, the pool and its accounting import them only once a queue is defined); `gpupool.core.filters`:
-the device filters, parsed only when a claim has some; the rest: the
+the device filters, parsed only when a claim has some; `gpupool.core.nodescore`: the node scores
+of the extender and the simulator; `gpupool.pool.resume`: a server's start; `gpupool.core.attestation`:
+the node socket's protocol, which only a remote pool's runner speaks; the rest: the
 network stack a remote pool needs and `logging` until a record is shown. (`typing` and `shutil`
 are no longer here: every module takes `TYPE_CHECKING` from typing, and argparse imports shutil
 for the help width; issue 24.)
@@ -21,4 +23,7 @@ EMBEDDED_NEVER = (
     "gpupool.core.queues",
     "gpupool.pool.admission",
     "gpupool.core.filters",
+    "gpupool.core.nodescore",
+    "gpupool.pool.resume",
+    "gpupool.core.attestation",
 )
