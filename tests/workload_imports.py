@@ -2,10 +2,28 @@
 (the install, `python -m gpupool`, the zipapp): checked by tests/cli/test_lazy_imports.py and
 tests/test_pyz.py against a real process.
 
-`gpupool.core.usage`: the usage records, which only a server's watchdog writes; the rest: the
+`gpupool.core.usage`: the usage records, which only a server's watchdog writes; `gpupool.core.queues`
+and `gpupool.pool.admission`: the queue rules, which a pool without queues never applies (the
+store, the pool and its accounting import them only once a queue is defined); `gpupool.core.filters`:
+the device filters, parsed only when a claim has some; `gpupool.core.nodescore`: the node scores
+of the extender and the simulator; `gpupool.pool.resume`: a server's start; `gpupool.core.attestation`:
+the node socket's protocol, which only a remote pool's runner speaks; the rest: the
 network stack a remote pool needs and `logging` until a record is shown. (`typing` and `shutil`
 are no longer here: every module takes `TYPE_CHECKING` from typing, and argparse imports shutil
 for the help width; issue 24.)
 """
 
-EMBEDDED_NEVER = ("ssl", "urllib.request", "http.client", "email", "logging", "gpupool.core.usage")
+EMBEDDED_NEVER = (
+    "ssl",
+    "urllib.request",
+    "http.client",
+    "email",
+    "logging",
+    "gpupool.core.usage",
+    "gpupool.core.queues",
+    "gpupool.pool.admission",
+    "gpupool.core.filters",
+    "gpupool.core.nodescore",
+    "gpupool.pool.resume",
+    "gpupool.core.attestation",
+)

@@ -22,7 +22,8 @@ SRC = Path(gpupool.__file__).resolve().parent
 
 # The HTTP client is a small one on a socket: a plain-HTTP pool needs neither http.client nor ssl,
 # nor the embedded pool's SQLite store, nor placement (one server places its own claims), nor the
-# "idna" codec (an ASCII host name is resolved as bytes).
+# "idna" codec (an ASCII host name is resolved as bytes); nor the queue rules and device filters a
+# plain claim does not use.
 REMOTE_NEVER = (
     "ssl",
     "urllib.request",
@@ -32,6 +33,8 @@ REMOTE_NEVER = (
     "sqlite3",
     "gpupool.pool",
     "gpupool.core.placement",
+    "gpupool.core.queues",
+    "gpupool.core.filters",
     "encodings.idna",
 )
 

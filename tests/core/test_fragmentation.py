@@ -15,16 +15,12 @@ from gpupool.core.fragmentation import (
     ShapeHistogram,
     ShapeMix,
     TaskShape,
-    choose_node,
-    fgd_evaluate,
     fragaware_devices,
-    fragaware_evaluate,
-    fullness_score,
     node_free,
-    rank_scores,
     request_shape,
 )
 from gpupool.core.model import Device, GpuRequest
+from gpupool.core.nodescore import choose_node, fgd_evaluate, fragaware_evaluate, fullness_score, rank_scores
 
 HALF = TaskShape(1, 500, 1000, 1024)
 WHOLE = TaskShape(1, MILLI, 1000, 1024)

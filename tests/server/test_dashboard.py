@@ -8,7 +8,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.core.model import Claim, Device, Holder, Lease, QueuedClaim, Slice, pod_of_label
+from gpupool.core.model import Claim, Device, Holder, Lease, Slice, pod_of_label
+from gpupool.core.queues import QueuedClaim
 from gpupool.core.status import PoolStatus
 from gpupool.core.usage import (
     DeviceUsage,

@@ -93,7 +93,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
-    from ..core.filters import Filter
     from ..core.isolation_mode import IsolationMode
     from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy, check_queue_name
     from ..core.quantity import parse_fraction, parse_memory_mib
@@ -112,11 +111,16 @@ def handle(args: argparse.Namespace) -> int:
     memory = parse_memory_mib(args.memory, what="-m") if args.memory is not None else None
     if fraction is None and memory is None:
         fraction = 1.0  # a whole GPU, as Bitfusion's default
+    filters = []
+    if args.filter:  # only then: a run without --filter never loads core.filters
+        from ..core.filters import Filter
+
+        filters = [Filter.parse(f) for f in args.filter]
     claim = Claim.single(
         args.num_gpus,
         fraction=fraction,
         memory_mib=memory,
-        filters=[Filter.parse(f) for f in args.filter],
+        filters=filters,
         policy=Policy.parse(args.policy),
         queue=check_queue_name(args.queue, InvalidInput) if args.queue else "",
         priority=_priority(args.priority),

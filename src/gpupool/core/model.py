@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import InvalidClaim
-from .filters import Filter
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+    from .filters import Filter
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -31,6 +32,8 @@ MAX_TTL_S = 24 * 3600.0
 # A claim's queue, priority and preemption grace (core/queues.py has the rules that use them).
 QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
+# A preempted lease its runner did not release is reaped this long after its grace ran out.
+PREEMPT_REAP_MARGIN_S = 5.0
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
 MAX_PREEMPT_GRACE_S = 3600.0
 # The size of a claim. Placement costs about (requests x GPUs of the pool) and runs inside the
@@ -218,6 +221,8 @@ class GpuRequest:
         filters = data.get("filters") or []
         if not isinstance(filters, list):
             raise InvalidClaim(f"filters {filters!r} must be a list of 'key=value' strings")
+        if filters:  # only then: a claim without filters (the common run) never loads core.filters
+            from .filters import Filter
         return cls(
             count=count,
             fraction=float(fraction) if fraction is not None else None,
@@ -423,16 +428,6 @@ class Lease:
         )
 
 
-@dataclass(frozen=True)
-class QueuedClaim:
-    """A claim waiting in the pool's FIFO queue (`Pool.queue()`), with when it joined."""
-
-    ticket: int
-    claim: Claim
-    holder: Holder
-    queued_at: float
-
-
 def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
     """MiB held on each device uuid, summed over `leases`."""
     used: Dict[str, int] = {}
@@ -440,6 +435,13 @@ def allocated_by_device(leases: Iterable[Lease]) -> Dict[str, int]:
         for s in lease.slices:
             used[s.device_uuid] = used.get(s.device_uuid, 0) + s.memory_mib
     return used
+
+
+def reap_at(lease: Lease) -> Optional[float]:
+    """When the pool reclaims a preempted lease its runner did not release (None: not preempted)."""
+    if lease.preempted_at is None:
+        return None
+    return lease.preempted_at + lease.preempt_grace_s + PREEMPT_REAP_MARGIN_S
 
 
 __all__: List[str] = [
@@ -450,7 +452,6 @@ __all__: List[str] = [
     "Holder",
     "Slice",
     "Lease",
-    "QueuedClaim",
     "allocated_by_device",
     "pod_of_label",
     "pod_uid_of_label",
@@ -463,4 +464,6 @@ __all__: List[str] = [
     "MAX_GPUS_PER_REQUEST",
     "PID_MAX",
     "check_pid",
+    "PREEMPT_REAP_MARGIN_S",
+    "reap_at",
 ]

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
-from .model import Claim, Device, Lease, Slice, check_queue_name
+from .model import PREEMPT_REAP_MARGIN_S as PREEMPT_REAP_MARGIN_S  # with reap_at, beside Lease: the run path reads it
+from .model import Claim, Device, Holder, Lease, Slice, check_queue_name
+from .model import reap_at as reap_at
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
     from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -28,8 +30,6 @@ if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and ne
     Placer = Callable[[Mapping[str, int]], Placement]
 
 NO_QUEUE = ""
-# A preempted lease its runner did not release is reaped this long after its grace ran out.
-PREEMPT_REAP_MARGIN_S = 5.0
 # Quotas and limits above this many GPUs are typos, not pools.
 MAX_QUEUE_GPUS = 1_000_000.0
 MAX_WEIGHT = 1_000_000.0
@@ -46,6 +46,17 @@ def _gpus(value: object, what: str, name: str, fix: str) -> float:
     if not math.isfinite(number) or not 0 <= number <= MAX_QUEUE_GPUS:
         raise InvalidInput(f"queue {name!r}: {what} {value!r} is out of range [0, {MAX_QUEUE_GPUS:g}]: {fix}")
     return number
+
+
+@dataclass(frozen=True)
+class QueuedClaim:
+    """A claim waiting in the pool's FIFO queue (`Pool.queue()`), with when it joined (here, not in
+    core.model: only views and metrics list waiting claims, and a run does not load this module)."""
+
+    ticket: int
+    claim: Claim
+    holder: Holder
+    queued_at: float
 
 
 @dataclass(frozen=True)
@@ -369,13 +380,6 @@ def choose_victims(
     return chosen, placement
 
 
-def reap_at(lease: Lease) -> Optional[float]:
-    """When the pool reclaims a preempted lease its runner did not release (None: not preempted)."""
-    if lease.preempted_at is None:
-        return None
-    return lease.preempted_at + lease.preempt_grace_s + PREEMPT_REAP_MARGIN_S
-
-
 # --- status and accounting ------------------------------------------------------
 def queue_statuses(
     specs: Iterable[QueueSpec],
@@ -436,6 +440,7 @@ def usage_rows(spans: Iterable[UsageSpan], since: float, until: float, by: str) 
 
 
 __all__ = [
+    "QueuedClaim",
     "DEFAULT_PREEMPT_GRACE_S",
     "PREEMPT_REAP_MARGIN_S",
     "NO_QUEUE",

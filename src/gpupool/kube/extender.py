@@ -19,17 +19,9 @@ from functools import cached_property
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
-from ..core.fragmentation import (
-    Fragmentation,
-    LearnedMix,
-    NodeFree,
-    TaskShape,
-    fragaware_evaluate,
-    node_free,
-    rank_scores,
-    request_shape,
-)
+from ..core.fragmentation import Fragmentation, LearnedMix, NodeFree, TaskShape, node_free, request_shape
 from ..core.model import Claim, Device, GpuRequest, Policy, pod_uid_of_label
+from ..core.nodescore import fragaware_evaluate, rank_scores
 from ..core.placement import NO_HISTORY, place
 from . import annotations as ann
 from .resources import UNITS, GpuAsk, claim_of, parse_units, read_ask

@@ -9,15 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.model import Device
-from ..core.queues import QueueStatus, UsageRow, UsageSpan, lease_gpus, queue_statuses, usage_rows
 from ..store.tx import Tx
 
 if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Sequence
 
+    from ..core.queues import QueueStatus, UsageRow
+
 
 def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: str, now: float) -> List[UsageRow]:
     """GPU-seconds per `by` key over [since, until]: ended leases from the history, live ones up to now."""
+    from ..core.queues import UsageSpan, lease_gpus, usage_rows  # lazily, as in statuses
+
     spans = [
         UsageSpan(queue, holder, label, gpus, start, end)
         for queue, holder, label, gpus, start, end in tx.history(since, until)
@@ -38,6 +41,9 @@ def statuses(tx: Tx, devices: Sequence[Device], now: float) -> List[QueueStatus]
     specs = tx.queue_specs()
     if not specs:
         return []
+    # Only now: every run reads the pool's status, and a pool without queues never loads core.queues.
+    from ..core.queues import queue_statuses
+
     return queue_statuses(
         specs,
         tx.leases("expires_at >= ?", (now,)),

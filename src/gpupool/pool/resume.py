@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..core.model import reap_at
 from ..core.outage import TICKET_REATTACH_S
-from ..core.queues import reap_at
 from ..store.tx import Tx
 
 # meta key: when a serving pool (a server's, a node agent's) last swept, in epoch seconds

@@ -47,28 +47,27 @@ from ..core.model import (
     Device,
     Holder,
     Lease,
-    QueuedClaim,
     Slice,
+    reap_at,
 )
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
 from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
-from ..core.queues import QueueSpec, QueueStatus, UsageRow, check_quotas_fit, check_usage_key, reap_at
 from ..core.status import PoolStatus
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
 from . import accounting
-from .admission import Decision, admit, check_claim_queue, unknown_queue
-from .resume import resume, stamp_alive
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+    from ..core.queues import QueuedClaim, QueueSpec, QueueStatus, UsageRow
     from ..core.usage import UsageReport
+    from .admission import Decision
 
 log = get_logger(__name__)
 
@@ -201,6 +200,8 @@ class Pool:
 
     def _resume(self) -> None:
         """A server's start: renew what was live when the last server stopped (pool/resume.py)."""
+        from .resume import resume  # lazily: only a server resumes; a run's embedded pool never loads it
+
         with self.store.write() as tx:
             resumed = resume(tx, self.clock())
         if resumed.leases or resumed.tickets:
@@ -390,6 +391,9 @@ class Pool:
         self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
     ) -> Union[Lease, Waiter, Exception]:
         """begin_claim in a pool with queues: take a ticket, and let admission decide at once."""
+        # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
+        from .admission import check_claim_queue
+
         try:
             check_claim_queue(claim, view.queues, view.devices)
         except GpupoolError as err:
@@ -423,6 +427,9 @@ class Pool:
         return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now, key=key)
 
     def _admit(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Decision:
+        # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
+        from .admission import admit
+
         decision = admit(tx, ticket, claim, view.queues, view.devices, view.allocated, self.mix.frag, now)
         for lease in decision.preempted:  # they now expire (are reaped) sooner
             view.next_expiry = min(view.next_expiry, lease.expires_at)
@@ -478,6 +485,9 @@ class Pool:
             return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
 
     def _grant_in_queue(self, tx: Tx, view: _View, waiter: Waiter, now: float) -> Optional[Lease]:
+        # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
+        from .admission import unknown_queue
+
         if waiter.claim.queue and waiter.claim.queue not in view.queues:
             waiter.reason = str(unknown_queue(waiter.claim.queue, view.queues))  # deleted while it waited
             return None
@@ -586,6 +596,8 @@ class Pool:
         with self.store.write() as tx:
             now = self.clock()
             if self.serving:  # what the next start renews (pool/resume.py)
+                from .resume import stamp_alive  # lazily, as in _resume
+
                 stamp_alive(tx, now)
             if now >= self._next_history_prune:
                 tx.prune_history(now - HISTORY_RETENTION_S)
@@ -621,6 +633,8 @@ class Pool:
 
     def set_queue(self, spec: QueueSpec) -> QueueStatus:
         """Create or update a queue; InvalidInput when the quotas would sum above the pool's GPUs."""
+        from ..core.queues import QueueSpec, check_quotas_fit  # lazily: a pool without queues never loads core.queues
+
         if not isinstance(spec, QueueSpec):
             raise InvalidInput(f"a queue must be a QueueSpec, got {type(spec).__name__}")
         with self._write() as (tx, view):
@@ -652,6 +666,8 @@ class Pool:
 
     def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
         """GPU-seconds per queue, holder or label (`by`) over [since, until or now], most used first."""
+        from ..core.queues import check_usage_key  # lazily: a pool without queues never loads core.queues
+
         check_usage_key(by)
         now = self.clock()
         since = _check_time(since, "since")
@@ -677,6 +693,8 @@ class Pool:
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""
+        from ..core.queues import QueuedClaim  # lazily: a run never lists the queue
+
         now = self.clock()
         with self.store.read() as tx:
             rows = tx.queued_claims()

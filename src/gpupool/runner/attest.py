@@ -13,8 +13,6 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SOCKET_ENV, SUN_PATH_MAX, request_line
-
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
@@ -39,6 +37,8 @@ def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) 
     ticket = client.attest_ticket(lease.id)
     if ticket is None:  # the embedded pool: no watchdog to convince
         return False
+    from ..core.attestation import SOCKET_ENV  # only here: the embedded pool's runs never load the protocol
+
     path = os.environ.get(SOCKET_ENV) or ticket.socket
     try:
         if not ticket.key:
@@ -62,9 +62,15 @@ def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) 
     return True
 
 
-def attest(path: str, lease_id: str, key: str, timeout_s: float = CONNECTION_TIMEOUT_S) -> int:
-    """Send the lease's key on the node socket at `path`; returns the pid the node recorded."""
+def attest(path: str, lease_id: str, key: str, timeout_s: Optional[float] = None) -> int:
+    """Send the lease's key on the node socket at `path` (`timeout_s`: the protocol's
+    CONNECTION_TIMEOUT_S when None); returns the pid the node recorded."""
     import socket  # the embedded pool never attests: its runs do not pay for the import
+
+    from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SUN_PATH_MAX, request_line
+
+    if timeout_s is None:
+        timeout_s = CONNECTION_TIMEOUT_S
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fd: Optional[int] = None

@@ -22,7 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.model import QueuedClaim, pod_of_label
+from ..core.model import pod_of_label
+from ..core.queues import QueuedClaim
 from ..core.status import PoolStatus
 from ..core.usage import Violation
 from ..pool import Pool

@@ -12,21 +12,16 @@ import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput
-from ..core.fragmentation import (
+from ..core.fragmentation import MILLI, Fragmentation, LearnedMix, NodeFree, ShapeMix, TaskShape
+from ..core.model import Claim, Device, Policy
+from ..core.nodescore import (
     DEFAULT_TUNING,
-    MILLI,
     Evaluation,
     FragAwareTuning,
-    Fragmentation,
-    LearnedMix,
-    NodeFree,
-    ShapeMix,
-    TaskShape,
     fgd_evaluate,
     fragaware_evaluate,
     fullness_score,
 )
-from ..core.model import Claim, Device, Policy
 from ..core.placement import place
 
 DEFAULT_POLICY = "fragaware"

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..core.fragmentation import MILLI, Evaluation, Fragmentation, NodeFree, TaskShape
+from ..core.fragmentation import MILLI, Fragmentation, NodeFree, TaskShape
+from ..core.nodescore import Evaluation
 from .policies import ReplayPolicy, typical_mix
 from .trace import NodeSpec, Task
 

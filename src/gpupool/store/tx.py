@@ -10,11 +10,12 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from ..core.model import Device, Holder, Lease, Slice
-from ..core.queues import QueueSpec
 from .schema import KEY_INDEX
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+    from ..core.queues import QueueSpec
 
 # The lease columns _lease() reads, in its order.
 LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
@@ -270,7 +271,11 @@ class Tx:
 
     # --- queues ---------------------------------------------------------------
     def queue_specs(self) -> List[QueueSpec]:
-        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus FROM queues ORDER BY name")
+        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus FROM queues ORDER BY name").fetchall()
+        if not rows:  # the common pool has no queues: core.queues (and placement under it) stays unloaded
+            return []
+        from ..core.queues import QueueSpec
+
         return [QueueSpec(name, quota, weight, limit) for name, quota, weight, limit in rows]
 
     def put_queue(self, spec: QueueSpec) -> None:

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ... import __version__
 from ...core.errors import NotFound, Unauthorized
-from ...core.model import QueuedClaim
+from ...core.queues import QueuedClaim
 from ...core.status import PoolStatus
 from ...pool import Pool
 from ..auth import Identity

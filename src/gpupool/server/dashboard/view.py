@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...core.model import Device, Holder, Lease, QueuedClaim, pod_of_label
+from ...core.model import Device, Holder, Lease, pod_of_label
 from ...core.placement import place
-from ...core.queues import QueueStatus
+from ...core.queues import QueuedClaim, QueueStatus
 from ...core.status import PoolStatus
 from ...core.usage import EnforcementAction, ProcessUsage
 
