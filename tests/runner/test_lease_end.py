@@ -13,9 +13,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.cgroup import JOIN_AFTER_S, NAME_PREFIX, OFF, lease_cgroup_parent
 from gpupool.isolation.env import LEASE_CGROUP_ENV
@@ -53,14 +54,6 @@ def marked(mark: str, program: str = "") -> List[int]:
         if mark.encode() in data and (not program or data.split(b"\0")[0] == program.encode()):
             found.append(int(name))
     return found
-
-
-def poll(predicate: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {seconds:g}s")
-        time.sleep(0.02)
 
 
 def cgroup_of(pid: int) -> Optional[str]:
@@ -105,7 +98,7 @@ def check_placement(pids: List[int], mode: str) -> None:
     once the command has run for JOIN_AFTER_S: daemons forked before included); in the other,
     none is ever in one."""
     if mode == "cgroup":
-        poll(lambda: all(in_lease_cgroup(pid) for pid in pids), 2.0, "the tree moved into the lease's cgroup")
+        wait_until(lambda: all(in_lease_cgroup(pid) for pid in pids), 2.0, "the tree moved into the lease's cgroup")
         assert len({cgroup_of(pid) for pid in pids} - {None}) == 1
     else:
         time.sleep(JOIN_AFTER_S * 2)  # as long as the move would have taken
@@ -133,17 +126,17 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
     runner = pool.start("run", "-p", "0.5", "--ttl", "30", "--", *SHAPES[shape](mark), env=env)
     pids: List[int] = []
     try:
-        poll(lambda: len(marked(mark, "sleep")) >= 2, 15, "the command and its daemon started")
+        wait_until(lambda: len(marked(mark, "sleep")) >= 2, 15, "the command and its daemon started")
         pids = marked(mark, "sleep")
         check_placement(pids, mode)
         assert runner.poll() is None, runner.communicate()[1]
         assert list((tmp_path / "tmp").glob(PREFIX + "*")), "the runner's folder was not where expected"
         runner.kill()
         runner.wait(timeout=5)
-        poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
-        poll(lambda: not cgroups_of(runner.pid), 2.0, "the guard removed the lease's cgroup")
+        wait_until(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        wait_until(lambda: not cgroups_of(runner.pid), 2.0, "the guard removed the lease's cgroup")
         # Issue 23 item 8: the runner's private folder goes with it.
-        poll(lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), 2.0, "the runner's folder removed")
+        wait_until(lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), 2.0, "the runner's folder removed")
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -160,12 +153,12 @@ def test_a_kill_9_while_the_tree_moves_into_its_cgroup_leaves_nothing(pool, tmp_
         mark = marker()
         runner = pool.start("run", "-q", "-m", "1", "--", *SHAPES["double-fork"](mark), env=env)
         try:
-            poll(lambda m=mark: len(marked(m, "sleep")) >= 2, 15, "the command and its daemon started")
+            wait_until(lambda m=mark: len(marked(m, "sleep")) >= 2, 15, "the command and its daemon started")
             time.sleep(JOIN_AFTER_S * delay)
             runner.kill()
             runner.wait(timeout=5)
-            poll(lambda m=mark: not marked(m), 2.0, f"every process ended, killed {delay:g} x JOIN_AFTER_S in")
-            poll(lambda r=runner: not cgroups_of(r.pid), 2.0, "the guard removed the lease's cgroup")
+            wait_until(lambda m=mark: not marked(m), 2.0, f"every process ended, killed {delay:g} x JOIN_AFTER_S in")
+            wait_until(lambda r=runner: not cgroups_of(r.pid), 2.0, "the guard removed the lease's cgroup")
         finally:
             if runner.poll() is None:
                 runner.kill()
@@ -181,10 +174,10 @@ def test_the_issues_command_leaves_nothing_after_a_kill_9(pool, tmp_path, mode):
     command = ["env", "-u", "GPUPOOL_LEASE_ID", "setsid", "sh", "-c", f"sleep {mark} & sleep {mark}"]
     runner = pool.start("run", "-p", "0.5", "--", *command, env=env_for(pool, mode, tmp_path))
     try:
-        poll(lambda: len(marked(mark, "sleep")) >= 2 or runner.poll() is not None, 15, "the daemon started")
+        wait_until(lambda: len(marked(mark, "sleep")) >= 2 or runner.poll() is not None, 15, "the daemon started")
         runner.kill()
         runner.wait(timeout=5)
-        poll(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        wait_until(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -217,7 +210,7 @@ def test_normal_exit_ends_the_daemon_releases_and_leaves_no_cgroup(pool, tmp_pat
     runner = pool.start("run", "-p", "0.5", "--", "sh", "-c", script, env=env_for(pool, mode, tmp_path))
     pids: List[int] = []
     try:
-        poll(lambda: marked(mark, "sleep"), 15, "the daemon started")
+        wait_until(lambda: marked(mark, "sleep"), 15, "the daemon started")
         pids = marked(mark, "sleep")
         check_placement(pids, mode)
         path = cgroup_of(pids[0])

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import httpx
 import pytest
@@ -92,14 +92,22 @@ def leases(server: Restartable) -> List[Dict]:
     return server.get("/v1/leases")["leases"]
 
 
+def running(server: Restartable, tmp_path: Path, until: Path, cleanup: List[object]) -> Tuple[Runner, str]:
+    """A runner at --ttl 4 whose command runs until `until` exists, and its lease id, once the command
+    runs: the lease is listed before its answer reaches the runner, so a test that kills the server
+    waits for the command."""
+    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(until))
+    cleanup.append(runner)
+    lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
+    wait_until(lambda: started(until), 30, "the command to start")
+    return runner, lease_id
+
+
 def test_a_runner_at_ttl_4_survives_6_s_of_downtime(tmp_path, cleanup):
     server = Restartable(tmp_path / "state")
     cleanup.append(server)
     done = tmp_path / "done"
-    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(done))
-    cleanup.append(runner)
-    lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
-    wait_until(lambda: started(done), 30, "the command to start")
+    runner, lease_id = running(server, tmp_path, done, cleanup)
     server.kill()
     time.sleep(6.0)  # the outage itself, longer than the TTL (nothing is asserted after it)
     server.start()
@@ -186,12 +194,7 @@ def test_a_retried_claim_gets_the_lease_granted_to_it(running_server):
 def test_a_lease_released_by_an_admin_after_the_return_still_ends_the_run_with_exit_6(tmp_path, cleanup):
     server = Restartable(tmp_path / "state")
     cleanup.append(server)
-    never = tmp_path / "never"
-    runner = Runner(server, tmp_path, "a", ["-n", "1", "-p", "0.5", "--ttl", "4"], until_file(never))
-    cleanup.append(runner)
-    lease_id = wait_until(lambda: [x["id"] for x in leases(server)], 30, "the runner's lease")[0]
-    # The lease is listed before its answer reaches the runner: kill the server only once the command runs.
-    wait_until(lambda: started(never), 30, "the command to start")
+    runner, lease_id = running(server, tmp_path, tmp_path / "never", cleanup)
     server.kill()
     wait_until(lambda: "heartbeat failed" in runner.stderr(), 30, "the runner to notice")
     server.start()
