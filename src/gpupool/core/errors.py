@@ -129,6 +129,15 @@ class Preempted(GpupoolError):
     exit_code = 8
 
 
+class CheckpointFailed(GpupoolError):
+    """The GPU state of a lease's processes could not be parked or brought back (suspend/resume);
+    the message names the pid and the driver's error."""
+
+    code = "checkpoint_failed"
+    http_status = 500
+    exit_code = 1
+
+
 # General classes before their subclasses: the first class of an HTTP status is its reading.
 _CLASSES: Tuple[Type[GpupoolError], ...] = (
     GpupoolError,
@@ -145,6 +154,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     LeaseLost,
     StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
     Preempted,  # after Unavailable: a bare 409 reads as a full pool
+    CheckpointFailed,  # after GpupoolError: a bare 500 reads as a server error
 )
 _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}

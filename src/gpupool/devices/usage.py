@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..core.model import Device
 from ..core.usage import DeviceUsage, ProcessUsage
+from ..isolation.env import EMULATED_USAGE_ENV as EMULATED_USAGE_ENV  # re-exported: its users import it from here
 from ..logs import get_logger
 from .health import is_emulated
 from .nvml import NvmlUnavailable, load_nvml, shutdown_nvml
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
 # A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.
 MAX_USAGE_FILE_BYTES = 1 << 20
 MIB = 1024 * 1024

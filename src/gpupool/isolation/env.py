@@ -44,6 +44,10 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# Emulated GPUs: the JSON file of per-process usage ({"GPU-uuid": {"PID": MiB}}) that stands in for
+# NVML. devices/usage.py samples it, isolation/checkpoint.py's emulated backend parks entries of it;
+# defined here because devices/usage.py pulls in modules an embedded run never loads.
+EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
 
 # Device memory each process pays for its CUDA context (kernels, handles, workspaces)
 # outside the framework's caching allocator. Measured by `make gpu-check`

@@ -1,0 +1,186 @@
+"""The suspend/resume backends with real processes: the emulated one end to end, the cuda one's
+refusal on a machine without a driver, and the import floor of the workload side."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+from waiting import wait_until
+
+from gpupool.core.errors import CheckpointFailed, InvalidInput
+from gpupool.devices.usage import EMULATED_USAGE_ENV as DEVICES_USAGE_ENV
+from gpupool.isolation.checkpoint import (
+    MIB,
+    CudaBackend,
+    EmulatedBackend,
+    Parked,
+    backend_named,
+    cuda_unavailable_reason,
+)
+from gpupool.isolation.env import EMULATED_USAGE_ENV
+
+GPU0 = "GPU-emu-localhost-0"
+GPU1 = "GPU-emu-localhost-1"
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2 :].split()[0].decode()
+
+
+def read(path: Path) -> Dict[str, Dict[str, int]]:
+    data: Dict[str, Dict[str, int]] = json.loads(path.read_text())
+    return data
+
+
+@pytest.fixture
+def children() -> Iterator[List[subprocess.Popen]]:
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def usage(tmp_path: Path, children: List[subprocess.Popen]) -> Path:
+    a, b, c = (p.pid for p in children)
+    path = tmp_path / "usage.json"
+    # a and b are the lease's GPU processes (b on both GPUs); c is another lease's.
+    path.write_text(json.dumps({GPU0: {str(a): 1000, str(b): 200, str(c): 50}, GPU1: {str(b): 300}}))
+    return path
+
+
+def test_the_env_name_has_one_meaning():
+    assert DEVICES_USAGE_ENV is EMULATED_USAGE_ENV == "GPUPOOL_EMULATED_USAGE"
+
+
+def test_gpu_pids_are_those_in_the_usage_file(usage, children):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+    assert backend.gpu_pids([os.getpid(), b, a]) == [b, a]
+
+
+def test_suspend_stops_and_moves_the_memory_out_resume_brings_it_back(usage, children):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+    parked = backend.suspend([a, b, os.getpid()], lock_timeout_s=5)  # the caller is no GPU process
+
+    assert parked == Parked((a, b), (1000 + 200 + 300) * MIB)
+    assert state(a) == state(b) == "T"
+    assert state(c) == "S"
+    assert read(usage) == {GPU0: {str(c): 50}, GPU1: {}}
+
+    backend.resume(parked, {})
+    assert read(usage) == {GPU0: {str(c): 50, str(a): 1000, str(b): 200}, GPU1: {str(b): 300}}
+    wait_until(lambda: state(a) != "T" and state(b) != "T", 5, "both continued")
+
+
+def test_resume_under_a_remap_writes_the_rows_to_the_new_gpus(usage, children):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+    parked = backend.suspend([a, b], lock_timeout_s=5)
+    backend.resume(parked, {GPU0: GPU1, GPU1: GPU0})
+    assert read(usage) == {GPU0: {str(c): 50, str(b): 300}, GPU1: {str(a): 1000, str(b): 200}}
+    wait_until(lambda: state(a) != "T", 5, "a continued")
+
+
+def test_a_process_that_vanished_is_skipped(usage, children):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+    children[0].kill()
+    children[0].wait()
+    parked = backend.suspend([a, b], lock_timeout_s=5)
+    assert parked.pids == (b,)
+    assert state(b) == "T"
+
+    children[1].send_signal(signal.SIGKILL)  # and one that ends while parked
+    children[1].wait()
+    backend.resume(parked, {})
+    assert str(b) not in read(usage)[GPU0]
+
+
+def test_a_usage_file_it_cannot_rewrite_leaves_every_process_running(usage, children, monkeypatch):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+
+    def refuse(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gpupool.isolation.checkpoint._write_usage", refuse)
+    with pytest.raises(CheckpointFailed, match="could not rewrite"):
+        backend.suspend([a, b], lock_timeout_s=5)
+    wait_until(lambda: state(a) != "T" and state(b) != "T", 5, "both continued")
+    assert str(a) in read(usage)[GPU0]
+
+
+def test_a_resume_that_cannot_write_leaves_them_parked(usage, children, monkeypatch):
+    a, b, c = (p.pid for p in children)
+    backend = backend_named("emulated", str(usage))
+    parked = backend.suspend([a, b], lock_timeout_s=5)
+
+    def refuse(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gpupool.isolation.checkpoint._write_usage", refuse)
+    with pytest.raises(CheckpointFailed, match="could not rewrite"):
+        backend.resume(parked, {})
+    assert state(a) == state(b) == "T"
+    monkeypatch.undo()
+    backend.resume(parked, {})  # the rows were kept: a later resume still brings them back
+    assert read(usage)[GPU0][str(a)] == 1000
+
+
+def test_a_damaged_usage_file_fails_cleanly(tmp_path, children):
+    path = tmp_path / "usage.json"
+    path.write_text("[1, 2")
+    with pytest.raises(CheckpointFailed, match="usage.json"):
+        backend_named("emulated", str(path)).suspend([children[0].pid], lock_timeout_s=5)
+    assert state(children[0].pid) == "S"
+
+
+def test_backend_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(EMULATED_USAGE_ENV, raising=False)
+    assert isinstance(backend_named("auto"), CudaBackend)
+    assert backend_named("cuda").name == "cuda"
+    monkeypatch.setenv(EMULATED_USAGE_ENV, str(tmp_path / "u.json"))
+    auto = backend_named("auto")
+    assert isinstance(auto, EmulatedBackend) and auto.usage_file == str(tmp_path / "u.json")
+    with pytest.raises(InvalidInput, match=r"'criu' is not one of cuda, emulated, auto"):
+        backend_named("criu")
+    monkeypatch.delenv(EMULATED_USAGE_ENV)
+    with pytest.raises(InvalidInput, match=EMULATED_USAGE_ENV):
+        backend_named("emulated")
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this machine has an NVIDIA driver")
+def test_cuda_says_why_it_cannot_work_here():
+    reason = cuda_unavailable_reason()
+    try:
+        import cuda.bindings.driver  # noqa: F401
+    except ImportError:
+        assert reason == "cuda-bindings is not installed (pip install 'gpupool[suspend]')"
+    else:
+        assert reason == "no NVIDIA driver (libcuda) here"
+    with pytest.raises(CheckpointFailed, match="cannot work here: " + reason.split(" (")[0]):
+        CudaBackend().suspend([os.getpid()], lock_timeout_s=1)
+
+
+def test_importing_the_backends_does_not_import_cuda():
+    code = (
+        "import sys, gpupool.isolation.checkpoint as c; c.backend_named('cuda');"
+        "print(sorted(m for m in sys.modules if m == 'cuda' or m.startswith('cuda.')))"
+    )
+    env = dict(os.environ, PYTHONPATH=SRC)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
