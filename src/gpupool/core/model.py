@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
     from .filters import Filter
+    from .suspension import Suspension
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -32,6 +33,13 @@ MAX_TTL_S = 24 * 3600.0
 # A claim's queue, priority and preemption grace (core/queues.py has the rules that use them).
 QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
+# A lease's states (core/suspension.py walks them): a lease with no suspension record is running.
+RUNNING = "running"
+SUSPENDING = "suspending"  # asked to suspend: its runner parks the GPU state
+SUSPENDED = "suspended"  # parked: it holds no GPU memory
+RESUMING = "resuming"  # given room again: its runner restores the GPU state
+LEASE_STATES = (RUNNING, SUSPENDING, SUSPENDED, RESUMING)
+
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
 PREEMPT_REAP_MARGIN_S = 5.0
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
@@ -392,6 +400,17 @@ class Lease:
     priority: int = 0
     preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S  # between SIGTERM and SIGKILL once preempted
     preempted_at: Optional[float] = None  # set when the pool told its holder to stop
+    suspension: Optional[Suspension] = None  # None: running (core/suspension.py has the states)
+
+    @property
+    def state(self) -> str:
+        """running, suspending, suspended or resuming (core.suspension's words)."""
+        return RUNNING if self.suspension is None else self.suspension.state
+
+    @property
+    def needs_runner(self) -> bool:
+        """Whether its runner has a step to take now: stop (preempted), park or restore."""
+        return self.preempted_at is not None or self.state in (SUSPENDING, RESUMING)
 
     def group(self, index: int) -> Tuple[Slice, ...]:
         """The slices granted for request number `index` of the claim."""
@@ -409,11 +428,18 @@ class Lease:
             "priority": self.priority,
             "preempt_grace_s": self.preempt_grace_s,
             "preempted_at": self.preempted_at,
+            "state": self.state,
+            "suspension": None if self.suspension is None else self.suspension.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Lease:
         preempted_at = data.get("preempted_at")
+        suspension = data.get("suspension")
+        if suspension is not None:
+            from .suspension import Suspension  # lazily: most leases are simply running
+
+            suspension = Suspension.from_dict(suspension)
         return cls(
             id=str(data["id"]),
             holder=Holder.from_dict(data.get("holder"), recorded=True),
@@ -425,6 +451,7 @@ class Lease:
             priority=int(data.get("priority", 0) or 0),
             preempt_grace_s=float(data.get("preempt_grace_s", DEFAULT_PREEMPT_GRACE_S)),
             preempted_at=float(preempted_at) if preempted_at is not None else None,
+            suspension=suspension,
         )
 
 
@@ -445,6 +472,11 @@ def reap_at(lease: Lease) -> Optional[float]:
 
 
 __all__: List[str] = [
+    "RUNNING",
+    "SUSPENDING",
+    "SUSPENDED",
+    "RESUMING",
+    "LEASE_STATES",
     "Policy",
     "Device",
     "GpuRequest",

@@ -21,6 +21,7 @@ from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one
 from .model import PREEMPT_REAP_MARGIN_S as PREEMPT_REAP_MARGIN_S  # with reap_at, beside Lease: the run path reads it
 from .model import Claim, Device, Holder, Lease, Slice, check_queue_name
 from .model import reap_at as reap_at
+from .suspension import check_preempt_mode
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
     from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -67,9 +68,12 @@ class QueueSpec:
     quota: float
     weight: float = 1.0
     limit: Optional[float] = None  # None: no cap on what it may borrow
+    preempt: str = ""  # what preempting its borrowing leases does (core.suspension.PREEMPT_MODES); '' = the pool's
 
     def __post_init__(self) -> None:
         check_queue_name(self.name, InvalidInput)
+        if self.preempt:
+            check_preempt_mode(self.preempt, f"queue {self.name!r}: preempt")
         object.__setattr__(self, "quota", _gpus(self.quota, "quota", self.name, "give GPUs, e.g. --quota 1.5"))
         weight = _gpus(self.weight, "weight", self.name, "give a positive number, e.g. --weight 2")
         if not 0 < weight <= MAX_WEIGHT:
@@ -88,15 +92,23 @@ class QueueSpec:
             object.__setattr__(self, "limit", limit)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"name": self.name, "quota": self.quota, "weight": self.weight, "limit": self.limit}
+        return {
+            "name": self.name,
+            "quota": self.quota,
+            "weight": self.weight,
+            "limit": self.limit,
+            "preempt": self.preempt,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueSpec:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"a queue must be an object with name and quota, got {data!r}")
-        unknown = set(data) - {"name", "quota", "weight", "limit"}
+        unknown = set(data) - {"name", "quota", "weight", "limit", "preempt"}
         if unknown:
-            raise InvalidInput(f"unknown queue field(s) {sorted(unknown)}: a queue has name, quota, weight, limit")
+            raise InvalidInput(
+                f"unknown queue field(s) {sorted(unknown)}: a queue has name, quota, weight, limit, preempt"
+            )
         if "quota" not in data:
             raise InvalidInput(f"queue {data.get('name')!r} has no quota: give GPUs, e.g. --quota 1")
         weight = data.get("weight")
@@ -105,6 +117,7 @@ class QueueSpec:
             quota=data["quota"],
             weight=1.0 if weight is None else weight,
             limit=data.get("limit"),
+            preempt=str(data.get("preempt") or ""),
         )
 
 

@@ -30,8 +30,10 @@ from ..core.queues import (
     next_ticket,
     slices_gpus,
 )
+from ..core.suspension import BY_PREEMPTION, DEFAULT_PREEMPT_MODE, PREEMPT_SUSPEND, RUNNING, Suspension
 from ..logs import get_logger
 from ..store.tx import Tx
+from .suspend import preempt_by_suspending
 
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -104,6 +106,7 @@ def admit(
     allocated: Mapping[str, int],
     frag: Optional[Fragmentation],
     now: float,
+    default_mode: str = DEFAULT_PREEMPT_MODE,
 ) -> Decision:
     """Decide for `ticket` (already in the table): grant it if it goes next and fits, else say why.
 
@@ -142,7 +145,7 @@ def admit(
     assert room.slices is not None
     if not load.within_quota(slices_gpus(room.slices, memory_of)):
         return Decision(reason=placement.reason)  # where it would fit, it would take more than its quota
-    preempted = [_preempt(tx, lease, now, claim.queue) for lease in victims]
+    preempted = [_preempt(tx, lease, now, claim.queue, _mode(specs, lease, default_mode)) for lease in victims]
     # It waits for the preempted leases, those preempted before it too: each is gone by its expiry
     # at the latest (a preempted lease expires when it is to be reaped, or sooner without heartbeats).
     gone_by = max((x.expires_at for x in list(leases) + preempted if x.preempted_at is not None), default=now)
@@ -153,10 +156,31 @@ def admit(
     )
 
 
-def _preempt(tx: Tx, lease: Lease, now: float, for_queue: str) -> Lease:
-    """Mark `lease` preempted: it is reaped at its grace + PREEMPT_REAP_MARGIN_S unless released first."""
+def _mode(specs: Mapping[str, QueueSpec], lease: Lease, default_mode: str) -> str:
+    """What preempting `lease` does: its queue's mode, else the pool's."""
+    spec = specs.get(lease.queue)
+    return spec.preempt if spec is not None and spec.preempt else default_mode
+
+
+def _preempt(tx: Tx, lease: Lease, now: float, for_queue: str, mode: str) -> Lease:
+    """Mark `lease` preempted: it is reaped at its grace + PREEMPT_REAP_MARGIN_S unless released (or,
+    with the mode suspend, parked) first."""
     expires_at = min(lease.expires_at, now + lease.preempt_grace_s + PREEMPT_REAP_MARGIN_S)
+    if mode == PREEMPT_SUSPEND:
+        log.warning(
+            "lease %s of %s (queue %r) suspended for queue %r",
+            lease.id,
+            lease.holder.describe(),
+            lease.queue,
+            for_queue,
+        )
+        return preempt_by_suspending(tx, lease, for_queue, now, expires_at)
     tx.set_lease_preempted(lease.id, now, expires_at)
+    # The mode goes with the lease: its runner reruns the command for `requeue`, never for `kill`.
+    record = Suspension(RUNNING, BY_PREEMPTION, f"preempted for queue {for_queue!r}", now, False, mode=mode)
+    if lease.suspension is not None:
+        record = replace(record, suspended_s=lease.suspension.suspended_s, error=lease.suspension.error)
+    tx.put_suspension(lease.id, record)
     log.warning(
         "lease %s of %s (queue %r, priority %d) preempted for queue %r: %g s to stop",
         lease.id,
@@ -166,7 +190,7 @@ def _preempt(tx: Tx, lease: Lease, now: float, for_queue: str) -> Lease:
         for_queue,
         lease.preempt_grace_s,
     )
-    return replace(lease, preempted_at=now, expires_at=expires_at)
+    return replace(lease, preempted_at=now, expires_at=expires_at, suspension=record)
 
 
 def _behind(ticket: int, waiting: List[Waiting], loads: Mapping[str, QueueLoad], claim: Claim) -> str:

@@ -43,6 +43,7 @@ from ..core.isolation_mode import NodeIsolation
 from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
     MAX_PREEMPT_GRACE_S,
+    SUSPENDED,
     Claim,
     Device,
     Holder,
@@ -56,11 +57,12 @@ from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
 from ..core.status import PoolStatus
+from ..core.suspension import BY_ADMIN, BY_OWNER, DEFAULT_PREEMPT_MODE, check_preempt_mode
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
-from . import accounting
+from . import accounting, suspend
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -138,6 +140,8 @@ class Pool:
         node: the node name reported by status (default: the host name).
         clock: wall clock in seconds, injectable for tests.
         preempt_grace_s: the grace of a preempted lease whose claim gives none.
+        preempt_mode: what preempting a borrower does where its queue does not say (suspend,
+            requeue, kill: core/suspension.py).
         serving: this pool is a server's (or node agent's), which holds the state dir's lock: its
             open renews what was live when the last server stopped, its sweeps stamp it (pool/resume.py).
     """
@@ -152,11 +156,14 @@ class Pool:
         background_checkpoint: bool = False,
         preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S,
         serving: bool = False,
+        preempt_mode: str = DEFAULT_PREEMPT_MODE,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.serving = serving
         # what a preempted lease's runner waits between SIGTERM and SIGKILL, unless its claim says
         self.preempt_grace_s = _check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
+        # what preempting a borrower does, in a queue that does not say
+        self.preempt_mode = check_preempt_mode(preempt_mode)
         self._next_history_prune = 0.0  # the first sweep prunes
         # background_checkpoint: for long-lived processes (the server), see store.db.
         self.store = Store(self.state_dir, synchronous=synchronous, background_checkpoint=background_checkpoint)
@@ -430,7 +437,9 @@ class Pool:
         # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
         from .admission import admit
 
-        decision = admit(tx, ticket, claim, view.queues, view.devices, view.allocated, self.mix.frag, now)
+        decision = admit(
+            tx, ticket, claim, view.queues, view.devices, view.allocated, self.mix.frag, now, self.preempt_mode
+        )
         for lease in decision.preempted:  # they now expire (are reaped) sooner
             view.next_expiry = min(view.next_expiry, lease.expires_at)
         return decision
@@ -679,17 +688,94 @@ class Pool:
             return accounting.usage(tx, memory_of, since, end, by, now)
 
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
-        """The lease as soon as it is preempted, else after `timeout_s`; NotFound once it is gone,
-        GpupoolError once the pool is closed (by another thread: the runner does not wait for its watch)."""
+        """The lease as soon as its runner has a step to take (preempted, to park, to restore: see
+        `Lease.needs_runner`), else after `timeout_s`; NotFound once it is gone, GpupoolError once
+        the pool is closed (by another thread: the runner does not wait for its watch)."""
         timeout_s = _check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
         deadline = time.monotonic() + timeout_s
         while True:
-            lease = self.lease(lease_id)
+            lease = self.watch_step(lease_id)
             remaining = deadline - time.monotonic()
-            if lease.preempted_at is not None or remaining <= 0:
+            if lease.needs_runner or remaining <= 0:
                 return lease
             if self._closed.wait(min(WATCH_POLL_S, remaining)):
                 raise GpupoolError(f"the pool was closed while lease {lease_id} was watched")
+
+    # --- suspend and resume (pool/suspend.py) ------------------------------------------
+    def watch_step(self, lease_id: str) -> Lease:
+        """One look at a watched lease: a suspended one that wants room takes it if it can."""
+        lease = self.lease(lease_id)
+        if lease.suspension is None or not lease.suspension.want_resume or lease.state != SUSPENDED:
+            return lease
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            lease = self._owned(tx, lease_id, None, "resume")
+            placed = suspend.try_place(
+                tx,
+                lease,
+                view.devices,
+                view.allocated,
+                lambda ticket, claim: self._room_for(tx, view, ticket, claim, now),
+                lambda claim: self._take_ticket(tx, claim, lease.holder, now),
+                now,
+                TICKET_TTL_S,
+            )
+            if placed is not None:
+                view.invalidate()
+                return placed
+            view.tickets = None
+            return lease
+
+    def _room_for(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Optional[Tuple[Slice, ...]]:
+        """The slices `ticket` is granted now, as any waiting claim would be, or None."""
+        if view.queues or claim.queue:
+            return self._admit(tx, view, ticket, claim, now).slices
+        if tx.head_ticket() != ticket:
+            return None
+        placement = place(view.devices, view.allocated, claim, self.mix.frag)
+        return placement.slices if placement.fits else None
+
+    def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "") -> Lease:
+        """Ask the lease's runner to park it (holder or admin; `requester` None acts as admin): it
+        resumes on `resume`, not on its own."""
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            lease = self._owned(tx, lease_id, requester, "suspend")
+            by = BY_ADMIN if requester is None or requester != lease.holder.name else BY_OWNER
+            return suspend.ask(tx, lease, by, reason or f"suspended by its {by}", False, now)
+
+    def resume(self, lease_id: str, requester: Optional[str] = None) -> Lease:
+        """A suspended lease takes room again as soon as there is some (holder or admin)."""
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            lease = self._owned(tx, lease_id, requester, "resume")
+            lease = suspend.want_resume(tx, lease, now)
+        return self.watch_step(lease.id)
+
+    def report_parked(self, lease_id: str, requester: Optional[str], host_bytes: int = 0, error: str = "") -> Lease:
+        """The runner's word on a suspend: parked (`host_bytes` in host memory), or `error`."""
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            lease = self._owned(tx, lease_id, requester, "report on")
+            view.invalidate()  # its slices go
+            if error:
+                return suspend.park_failed(tx, lease, error, now)
+            return suspend.parked(tx, lease, view.devices, host_bytes, now)
+
+    def report_restored(self, lease_id: str, requester: Optional[str], error: str = "") -> Lease:
+        """The runner's word on a resume: restored, or `error` (the lease stays suspended)."""
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            lease = self._owned(tx, lease_id, requester, "report on")
+            if error:
+                view.invalidate()  # its slices go back
+                return suspend.restore_failed(tx, lease, error, now)
+            return suspend.restored(tx, lease, now)
 
     def queue(self) -> List[QueuedClaim]:
         """The claims waiting in the FIFO queue, oldest first (live tickets only), for views and metrics."""

@@ -4,7 +4,7 @@ Leases keep their slices in a table of their own (not a JSON column) so the
 allocation per device is one indexed SUM instead of decoding every lease.
 """
 
-SCHEMA_VERSION = 3  # 3: queues, lease history, queue/priority/preemption columns
+SCHEMA_VERSION = 4  # 3: queues, lease history, queue/priority/preemption columns; 4: suspensions
 # Where a token came from (tokens.origin). A token of version 1 has none recorded
 # ("legacy"): it may have been minted by a server running without auth, so an
 # authenticating server does not honour it (see server/auth.py).
@@ -46,6 +46,13 @@ CREATE TABLE IF NOT EXISTS slices (
 CREATE INDEX IF NOT EXISTS slices_by_lease ON slices (lease_id);
 -- covering index: the allocation SUM never touches the table
 CREATE INDEX IF NOT EXISTS slices_by_device ON slices (device_uuid, memory_mib);
+-- a lease that is not simply running (core/suspension.py): one row while it suspends, is
+-- suspended or resumes, kept after it runs again for its suspended seconds and last error
+CREATE TABLE IF NOT EXISTS suspensions (
+    lease_id    TEXT PRIMARY KEY REFERENCES leases (id) ON DELETE CASCADE,
+    state       TEXT NOT NULL,
+    record      TEXT NOT NULL       -- Suspension.to_dict() as JSON
+);
 CREATE TABLE IF NOT EXISTS tickets (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the FIFO order
     claim       TEXT NOT NULL,      -- Claim.to_dict() as JSON, for status and debugging
@@ -70,7 +77,8 @@ CREATE TABLE IF NOT EXISTS queues (
     name       TEXT PRIMARY KEY,
     quota      REAL NOT NULL,       -- GPUs guaranteed
     weight     REAL NOT NULL,       -- share of idle GPUs lent
-    limit_gpus REAL                 -- NULL: no cap
+    limit_gpus REAL,                -- NULL: no cap
+    preempt    TEXT NOT NULL DEFAULT ''  -- what preempting its borrowers does; '' = the pool's default
 );
 -- one row per lease that ended, written in the transaction that ended it: usage accounting.
 -- No index: one would cost every release another page written; `gpupool usage` scans instead.
@@ -102,6 +110,7 @@ ADDED_COLUMNS = {
         ("preempted_at", "REAL"),
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
     ),
+    "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"),),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),

@@ -16,9 +16,12 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
     from ..core.queues import QueueSpec
+    from ..core.suspension import Suspension
 
 # The lease columns _lease() reads, in its order.
 LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
+# A lease with its suspension record, if any (most have none: the LEFT JOIN finds no row).
+LEASE_FROM = f"SELECT {LEASE_COLUMNS}, suspensions.record FROM leases LEFT JOIN suspensions ON lease_id = id"
 
 
 class Tx:
@@ -114,7 +117,7 @@ class Tx:
             self.conn.executemany(insert, [(lease.id, s.device_uuid, s.memory_mib, s.group) for s in lease.slices])
 
     def get_lease(self, lease_id: str) -> Optional[Lease]:
-        row = self.conn.execute(f"SELECT {LEASE_COLUMNS} FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        row = self.conn.execute(f"{LEASE_FROM} WHERE id = ?", (lease_id,)).fetchone()
         if row is None:
             return None
         slices = self.conn.execute(
@@ -125,7 +128,7 @@ class Tx:
     def leases(self, where: str = "", params: Iterable[Any] = ()) -> List[Lease]:
         """Leases in creation order, optionally filtered by a SQL condition on `leases`."""
         rows = self.conn.execute(
-            f"SELECT {LEASE_COLUMNS} FROM leases " + (f"WHERE {where} " if where else "") + "ORDER BY created_at, id",
+            f"{LEASE_FROM} " + (f"WHERE {where} " if where else "") + "ORDER BY created_at, id",
             tuple(params),
         ).fetchall()
         if not rows:
@@ -173,6 +176,31 @@ class Tx:
         """Mark a lease preempted; it is reaped at `expires_at` unless released before."""
         self.conn.execute(
             "UPDATE leases SET preempted_at = ?, expires_at = ? WHERE id = ?", (preempted_at, expires_at, lease_id)
+        )
+
+    # --- suspensions (core/suspension.py) ----------------------------------------
+    def put_suspension(self, lease_id: str, suspension: Suspension) -> None:
+        """Write the suspension record of `lease_id` (replacing the one before)."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO suspensions (lease_id, state, record) VALUES (?, ?, ?)",
+            (lease_id, suspension.state, json.dumps(suspension.to_dict())),
+        )
+
+    def suspensions(self, state: str) -> List[str]:
+        """The ids of the leases in `state`, oldest suspension first."""
+        return [
+            r[0] for r in self.conn.execute("SELECT lease_id FROM suspensions WHERE state = ? ORDER BY rowid", (state,))
+        ]
+
+    def has_suspensions(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM suspensions WHERE state != 'running' LIMIT 1").fetchone() is not None
+
+    def set_slices(self, lease_id: str, slices: Iterable[Slice]) -> None:
+        """Replace the GPU memory `lease_id` holds (none while it is suspended)."""
+        self.conn.execute("DELETE FROM slices WHERE lease_id = ?", (lease_id,))
+        self.conn.executemany(
+            "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)",
+            [(lease_id, s.device_uuid, s.memory_mib, s.group) for s in slices],
         )
 
     def has_queued_leases(self) -> bool:
@@ -271,18 +299,19 @@ class Tx:
 
     # --- queues ---------------------------------------------------------------
     def queue_specs(self) -> List[QueueSpec]:
-        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus FROM queues ORDER BY name").fetchall()
+        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus, preempt FROM queues ORDER BY name").fetchall()
         if not rows:  # the common pool has no queues: core.queues (and placement under it) stays unloaded
             return []
         from ..core.queues import QueueSpec
 
-        return [QueueSpec(name, quota, weight, limit) for name, quota, weight, limit in rows]
+        return [QueueSpec(name, quota, weight, limit, preempt) for name, quota, weight, limit, preempt in rows]
 
     def put_queue(self, spec: QueueSpec) -> None:
         self.conn.execute(
-            "INSERT INTO queues (name, quota, weight, limit_gpus) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-            "SET quota = excluded.quota, weight = excluded.weight, limit_gpus = excluded.limit_gpus",
-            (spec.name, spec.quota, spec.weight, spec.limit),
+            "INSERT INTO queues (name, quota, weight, limit_gpus, preempt) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) "
+            "DO UPDATE SET quota = excluded.quota, weight = excluded.weight, limit_gpus = excluded.limit_gpus, "
+            "preempt = excluded.preempt",
+            (spec.name, spec.quota, spec.weight, spec.limit, spec.preempt),
         )
 
     def delete_queue(self, name: str) -> bool:
@@ -366,7 +395,7 @@ class Tx:
 
 
 def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Lease:
-    lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at = row
+    lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at, suspension = row
     return Lease(
         id=lease_id,
         holder=Holder.from_dict(json.loads(holder), recorded=True),
@@ -378,4 +407,12 @@ def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Leas
         priority=int(priority),
         preempt_grace_s=float(grace),
         preempted_at=None if preempted_at is None else float(preempted_at),
+        suspension=None if suspension is None else _suspension(suspension),
     )
+
+
+def _suspension(record: str) -> Suspension:
+    """The stored suspension record (one in state running is kept for its seconds and last error)."""
+    from ..core.suspension import Suspension  # lazily: most leases never suspend
+
+    return Suspension.from_dict(json.loads(record))

@@ -1,0 +1,208 @@
+"""A lease's suspension: the states, who asked, what was parked, and the claim that brings it back.
+
+A suspended lease keeps its id, holder, queue and priority but holds no GPU memory: its CUDA
+processes' memory is parked in their own host memory (isolation/checkpoint.py does that on the
+node) and the rest of its tree is stopped. The walk is one way round:
+
+    running --suspend--> suspending --runner parked it--> suspended
+    suspended --room again--> resuming --runner restored it--> running
+
+`suspending` and `resuming` are the steps the runner acts on; the pool changes the state in one
+transaction each (pool/suspend.py). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .errors import InvalidInput
+from .filters import Filter
+from .model import LEASE_STATES, RESUMING, RUNNING, SUSPENDED, SUSPENDING, Claim, Device, GpuRequest, Slice
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+
+# Who suspended a lease.
+BY_PREEMPTION = "preemption"
+BY_OWNER = "owner"
+BY_ADMIN = "admin"
+BY_IDLE = "idle"
+SUSPENDERS = (BY_PREEMPTION, BY_OWNER, BY_ADMIN, BY_IDLE)
+
+# What a queue's preemption does to a borrowing lease.
+PREEMPT_SUSPEND = "suspend"  # park its GPU state, resume it when there is room again
+PREEMPT_REQUEUE = "requeue"  # stop the command and queue the same claim again (rerun)
+PREEMPT_KILL = "kill"  # stop the command; its runner exits 8 unless it was started with --requeue
+PREEMPT_MODES = (PREEMPT_SUSPEND, PREEMPT_REQUEUE, PREEMPT_KILL)
+DEFAULT_PREEMPT_MODE = PREEMPT_SUSPEND
+
+# Errors kept on a lease are one line for a status table, not a log.
+MAX_ERROR_CHARS = 500
+
+
+def check_preempt_mode(mode: str, what: str = "preempt") -> str:
+    """`mode` if it is one of PREEMPT_MODES; InvalidInput naming it and the choices otherwise."""
+    if mode not in PREEMPT_MODES:
+        raise InvalidInput(f"{what} {mode!r} must be one of {', '.join(PREEMPT_MODES)} (e.g. --preempt suspend)")
+    return mode
+
+
+@dataclass(frozen=True)
+class ParkedSlice:
+    """GPU memory a suspended lease held: on which device, of which model, for which request."""
+
+    device_uuid: str
+    memory_mib: int
+    group: int
+    model: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"uuid": self.device_uuid, "memory_mib": self.memory_mib, "group": self.group, "model": self.model}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParkedSlice:
+        return cls(str(data["uuid"]), int(data["memory_mib"]), int(data.get("group", 0)), str(data.get("model", "")))
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """The suspension record of one lease (its state while it is not simply running)."""
+
+    state: str
+    by: str
+    reason: str
+    since: float  # when the lease entered `state`
+    want_resume: bool  # take room again as soon as there is some (a preemption's suspension does)
+    parked: Tuple[ParkedSlice, ...] = ()
+    remap: Tuple[Tuple[str, str], ...] = ()  # (old GPU UUID, new GPU UUID) of the step `resuming`
+    host_bytes: int = 0  # what the node reported parked in host memory
+    error: str = ""  # the last suspend or restore that failed, for people
+    suspended_s: float = 0.0  # seconds spent suspended before `since` (usage: not GPU time)
+    ticket: Optional[int] = None  # its place in the queue while it waits for room
+    mode: str = ""  # the preemption mode applied to it ('' = not preempted): suspend, requeue or kill
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "state": self.state,
+            "by": self.by,
+            "reason": self.reason,
+            "since": self.since,
+            "want_resume": self.want_resume,
+            "parked": [p.to_dict() for p in self.parked],
+            "remap": dict(self.remap),
+            "host_bytes": self.host_bytes,
+            "error": self.error,
+            "suspended_s": self.suspended_s,
+            "ticket": self.ticket,
+            "mode": self.mode,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Suspension:
+        ticket = data.get("ticket")
+        return cls(
+            state=str(data["state"]),
+            by=str(data.get("by", "")),
+            reason=str(data.get("reason", "")),
+            since=float(data.get("since", 0.0)),
+            want_resume=bool(data.get("want_resume", False)),
+            parked=tuple(ParkedSlice.from_dict(p) for p in data.get("parked", ())),
+            remap=tuple((str(old), str(new)) for old, new in dict(data.get("remap", {})).items()),
+            host_bytes=int(data.get("host_bytes", 0)),
+            error=str(data.get("error", "")),
+            suspended_s=float(data.get("suspended_s", 0.0)),
+            ticket=None if ticket is None else int(ticket),
+            mode=str(data.get("mode", "")),
+        )
+
+    def suspended_seconds(self, now: float) -> float:
+        """Seconds this lease has spent suspended (parked), up to `now`."""
+        ongoing = now - self.since if self.state in (SUSPENDED, RESUMING) else 0.0
+        return self.suspended_s + max(0.0, ongoing)
+
+    def with_error(self, error: str) -> Suspension:
+        return replace(self, error=one_line(error))
+
+
+def one_line(text: str) -> str:
+    """`text` on one line and at most MAX_ERROR_CHARS long (a status cell, a JSON field)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= MAX_ERROR_CHARS else flat[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def park(slices: Sequence[Slice], devices: Sequence[Device]) -> Tuple[ParkedSlice, ...]:
+    """The slices a lease gives back when suspended, each with its device's model."""
+    model_of = {d.uuid: d.name for d in devices}
+    return tuple(ParkedSlice(s.device_uuid, s.memory_mib, s.group, model_of.get(s.device_uuid, "")) for s in slices)
+
+
+def resume_claim(parked: Sequence[ParkedSlice], queue: str, priority: int) -> Claim:
+    """The claim that gives a suspended lease room again: per request, as many GPUs of the same
+    model, each with the MiB it held (the driver restores onto a GPU of the same model only)."""
+    requests: List[GpuRequest] = []
+    for group in sorted({p.group for p in parked}):
+        members = [p for p in parked if p.group == group]
+        model = members[0].model
+        filters = (Filter.parse(f"device.name={_glob_literal(model)}"),) if model else ()
+        requests.append(GpuRequest(len(members), None, max(p.memory_mib for p in members), filters))
+    return Claim(tuple(requests), queue=queue, priority=priority)
+
+
+def _glob_literal(text: str) -> str:
+    """`text` as a filter pattern that matches only itself (fnmatch's brackets quote * ? [)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def same_gpus(parked: Sequence[ParkedSlice], devices: Sequence[Device], allocated: Mapping[str, int]) -> bool:
+    """Whether every parked slice fits again on the very GPU it left."""
+    free = {d.uuid: d.memory_mib - allocated.get(d.uuid, 0) for d in devices if d.healthy}
+    need: Dict[str, int] = {}
+    for p in parked:
+        need[p.device_uuid] = need.get(p.device_uuid, 0) + p.memory_mib
+    return all(uuid in free and free[uuid] >= mib for uuid, mib in need.items())
+
+
+def remap_of(parked: Sequence[ParkedSlice], slices: Sequence[Slice]) -> Tuple[Tuple[str, str], ...]:
+    """(old UUID, new UUID) for each parked GPU that a new placement moved; () when none moved.
+    Slices pair up within a request in order."""
+    pairs: List[Tuple[str, str]] = []
+    for group in sorted({p.group for p in parked}):
+        old = [p.device_uuid for p in parked if p.group == group]
+        new = [s.device_uuid for s in slices if s.group == group]
+        pairs.extend((o, n) for o, n in zip(old, new) if o != n)
+    return tuple(pairs)
+
+
+def back_in_place(parked: Sequence[ParkedSlice]) -> Tuple[Slice, ...]:
+    """The slices of a lease resumed on the very GPUs it left."""
+    return tuple(Slice(p.device_uuid, p.memory_mib, p.group) for p in parked)
+
+
+__all__ = [
+    "RUNNING",
+    "SUSPENDING",
+    "SUSPENDED",
+    "RESUMING",
+    "LEASE_STATES",
+    "BY_PREEMPTION",
+    "BY_OWNER",
+    "BY_ADMIN",
+    "BY_IDLE",
+    "SUSPENDERS",
+    "PREEMPT_SUSPEND",
+    "PREEMPT_REQUEUE",
+    "PREEMPT_KILL",
+    "PREEMPT_MODES",
+    "DEFAULT_PREEMPT_MODE",
+    "ParkedSlice",
+    "Suspension",
+    "back_in_place",
+    "check_preempt_mode",
+    "one_line",
+    "park",
+    "remap_of",
+    "resume_claim",
+    "same_gpus",
+]

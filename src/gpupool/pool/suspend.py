@@ -1,0 +1,189 @@
+"""The pool's side of suspend and resume: each step of core/suspension.py's walk in the caller's
+transaction. The node's side (park and restore the processes) is the runner's, with
+isolation/checkpoint.py; it reports each step back here.
+
+A suspended lease gives its slices back (the rows go; `parked` keeps what they were) and keeps
+its expiry, renewed by its runner's heartbeats like any lease: a runner killed while its lease
+is suspended lets the lease expire, and nothing of it is left on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..core.errors import InvalidInput
+from ..core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Device, Lease
+from ..core.suspension import (
+    BY_PREEMPTION,
+    PREEMPT_SUSPEND,
+    Suspension,
+    back_in_place,
+    one_line,
+    park,
+    remap_of,
+    resume_claim,
+    same_gpus,
+)
+from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from typing import Callable, Mapping, Optional, Sequence, Tuple
+
+    from ..core.model import Claim, Slice
+    from ..store.tx import Tx
+
+    # (ticket, claim) -> the slices admission grants it now, or None (it waits)
+    Admit = Callable[[int, Claim], Optional[Tuple[Slice, ...]]]
+
+log = get_logger(__name__)
+
+
+def ask(tx: Tx, lease: Lease, by: str, reason: str, want_resume: bool, now: float, mode: str = "") -> Lease:
+    """Ask `lease`'s runner to park it (state suspending); InvalidInput unless it is running."""
+    if lease.state != RUNNING or lease.preempted_at is not None:
+        what = "preempted" if lease.preempted_at is not None else lease.state
+        raise InvalidInput(f"lease {lease.id} is {what}, not running: only a running lease can be suspended")
+    before = lease.suspension
+    suspension = Suspension(
+        SUSPENDING,
+        by,
+        one_line(reason),
+        now,
+        want_resume,
+        suspended_s=0.0 if before is None else before.suspended_s,
+        mode=mode,
+    )
+    tx.put_suspension(lease.id, suspension)
+    log.info("lease %s: suspend asked (%s)", lease.id, suspension.reason)
+    return replace(lease, suspension=suspension)
+
+
+def preempt_by_suspending(tx: Tx, lease: Lease, for_queue: str, now: float, expires_at: float) -> Lease:
+    """A victim of admission in a queue whose preemption suspends: marked preempted (so admission
+    waits for its memory and picks no other victim for it) and asked to park; once parked it is
+    no longer preempted and waits for room to resume."""
+    tx.set_lease_preempted(lease.id, now, expires_at)
+    asked = ask(
+        tx,
+        replace(lease, preempted_at=None),
+        BY_PREEMPTION,
+        f"preempted for queue {for_queue!r}",
+        True,
+        now,
+        PREEMPT_SUSPEND,
+    )
+    return replace(asked, preempted_at=now, expires_at=expires_at)
+
+
+def parked(tx: Tx, lease: Lease, devices: Sequence[Device], host_bytes: int, now: float) -> Lease:
+    """The runner parked the lease: its memory goes back to the pool; it stays, suspended."""
+    suspension = _expect(lease, SUSPENDING, "report it suspended")
+    done = replace(
+        suspension,
+        state=SUSPENDED,
+        since=now,
+        parked=park(lease.slices, devices),
+        host_bytes=max(0, int(host_bytes)),
+        error="",
+    )
+    tx.put_suspension(lease.id, done)
+    tx.set_slices(lease.id, ())
+    expires_at = now + lease.ttl_s
+    tx.set_lease_expiry(lease.id, expires_at, undo_preemption=True)  # a parked victim is no longer on its way out
+    log.info(
+        "lease %s suspended: %d MiB given back, %d bytes parked in host memory",
+        lease.id,
+        sum(s.memory_mib for s in lease.slices),
+        done.host_bytes,
+    )
+    return replace(lease, slices=(), preempted_at=None, expires_at=expires_at, suspension=done)
+
+
+def park_failed(tx: Tx, lease: Lease, error: str, now: float) -> Lease:
+    """The runner could not park the lease: it runs on, with the error; a preemption's victim stays
+    preempted, so its runner stops the command instead (the fallback of the mode suspend)."""
+    suspension = _expect(lease, SUSPENDING, "report a failed suspend of it")
+    note = one_line(error)
+    if lease.preempted_at is not None:
+        note = f"{note}; preempted by stopping the command instead"
+    back = replace(suspension, state=RUNNING, since=now, error=note)
+    tx.put_suspension(lease.id, back)
+    log.warning("lease %s: suspend failed: %s", lease.id, note)
+    return replace(lease, suspension=back)
+
+
+def want_resume(tx: Tx, lease: Lease, now: float) -> Lease:
+    """`gpupool resume`: a suspended lease takes room again as soon as there is some."""
+    suspension = _expect(lease, SUSPENDED, "resume it")
+    wanted = replace(suspension, want_resume=True)
+    tx.put_suspension(lease.id, wanted)
+    return replace(lease, suspension=wanted)
+
+
+def try_place(
+    tx: Tx,
+    lease: Lease,
+    devices: Sequence[Device],
+    allocated: Mapping[str, int],
+    admit: Admit,
+    ticket_for: Callable[[Claim], int],
+    now: float,
+    ticket_ttl_s: float,
+) -> Optional[Lease]:
+    """Room again for a suspended lease that wants it, as a claim of its queue would get it (its
+    ticket keeps its place, ahead of later claims): the lease resuming on its slices, else None."""
+    suspension = lease.suspension
+    if suspension is None or suspension.state != SUSPENDED or not suspension.want_resume:
+        return None
+    claim = resume_claim(suspension.parked, lease.queue, lease.priority)
+    ticket = suspension.ticket
+    if ticket is None or not tx.refresh_ticket(ticket, now + ticket_ttl_s):
+        ticket = ticket_for(claim)
+        suspension = replace(suspension, ticket=ticket)
+        tx.put_suspension(lease.id, suspension)
+    slices = admit(ticket, claim)
+    if slices is None:
+        return None
+    if same_gpus(suspension.parked, devices, allocated):
+        slices = back_in_place(suspension.parked)  # where the same GPUs have room, stay on them
+    tx.delete_ticket(ticket)
+    resuming = replace(suspension, state=RESUMING, ticket=None, remap=remap_of(suspension.parked, slices))
+    tx.put_suspension(lease.id, resuming)
+    tx.set_slices(lease.id, slices)
+    log.info("lease %s: room again on %s", lease.id, ", ".join(s.device_uuid for s in slices))
+    return replace(lease, slices=tuple(slices), suspension=resuming)
+
+
+def restored(tx: Tx, lease: Lease, now: float) -> Lease:
+    """The runner restored the lease: it runs again (the record keeps its suspended seconds)."""
+    suspension = _expect(lease, RESUMING, "report it resumed")
+    back = replace(
+        suspension,
+        state=RUNNING,
+        since=now,
+        suspended_s=suspension.suspended_seconds(now),
+        remap=(),
+        parked=(),
+        error="",
+    )
+    tx.put_suspension(lease.id, back)
+    log.info("lease %s resumed after %.1f s suspended", lease.id, back.suspended_s - suspension.suspended_s)
+    return replace(lease, suspension=back)
+
+
+def restore_failed(tx: Tx, lease: Lease, error: str, now: float) -> Lease:
+    """The runner could not restore the lease: it stays suspended, with the error, and gives its new
+    slices back; it waits for `gpupool resume` (not for room again: that could fail the same way)."""
+    suspension = _expect(lease, RESUMING, "report a failed resume of it")
+    back = replace(suspension, state=SUSPENDED, remap=(), want_resume=False, error=one_line(error))
+    tx.put_suspension(lease.id, back)
+    tx.set_slices(lease.id, ())
+    log.warning("lease %s: resume failed, still suspended: %s", lease.id, back.error)
+    return replace(lease, slices=(), suspension=back)
+
+
+def _expect(lease: Lease, state: str, verb: str) -> Suspension:
+    if lease.suspension is None or lease.suspension.state != state:
+        raise InvalidInput(f"lease {lease.id} is {lease.state}, not {state}: cannot {verb}")
+    return lease.suspension
