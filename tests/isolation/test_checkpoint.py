@@ -184,3 +184,131 @@ def test_importing_the_backends_does_not_import_cuda():
     env = dict(os.environ, PYTHONPATH=SRC)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- the cuda backend's steps and undo, against a stand-in driver ----------------------------------
+class FakeDriver:
+    """The checkpoint calls of cuda.bindings.driver with the driver's state machine per pid; the
+    structs are the real ones of the bindings. `fail[(call, pid)]` makes that call fail once."""
+
+    def __init__(self, cu, pids):
+        self.cu = cu
+        self.CUresult = cu.CUresult
+        self.CUcheckpointLockArgs = cu.CUcheckpointLockArgs
+        self.CUcheckpointRestoreArgs = cu.CUcheckpointRestoreArgs
+        self.CUcheckpointGpuPair = cu.CUcheckpointGpuPair
+        self.state = dict.fromkeys(pids, "RUNNING")
+        self.calls = []
+        self.fail = {}
+        self.restore_pairs = []
+        self.lock_timeouts_ms = []
+
+    def _step(self, call, pid, before, after):
+        self.calls.append((call, pid))
+        if self.fail.pop((call, pid), None):
+            return (self.CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+        if self.state.get(pid) != before:
+            return (
+                self.CUresult.CUDA_ERROR_NOT_FOUND if pid not in self.state else self.CUresult.CUDA_ERROR_ILLEGAL_STATE,
+            )
+        self.state[pid] = after
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuCheckpointProcessGetState(self, pid):
+        if pid not in self.state:
+            return (self.CUresult.CUDA_ERROR_NOT_FOUND, None)
+        return (self.CUresult.CUDA_SUCCESS, getattr(self.cu.CUprocessState, f"CU_PROCESS_STATE_{self.state[pid]}"))
+
+    def cuCheckpointProcessLock(self, pid, args):
+        self.lock_timeouts_ms.append(args.timeoutMs)
+        return self._step("lock", pid, "RUNNING", "LOCKED")
+
+    def cuCheckpointProcessCheckpoint(self, pid, args):
+        return self._step("checkpoint", pid, "LOCKED", "CHECKPOINTED")
+
+    def cuCheckpointProcessRestore(self, pid, args):
+        if args is not None:
+            self.restore_pairs.append(
+                [(p.oldUuid.bytes.hex(), p.newUuid.bytes.hex()) for p in args.gpuPairs[: args.gpuPairsCount]]
+            )
+        return self._step("restore", pid, "CHECKPOINTED", "LOCKED")
+
+    def cuCheckpointProcessUnlock(self, pid, args):
+        return self._step("unlock", pid, "LOCKED", "RUNNING")
+
+
+@pytest.fixture
+def fake(children):
+    cu = pytest.importorskip("cuda.bindings.driver")
+    driver = FakeDriver(cu, [p.pid for p in children[:2]])
+    backend = CudaBackend()
+    backend._cu = driver
+    return backend, driver
+
+
+def test_cuda_suspend_locks_all_then_checkpoints_and_resume_restores_all_then_unlocks(fake, children):
+    backend, driver = fake
+    a, b, c = (p.pid for p in children)
+    assert backend.gpu_pids([c, a, b]) == [a, b]
+    parked = backend.suspend([a, b, c], lock_timeout_s=2.5)
+    assert parked.pids == (a, b)
+    assert driver.calls == [("lock", a), ("lock", b), ("checkpoint", a), ("checkpoint", b)]
+    assert driver.lock_timeouts_ms == [2500, 2500]
+    assert backend.state(a) == "CU_PROCESS_STATE_CHECKPOINTED"
+    assert set(backend.timings) == {"lock_s", "measure_s", "checkpoint_s"}
+    driver.calls.clear()
+    backend.resume(parked, {})
+    assert driver.calls == [("restore", a), ("restore", b), ("unlock", a), ("unlock", b)]
+    assert driver.state == {a: "RUNNING", b: "RUNNING"}
+    assert set(backend.timings) == {"restore_s", "unlock_s"}
+
+
+def test_cuda_suspend_that_fails_undoes_every_step(fake, children):
+    backend, driver = fake
+    a, b, _ = (p.pid for p in children)
+    driver.fail[("checkpoint", b)] = True
+    with pytest.raises(CheckpointFailed) as err:
+        backend.suspend([a, b], lock_timeout_s=2.5)
+    assert err.value.message == f"cuCheckpointProcessCheckpoint(pid {b}) failed: CUDA_ERROR_ILLEGAL_STATE"
+    assert driver.state == {a: "RUNNING", b: "RUNNING"}  # a restored and unlocked, b unlocked
+
+
+def test_cuda_resume_that_fails_leaves_every_process_parked(fake, children):
+    backend, driver = fake
+    a, b, _ = (p.pid for p in children)
+    parked = backend.suspend([a, b], lock_timeout_s=2.5)
+    driver.fail[("restore", b)] = True
+    with pytest.raises(CheckpointFailed, match=f"cuCheckpointProcessRestore\\(pid {b}\\) failed"):
+        backend.resume(parked, {})
+    assert driver.state == {a: "CHECKPOINTED", b: "CHECKPOINTED"}
+    driver.fail[("unlock", b)] = True  # and one whose unlock fails after a's went through
+    with pytest.raises(CheckpointFailed, match=f"cuCheckpointProcessUnlock\\(pid {b}\\) failed"):
+        backend.resume(parked, {})
+    assert driver.state == {a: "CHECKPOINTED", b: "CHECKPOINTED"}
+    backend.resume(parked, {})
+    assert driver.state == {a: "RUNNING", b: "RUNNING"}
+
+
+def test_cuda_resume_passes_every_gpu_pair(fake, children):
+    backend, driver = fake
+    a = children[0].pid
+    old, new = "GPU-12345678-1234-1234-1234-123456789abc", "GPU-abcdef01-2345-6789-abcd-ef0123456789"
+    backend.resume(backend.suspend([a], lock_timeout_s=2.5), {old: new, new: old})
+    assert driver.restore_pairs == [
+        [
+            ("12345678123412341234123456789abc", "abcdef0123456789abcdef0123456789"),
+            ("abcdef0123456789abcdef0123456789", "12345678123412341234123456789abc"),
+        ]
+    ]
+    with pytest.raises(CheckpointFailed, match="cannot remap GPU 'GPU-emu-localhost-0'"):
+        backend.resume(Parked((a,), 0), {GPU0: new})
+
+
+def test_cuda_skips_a_process_that_ended(fake, children):
+    backend, driver = fake
+    a, b, _ = (p.pid for p in children)
+    children[1].kill()
+    children[1].wait()
+    driver.fail[("lock", b)] = True  # the driver still lists it, but its lock fails: it has ended
+    parked = backend.suspend([a, b], lock_timeout_s=2.5)
+    assert parked.pids == (a,)

@@ -49,7 +49,8 @@ class Parked:
 
 
 class Backend(Protocol):
-    """Parks and brings back the GPU state of processes, by pid, from outside them."""
+    """Parks and brings back the GPU state of processes, by pid, from outside them. Resume with
+    the backend object that suspended: the emulated one keeps the parked usage rows."""
 
     name: str
 
@@ -58,11 +59,15 @@ class Backend(Protocol):
         ...
 
     def suspend(self, pids: Sequence[int], lock_timeout_s: float) -> Parked:
-        """Lock, then park, those of `pids` that hold GPU state; all or none (CheckpointFailed)."""
+        """Lock, then park, those of `pids` that hold GPU state; all or none (CheckpointFailed).
+        The other pids are left alone (stopping the rest of a tree is the caller's); a process
+        that ends meanwhile is skipped."""
         ...
 
     def resume(self, parked: Parked, remap: Mapping[str, str]) -> None:
-        """Restore (onto remap[old uuid] where given), then unlock; all or none (CheckpointFailed)."""
+        """Restore, then unlock; all or none (CheckpointFailed leaves every process parked).
+        `remap` is {} for the same GPUs, else old UUID -> new UUID for every GPU the processes
+        used (unmoved ones too: the driver wants every checkpointed GPU named)."""
         ...
 
 
@@ -109,12 +114,7 @@ def cuda_unavailable_reason() -> Optional[str]:
 
 def _alive(pid: int) -> bool:
     """Whether `pid` still runs (a zombie has ended: it holds no GPU state)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+    return _state(pid) not in ("", "Z", "X")
 
 
 def _result_name(err: Any) -> str:
@@ -129,6 +129,8 @@ class CudaBackend:
 
     def __init__(self) -> None:
         self._cu: Any = None
+        # Seconds of each step of the last suspend or resume (lock, measure, checkpoint; restore, unlock).
+        self.timings: Dict[str, float] = {}
 
     def _driver(self) -> Any:
         if self._cu is None:
@@ -202,11 +204,15 @@ class CudaBackend:
         locked: List[int] = []
         parked: List[int] = []
         try:
+            clock = _Clock(self.timings)
             for pid in self.gpu_pids(pids):
                 _skip_if_gone(pid, partial(self._lock, timeout_s=lock_timeout_s), locked)
+            clock.lap("lock_s")
             host_bytes = _gpu_bytes_by_pid(locked)
+            clock.lap("measure_s")
             for pid in list(locked):
                 _skip_if_gone(pid, self._checkpoint, parked)
+            clock.lap("checkpoint_s")
             locked = [pid for pid in locked if pid in parked]  # vanished ones need no unlock
         except CheckpointFailed:
             for pid in reversed(parked):
@@ -221,10 +227,13 @@ class CudaBackend:
         restored: List[int] = []
         unlocked: List[int] = []
         try:
+            clock = _Clock(self.timings)
             for pid in parked.pids:
                 _skip_if_gone(pid, partial(self._restore, args=args), restored)
+            clock.lap("restore_s")
             for pid in restored:
                 _skip_if_gone(pid, self._unlock, unlocked)
+            clock.lap("unlock_s")
         except CheckpointFailed:
             # Park again what came back, so no process runs on a GPU another lease may now hold.
             for pid in unlocked:
@@ -232,6 +241,20 @@ class CudaBackend:
             for pid in restored:
                 _quietly(self._checkpoint, pid)
             raise
+
+
+class _Clock:
+    """Writes the seconds since the previous lap into `into[name]`; `into` starts empty."""
+
+    def __init__(self, into: Dict[str, float]) -> None:
+        into.clear()
+        self.into = into
+        self.last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.into[name] = now - self.last
+        self.last = now
 
 
 def _write_uuid(target: Any, text: str) -> None:
@@ -242,7 +265,10 @@ def _write_uuid(target: Any, text: str) -> None:
     try:
         raw = uuid.UUID(text[4:] if text.startswith(("GPU-", "MIG-")) else text).bytes
     except ValueError:
-        raise InvalidInput(f"GPU UUID {text!r} is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx") from None
+        # CheckpointFailed, not InvalidInput: a caller of resume handles one error, and nothing was restored yet.
+        raise CheckpointFailed(
+            f"cannot remap GPU {text!r}: not a GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx UUID"
+        ) from None
     ctypes.memmove(target.getPtr(), raw, len(raw))
 
 
@@ -357,6 +383,7 @@ def _stop(pid: int, timeout_s: float) -> None:
 
 
 def _state(pid: int) -> str:
+    """The one-letter state of /proc/PID/stat ("T" stopped, "Z" zombie ...); "" when there is none."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
