@@ -167,45 +167,56 @@ def bounded(call: Callable[[], object], pid: int) -> Dict[str, Any]:
     return result
 
 
+def stopped_between(backend: CudaBackend, child: Child) -> Dict[str, Any]:
+    """Suspend, SIGSTOP, SIGCONT, then resume: a tree stopped and continued around a parked process."""
+    parked = backend.suspend([child.pid], LOCK_TIMEOUT_S)
+    os.kill(child.pid, signal.SIGSTOP)
+    time.sleep(1)
+    os.kill(child.pid, signal.SIGCONT)
+    backend.resume(parked, {})
+    return {"ok": True, "data_intact": child.intact()}
+
+
+def resume_while_stopped(backend: CudaBackend, child: Child) -> Dict[str, Any]:
+    """Resume while the process is still stopped: does restore need the process's own threads?"""
+    parked = backend.suspend([child.pid], LOCK_TIMEOUT_S)
+    os.kill(child.pid, signal.SIGSTOP)
+    case = bounded(lambda: backend.resume(parked, {}), child.pid)
+    os.kill(child.pid, signal.SIGCONT)
+    case["data_intact"] = bool(case.get("ok")) and child.intact()
+    return case
+
+
+def suspend_while_stopped(backend: CudaBackend, child: Child) -> Dict[str, Any]:
+    """Suspend a process that is already stopped (a runner that stops the tree first)."""
+    os.kill(child.pid, signal.SIGSTOP)
+    box: Dict[str, Any] = {}
+    case = bounded(lambda: box.setdefault("parked", backend.suspend([child.pid], LOCK_TIMEOUT_S)), child.pid)
+    os.kill(child.pid, signal.SIGCONT)
+    if "parked" in box:
+        backend.resume(box["parked"], {})
+        case["data_intact"] = child.intact()
+    return case
+
+
 def stop_cases(backend: CudaBackend) -> Dict[str, Any]:
-    """What SIGSTOP does to the driver's calls, on 1 GiB children."""
+    """What SIGSTOP does to the driver's calls, each case on a fresh 1 GiB child."""
     cases: Dict[str, Any] = {}
-    child = Child(1)
-    try:  # suspend, SIGSTOP, SIGCONT, then resume: a tree stopped and continued around a parked process
-        parked = backend.suspend([child.pid], LOCK_TIMEOUT_S)
-        os.kill(child.pid, signal.SIGSTOP)
-        time.sleep(1)
-        os.kill(child.pid, signal.SIGCONT)
+    for case in (stopped_between, resume_while_stopped, suspend_while_stopped):
+        child = Child(1)
         try:
-            backend.resume(parked, {})
-            cases["suspend_sigstop_sigcont_resume"] = {"ok": True, "data_intact": child.intact()}
-        except Exception as err:
-            cases["suspend_sigstop_sigcont_resume"] = {"ok": False, "error": str(err)}
-    finally:
-        child.end()
-    child = Child(1)
-    try:  # resume while the process is still stopped (does restore need the process's own threads?)
-        parked = backend.suspend([child.pid], LOCK_TIMEOUT_S)
-        os.kill(child.pid, signal.SIGSTOP)
-        case = bounded(lambda: backend.resume(parked, {}), child.pid)
-        os.kill(child.pid, signal.SIGCONT)
-        case["data_intact"] = case.get("ok", False) and child.intact()
-        cases["resume_while_sigstopped"] = case
-    finally:
-        child.end()
-    child = Child(1)
-    try:  # suspend a process that is already stopped (a runner that stops the tree first)
-        os.kill(child.pid, signal.SIGSTOP)
-        box: Dict[str, Any] = {}
-        case = bounded(lambda: box.setdefault("parked", backend.suspend([child.pid], LOCK_TIMEOUT_S)), child.pid)
-        os.kill(child.pid, signal.SIGCONT)
-        if "parked" in box:
-            backend.resume(box["parked"], {})
-            case["data_intact"] = child.intact()
-        cases["suspend_while_sigstopped"] = case
-    finally:
-        child.end()
+            cases[case.__name__] = case(backend, child)
+        except Exception as err:  # recorded: what the driver said is the finding
+            cases[case.__name__] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        finally:
+            child.end()
+        print(case.__name__, json.dumps(cases[case.__name__]), flush=True)
     return cases
+
+
+def write(report: Dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -247,12 +258,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 )
         finally:
             child.end()
+    out = Path(args.out)
+    write(report, out)  # before the SIGSTOP cases, which may leave a driver call hanging
     if not args.no_stop_cases:
         report["sigstop"] = stop_cases(backend)
-        print(json.dumps(report["sigstop"], indent=1), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+        between = report["sigstop"]["stopped_between"]
+        report["restore_after_sigstop_sigcont"] = bool(between.get("ok") and between.get("data_intact"))
+        write(report, out)
     print(f"wrote {out}")
     return 0 if all(r["data_intact"] for r in report["runs"]) else 1
 

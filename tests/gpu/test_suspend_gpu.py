@@ -87,14 +87,18 @@ print("allocated", block.numel(), flush=True)
 """
 
 
-def smi_gpu(field: str) -> int:
+def smi_text(field: str) -> str:
     out = subprocess.run(
         ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
         capture_output=True,
         text=True,
         check=True,
     )
-    return int(out.stdout.split()[0])
+    return out.stdout.strip()
+
+
+def smi_gpu(field: str) -> int:
+    return int(smi_text(field).split()[0])
 
 
 def train(losses: Path, log: Path) -> subprocess.Popen:
@@ -161,6 +165,8 @@ def run_check(work: Path) -> Dict[str, Any]:
         "b_exit": b_exit,
         "b_log": log_b[-3000:],
         "deterministic_warnings": "deterministic" in log_b and "UserWarning" in log_b,
+        "gpu": smi_text("name"),
+        "driver": smi_text("driver_version"),
         "gpu_memory_mib": total_mib,
         "used_mib_running": used_running,
         "used_mib_parked": used_parked,
