@@ -69,6 +69,7 @@ def test_queue_names_are_dns_labels(name):
 def test_spec_status_and_usage_round_trip():
     spec = QueueSpec("a", 1.5, 2, 3)
     assert QueueSpec.from_dict(spec.to_dict()) == spec
+    assert QueueSpec.from_dict(QueueSpec("b", 1, preempt="kill").to_dict()).preempt == "kill"
     assert QueueSpec.from_dict({"name": "a", "quota": 1}) == QueueSpec("a", 1.0)
     with pytest.raises(InvalidInput, match="unknown queue field"):
         QueueSpec.from_dict({"name": "a", "quota": 1, "quote": 2})
@@ -77,6 +78,7 @@ def test_spec_status_and_usage_round_trip():
     status = QueueStatus(spec, 2.0, 0.5, 3, 1)
     assert status.to_dict() == {
         "name": "a",
+        "preempt": "",
         "quota": 1.5,
         "weight": 2.0,
         "limit": 3.0,

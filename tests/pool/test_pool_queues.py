@@ -338,7 +338,7 @@ def test_doctor_finds_quotas_above_a_pool_that_shrank_and_damaged_queue_rows(tmp
     assert check_state(tmp_path).healthy
     Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n").close()
     with sqlite3.connect(tmp_path / "pool.db") as conn:
-        conn.execute("INSERT INTO queues VALUES ('c', -1, 1, NULL)")
+        conn.execute("INSERT INTO queues (name, quota, weight, limit_gpus) VALUES ('c', -1, 1, NULL)")
     kinds = {p.kind: p.message for p in check_state(tmp_path).problems}
     assert set(kinds) == {"bad_queue", "quotas_over_pool"}
     assert "quota -1" in kinds["bad_queue"] and "sum to 2 GPUs" in kinds["quotas_over_pool"]

@@ -84,10 +84,12 @@ def test_resume_moves_to_another_gpu_of_the_model_when_its_own_is_taken(pool):
     other = pool.claim(whole(), Holder("bob"))
     if other.slices[0].device_uuid != lease.slices[0].device_uuid:  # placement may pick the other GPU
         pool.release(other.id)
-        other = pool.claim(Claim.single(1, fraction=1.0, filters=[f"device.uuid={lease.slices[0].device_uuid}"]), Holder("bob"))
+        other = pool.claim(
+            Claim.single(1, fraction=1.0, filters=[f"device.uuid={lease.slices[0].device_uuid}"]), Holder("bob")
+        )
     resumed = pool.resume(lease.id, "alice")
     assert resumed.state == RESUMING
-    (old, new), = resumed.suspension.remap
+    ((old, new),) = resumed.suspension.remap
     assert old == lease.slices[0].device_uuid and new == resumed.slices[0].device_uuid != old
 
 

@@ -31,6 +31,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "status": ("status", "devices, their allocation and the live leases"),
     "list-gpus": ("status", "the pool's GPUs"),
     "release": ("status", "release a lease now (yours, or any as admin)"),
+    "suspend": ("status", "park a lease's GPU state in host memory and free its GPUs (yours, or any as admin)"),
+    "resume": ("status", "bring a suspended lease back when there is room (yours, or any as admin)"),
     "queue": ("queue", "team queues: quotas in GPUs, borrowing weights, limits"),
     "usage": ("usage", "GPU-hours per queue, holder or label since a time"),
     "train": ("train", "train an image classifier on DIR/<class>/*.jpg"),

@@ -1,4 +1,4 @@
-"""`gpupool status`, `gpupool list-gpus`, `gpupool release LEASE_ID`: look at and tidy the pool."""
+"""`gpupool status`, `list-gpus`, `release`, `suspend`, `resume` LEASE_ID: look at and tidy the pool."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ from typing import TYPE_CHECKING
 from .pool_options import add_pool_arguments, pool_kwargs
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence
+    from typing import Any, Callable, Dict, Optional, Sequence
 
+    from ..client.base import PoolClient
     from ..core.status import PoolStatus
+
+# How long `gpupool suspend` and `resume` wait for the runner to take the step, by default.
+SUSPEND_WAIT_S = 60.0
+WATCH_STEP_S = 5.0  # one watch of the lease while waiting
+AWAIT_POLL_S = 0.1  # between looks while the runner is taking the step
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +38,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("lease_id", metavar="LEASE_ID")
     add_pool_arguments(p)
     p.set_defaults(func=handle_release)
+
+    p = subparsers.add_parser(
+        "suspend",
+        help="park a lease's GPU state in host memory and free its GPUs (yours, or any as admin)",
+        description="Suspend a running lease: its runner parks the GPU state of the command's processes in "
+        "their host memory and stops the rest of its tree; the lease keeps its place and frees its GPU memory. "
+        "`gpupool resume LEASE_ID` brings it back.",
+    )
+    p.add_argument("lease_id", metavar="LEASE_ID")
+    p.add_argument("--reason", default="", help="why, for people (shown in status)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=SUSPEND_WAIT_S,
+        metavar="S",
+        help="wait this long for the runner (default %(default)s)",
+    )
+    add_pool_arguments(p)
+    p.set_defaults(func=handle_suspend)
+
+    p = subparsers.add_parser(
+        "resume",
+        help="bring a suspended lease back when there is room (yours, or any as admin)",
+        description="Resume a suspended lease: it takes room again (its GPUs, or others of the same model) as "
+        "soon as there is some, ahead of later claims of its queue, and its runner restores the command.",
+    )
+    p.add_argument("lease_id", metavar="LEASE_ID")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=SUSPEND_WAIT_S,
+        metavar="S",
+        help="wait this long for it to run (default %(default)s)",
+    )
+    add_pool_arguments(p)
+    p.set_defaults(func=handle_resume)
 
 
 def _status(args: argparse.Namespace) -> PoolStatus:
@@ -127,25 +169,76 @@ def handle_list_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def handle_release(args: argparse.Namespace) -> int:
+def _on_lease(args: argparse.Namespace, act: Callable[[PoolClient], int]) -> int:
+    """`act` on the pool that holds lease `args.lease_id` (it lives on one of them: ask each)."""
     from ..client.resolve import connect_all
     from ..core.errors import NotFound, ServerUnreachable
 
     clients = connect_all(**pool_kwargs(args))
     try:
         last: Exception = NotFound(f"lease {args.lease_id!r} not found: see `gpupool status` for live leases")
-        for client in clients:  # the lease lives on one of them; ask each
+        for client in clients:
             try:
-                client.release(args.lease_id)
+                return act(client)
             except (NotFound, ServerUnreachable) as err:
                 last = err
-                continue
-            print(f"gpupool: released lease {args.lease_id} on {client.address}", file=sys.stderr)
-            return 0
         raise last
     finally:
         for c in clients:
             c.close()
+
+
+def handle_release(args: argparse.Namespace) -> int:
+    def release(client: PoolClient) -> int:
+        client.release(args.lease_id)
+        print(f"gpupool: released lease {args.lease_id} on {client.address}", file=sys.stderr)
+        return 0
+
+    return _on_lease(args, release)
+
+
+def handle_suspend(args: argparse.Namespace) -> int:
+    def suspend(client: PoolClient) -> int:
+        from ..core.model import SUSPENDED
+
+        client.suspend(args.lease_id, args.reason)
+        return _await_state(client, args.lease_id, SUSPENDED, args.wait)
+
+    return _on_lease(args, suspend)
+
+
+def handle_resume(args: argparse.Namespace) -> int:
+    def resume(client: PoolClient) -> int:
+        from ..core.model import RUNNING
+
+        client.resume(args.lease_id)
+        return _await_state(client, args.lease_id, RUNNING, args.wait)
+
+    return _on_lease(args, resume)
+
+
+def _await_state(client: PoolClient, lease_id: str, state: str, wait_s: float) -> int:
+    """Say when lease `lease_id` reaches `state` (0), fails the step (1) or `wait_s` runs out (1)."""
+    deadline = time.monotonic() + max(0.0, wait_s)
+    started = time.monotonic()
+    while True:
+        lease = client.watch(lease_id, min(WATCH_STEP_S, max(deadline - time.monotonic(), 0.01)))
+        error = lease.suspension.error if lease.suspension is not None else ""
+        if lease.state == state:
+            took = time.monotonic() - started
+            print(f"gpupool: lease {lease_id} is {state} ({took:.1f} s) on {client.address}", file=sys.stderr)
+            return 0
+        if error and not lease.needs_runner:  # the step failed: the runner said why
+            print(f"gpupool: lease {lease_id} is {lease.state}: {error}", file=sys.stderr)
+            return 1
+        if time.monotonic() >= deadline:
+            print(
+                f"gpupool: lease {lease_id} is {lease.state} after {wait_s:g} s "
+                f"(`gpupool status` shows when it is {state})",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(AWAIT_POLL_S)
 
 
 def _device_table(devices: Sequence[Dict[str, Any]], usage: Optional[Dict[str, Any]] = None) -> str:

@@ -47,8 +47,26 @@ class PoolClient(abc.ABC):
 
     @abc.abstractmethod
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
-        """The lease as soon as it is preempted (`preempted_at` set), else after `timeout_s`;
-        NotFound when it is gone. A server bounds `timeout_s` to (0, 60]."""
+        """The lease as soon as its runner has a step to take (`Lease.needs_runner`: preempted, to
+        park, to restore), else after `timeout_s`; NotFound when it is gone. A server bounds
+        `timeout_s` to (0, 60]."""
+
+    @abc.abstractmethod
+    def suspend(self, lease_id: str, reason: str = "") -> Lease:
+        """Ask the lease's runner to park it (holder or admin): its GPU memory goes back to the pool
+        once parked, and it comes back on `resume`."""
+
+    @abc.abstractmethod
+    def resume(self, lease_id: str) -> Lease:
+        """A suspended lease takes room again as soon as there is some (holder or admin)."""
+
+    @abc.abstractmethod
+    def report_parked(self, lease_id: str, host_bytes: int = 0, error: str = "") -> Lease:
+        """The runner's word on a suspend it was asked for: parked, or `error`."""
+
+    @abc.abstractmethod
+    def report_restored(self, lease_id: str, error: str = "") -> Lease:
+        """The runner's word on a resume: restored, or `error` (the lease stays suspended)."""
 
     @abc.abstractmethod
     def queues(self) -> List[QueueStatus]:

@@ -85,6 +85,18 @@ class EmbeddedPoolClient(PoolClient):
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
         return self._pool.watch(lease_id, timeout_s)
 
+    def suspend(self, lease_id: str, reason: str = "") -> Lease:
+        return self._pool.suspend(lease_id, None, reason)
+
+    def resume(self, lease_id: str) -> Lease:
+        return self._pool.resume(lease_id)
+
+    def report_parked(self, lease_id: str, host_bytes: int = 0, error: str = "") -> Lease:
+        return self._pool.report_parked(lease_id, None, host_bytes, error)
+
+    def report_restored(self, lease_id: str, error: str = "") -> Lease:
+        return self._pool.report_restored(lease_id, None, error)
+
     def queues(self) -> List[QueueStatus]:
         return self._pool.queues()
 

@@ -117,6 +117,19 @@ class HttpPoolClient(PoolClient):
         data = self.request("GET", path, timeout_s=timeout_s + self._timeout_s, retry=False, channel=self._watching)
         return Lease.from_dict(data)
 
+    def suspend(self, lease_id: str, reason: str = "") -> Lease:
+        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/suspend", {"reason": reason}))
+
+    def resume(self, lease_id: str) -> Lease:
+        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/resume", {}))
+
+    def report_parked(self, lease_id: str, host_bytes: int = 0, error: str = "") -> Lease:
+        body = {"host_bytes": host_bytes, "error": error}
+        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/parked", body))
+
+    def report_restored(self, lease_id: str, error: str = "") -> Lease:
+        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/restored", {"error": error}))
+
     def queues(self) -> List[QueueStatus]:
         from ..core.queues import QueueStatus  # lazily: the workload path never lists queues
 

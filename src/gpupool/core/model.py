@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import InvalidClaim
+from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of the states
+from .suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Suspension
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
     from .filters import Filter
-    from .suspension import Suspension
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -33,13 +34,6 @@ MAX_TTL_S = 24 * 3600.0
 # A claim's queue, priority and preemption grace (core/queues.py has the rules that use them).
 QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
-# A lease's states (core/suspension.py walks them): a lease with no suspension record is running.
-RUNNING = "running"
-SUSPENDING = "suspending"  # asked to suspend: its runner parks the GPU state
-SUSPENDED = "suspended"  # parked: it holds no GPU memory
-RESUMING = "resuming"  # given room again: its runner restores the GPU state
-LEASE_STATES = (RUNNING, SUSPENDING, SUSPENDED, RESUMING)
-
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
 PREEMPT_REAP_MARGIN_S = 5.0
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
@@ -437,8 +431,6 @@ class Lease:
         preempted_at = data.get("preempted_at")
         suspension = data.get("suspension")
         if suspension is not None:
-            from .suspension import Suspension  # lazily: most leases are simply running
-
             suspension = Suspension.from_dict(suspension)
         return cls(
             id=str(data["id"]),

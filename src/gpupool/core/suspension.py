@@ -8,7 +8,7 @@ node) and the rest of its tree is stopped. The walk is one way round:
     suspended --room again--> resuming --runner restored it--> running
 
 `suspending` and `resuming` are the steps the runner acts on; the pool changes the state in one
-transaction each (pool/suspend.py). Pure: no I/O.
+transaction each (pool/suspend.py); core/resumption.py places a suspended lease again. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -17,12 +17,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .errors import InvalidInput
-from .filters import Filter
-from .model import LEASE_STATES, RESUMING, RUNNING, SUSPENDED, SUSPENDING, Claim, Device, GpuRequest, Slice
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, Mapping, Optional, Tuple
 
+
+# A lease's states: a lease with no suspension record is running.
+RUNNING = "running"
+SUSPENDING = "suspending"  # asked to suspend: its runner parks the GPU state
+SUSPENDED = "suspended"  # parked: it holds no GPU memory
+RESUMING = "resuming"  # given room again: its runner restores the GPU state
+LEASE_STATES = (RUNNING, SUSPENDING, SUSPENDED, RESUMING)
 
 # Who suspended a lease.
 BY_PREEMPTION = "preemption"
@@ -132,54 +137,6 @@ def one_line(text: str) -> str:
     return flat if len(flat) <= MAX_ERROR_CHARS else flat[: MAX_ERROR_CHARS - 1] + "…"
 
 
-def park(slices: Sequence[Slice], devices: Sequence[Device]) -> Tuple[ParkedSlice, ...]:
-    """The slices a lease gives back when suspended, each with its device's model."""
-    model_of = {d.uuid: d.name for d in devices}
-    return tuple(ParkedSlice(s.device_uuid, s.memory_mib, s.group, model_of.get(s.device_uuid, "")) for s in slices)
-
-
-def resume_claim(parked: Sequence[ParkedSlice], queue: str, priority: int) -> Claim:
-    """The claim that gives a suspended lease room again: per request, as many GPUs of the same
-    model, each with the MiB it held (the driver restores onto a GPU of the same model only)."""
-    requests: List[GpuRequest] = []
-    for group in sorted({p.group for p in parked}):
-        members = [p for p in parked if p.group == group]
-        model = members[0].model
-        filters = (Filter.parse(f"device.name={_glob_literal(model)}"),) if model else ()
-        requests.append(GpuRequest(len(members), None, max(p.memory_mib for p in members), filters))
-    return Claim(tuple(requests), queue=queue, priority=priority)
-
-
-def _glob_literal(text: str) -> str:
-    """`text` as a filter pattern that matches only itself (fnmatch's brackets quote * ? [)."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def same_gpus(parked: Sequence[ParkedSlice], devices: Sequence[Device], allocated: Mapping[str, int]) -> bool:
-    """Whether every parked slice fits again on the very GPU it left."""
-    free = {d.uuid: d.memory_mib - allocated.get(d.uuid, 0) for d in devices if d.healthy}
-    need: Dict[str, int] = {}
-    for p in parked:
-        need[p.device_uuid] = need.get(p.device_uuid, 0) + p.memory_mib
-    return all(uuid in free and free[uuid] >= mib for uuid, mib in need.items())
-
-
-def remap_of(parked: Sequence[ParkedSlice], slices: Sequence[Slice]) -> Tuple[Tuple[str, str], ...]:
-    """(old UUID, new UUID) for each parked GPU that a new placement moved; () when none moved.
-    Slices pair up within a request in order."""
-    pairs: List[Tuple[str, str]] = []
-    for group in sorted({p.group for p in parked}):
-        old = [p.device_uuid for p in parked if p.group == group]
-        new = [s.device_uuid for s in slices if s.group == group]
-        pairs.extend((o, n) for o, n in zip(old, new) if o != n)
-    return tuple(pairs)
-
-
-def back_in_place(parked: Sequence[ParkedSlice]) -> Tuple[Slice, ...]:
-    """The slices of a lease resumed on the very GPUs it left."""
-    return tuple(Slice(p.device_uuid, p.memory_mib, p.group) for p in parked)
-
-
 __all__ = [
     "RUNNING",
     "SUSPENDING",
@@ -198,11 +155,7 @@ __all__ = [
     "DEFAULT_PREEMPT_MODE",
     "ParkedSlice",
     "Suspension",
-    "back_in_place",
     "check_preempt_mode",
     "one_line",
-    "park",
-    "remap_of",
-    "resume_claim",
-    "same_gpus",
+    "LEASE_STATES",
 ]

@@ -14,17 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import InvalidInput
 from ..core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Device, Lease
-from ..core.suspension import (
-    BY_PREEMPTION,
-    PREEMPT_SUSPEND,
-    Suspension,
-    back_in_place,
-    one_line,
-    park,
-    remap_of,
-    resume_claim,
-    same_gpus,
-)
+from ..core.resumption import back_in_place, park, remap_of, resume_claim, same_gpus
+from ..core.suspension import BY_PREEMPTION, PREEMPT_SUSPEND, Suspension, one_line
 from ..logs import get_logger
 
 if TYPE_CHECKING:
@@ -116,7 +107,7 @@ def park_failed(tx: Tx, lease: Lease, error: str, now: float) -> Lease:
 def want_resume(tx: Tx, lease: Lease, now: float) -> Lease:
     """`gpupool resume`: a suspended lease takes room again as soon as there is some."""
     suspension = _expect(lease, SUSPENDED, "resume it")
-    wanted = replace(suspension, want_resume=True)
+    wanted = replace(suspension, want_resume=True, error="")  # a new try: the last failure is history
     tx.put_suspension(lease.id, wanted)
     return replace(lease, suspension=wanted)
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 from ..client.base import PoolClient
 from ..core.errors import GpupoolError, NotFound
-from ..core.model import Lease
+from ..core.model import RESUMING, SUSPENDING, Lease
 from ..logs import get_logger
 
 if TYPE_CHECKING:
     from typing import Callable, Optional
+
+    from .suspender import Suspender
 
 log = get_logger(__name__)
 
@@ -43,13 +45,22 @@ def preemption_notice(lease: Lease, what: str) -> str:
 
 
 class PreemptionWatch(threading.Thread):
-    """Calls `stop_command(lease)` once, on a thread of its own, when `lease_id` is seen preempted."""
+    """Calls `stop_command(lease)` once, on a thread of its own, when `lease_id` is seen preempted;
+    with a `suspender`, parks and restores the command when the pool asks (a preempted lease
+    that is to be suspended is parked, not stopped)."""
 
-    def __init__(self, client: PoolClient, lease_id: str, stop_command: Callable[[Lease], None]) -> None:
+    def __init__(
+        self,
+        client: PoolClient,
+        lease_id: str,
+        stop_command: Callable[[Lease], None],
+        suspender: Optional[Suspender] = None,
+    ) -> None:
         super().__init__(name=f"gpupool-watch-{lease_id[:8]}", daemon=True)
         self.client = client
         self.lease_id = lease_id
         self.stop_command = stop_command
+        self.suspender = suspender
         self.preempted: Optional[Lease] = None
         self._stopper: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -58,8 +69,8 @@ class PreemptionWatch(threading.Thread):
     def notice(self, lease: Lease) -> None:
         """Act on a lease seen by anyone (the heartbeat too): the first preempted sighting stops the
         command, on a thread of its own, so neither the heartbeat nor a watch in flight holds it up."""
-        if lease.preempted_at is None:
-            return
+        if lease.preempted_at is None or (self.suspender is not None and lease.state == SUSPENDING):
+            return  # a suspension, not a stop: the watch parks it
         with self._lock:
             if self.preempted is not None or self._stop_event.is_set():
                 return
@@ -95,11 +106,27 @@ class PreemptionWatch(threading.Thread):
                 log.debug("watch of %s failed: %s", self.lease_id, message)
                 self._stop_event.wait(RETRY_S)
                 continue
+            if self.suspender is not None and lease.state in (SUSPENDING, RESUMING):
+                self._step(lease)
+                continue
             if lease.preempted_at is not None:
                 self.notice(lease)
                 return
             # A server without long polls answers at once: do not turn that into a busy loop.
             self._stop_event.wait(max(0.0, WATCH_S - (time.monotonic() - started)))
+
+    def _step(self, lease: Lease) -> None:
+        """Park or restore, as the pool asks; a report that fails is repeated at the next sighting."""
+        assert self.suspender is not None
+        try:
+            if lease.state == SUSPENDING:
+                self.suspender.park(lease)
+            else:
+                self.suspender.restore(lease)
+        except Exception as err:
+            message = err.message if isinstance(err, GpupoolError) else repr(err)
+            log.warning("lease %s: %s step not reported yet: %s", self.lease_id, lease.state, message)
+            self._stop_event.wait(RETRY_S)
 
     def _stop_command(self, lease: Lease) -> None:
         try:

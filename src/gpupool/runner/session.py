@@ -62,6 +62,8 @@ class RunOptions:
     warn: Optional[Callable[[str], None]] = None
     # When the lease is preempted: claim again and rerun the command (else exit Preempted.exit_code).
     requeue: bool = False
+    # What parks the command when its lease is suspended (isolation/checkpoint.BACKENDS).
+    suspend_backend: str = "auto"
 
 
 def progress(quiet: bool) -> Callable[[str], None]:
@@ -107,7 +109,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
                 return outcome.code
             if relay.received:  # the user stopped it meanwhile: do not queue again
                 return outcome.code
-            if not options.requeue:
+            if not _reruns(outcome.preempted, options.requeue):
                 (options.warn or options.say)(
                     f"the command was stopped by the preemption of lease {outcome.preempted.id}; "
                     f"exit code {Preempted.exit_code} (use --requeue to queue again and rerun it)"
@@ -126,6 +128,15 @@ def run(command: Sequence[str], options: RunOptions) -> int:
             except Exception:  # closing must not hide the real outcome
                 log.debug("close failed", exc_info=True)
         relay.restore()
+
+
+def _reruns(preempted: Lease, requeue: bool) -> bool:
+    """Whether a preempted command runs again: as --requeue says, unless its queue's preemption
+    mode says otherwise (requeue: always; kill: never)."""
+    from ..core.suspension import PREEMPT_KILL, PREEMPT_REQUEUE  # lazily: only after a preemption
+
+    mode = preempted.suspension.mode if preempted.suspension is not None else ""
+    return mode == PREEMPT_REQUEUE or (requeue and mode != PREEMPT_KILL)
 
 
 @dataclass
@@ -204,8 +215,10 @@ def _run_once(
             on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn)
         # Imported here, after the command started: `gpupool run`'s start-up stays as light as it was.
         from .preemption import PreemptionWatch
+        from .suspender import Suspender
 
-        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn))
+        suspender = Suspender(client, lease.id, child.pid, keep - {child.pid}, options.suspend_backend, warn)
+        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn), suspender)
         heartbeat = Heartbeat(
             client,
             lease.id,

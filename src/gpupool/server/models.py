@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import Annotated, Any, Dict, List, Optional, Tuple, Type, TypeVar, Union, cast, get_args
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, TypeVar, Union, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -40,6 +40,7 @@ from ..core.model import (
 )
 from ..core.outage import KEY_PATTERN
 from ..core.queues import MAX_QUEUE_GPUS, MAX_WEIGHT
+from ..core.suspension import MAX_ERROR_CHARS, PREEMPT_MODES
 from .auth import ADMIN_NAME, NAME_PATTERN
 
 # The filters a claim sends, in the form `Filter.to_text` writes (`gpupool run --filter` also
@@ -228,6 +229,12 @@ class TokenRequest(_Body):
         return self
 
 
+PREEMPT_MODES_OR_DEFAULT = ("", *PREEMPT_MODES)
+# A runner's error report is kept as one line of MAX_ERROR_CHARS; a longer one is cut, not refused.
+MAX_REPORT_CHARS = 4 * MAX_ERROR_CHARS
+MAX_HOST_BYTES = 1 << 50  # 1 PiB: more host memory than any node has
+
+
 class QueueRequest(_Body):
     """The body of PUT /v1/queues/{name} (the path names the queue)."""
 
@@ -240,9 +247,52 @@ class QueueRequest(_Body):
     limit: Optional[float] = Field(
         None, ge=0, le=MAX_QUEUE_GPUS, description="GPUs at most, borrowing included", json_schema_extra=example(4)
     )
+    preempt: Literal[PREEMPT_MODES_OR_DEFAULT] = Field(  # type: ignore[valid-type]
+        "",
+        description="what preempting its borrowers does; '' = the pool's --preempt",
+        json_schema_extra=example("suspend"),
+    )
 
 
-REQUESTS: Tuple[Type[BaseModel], ...] = (ClaimRequest, TokenRequest, QueueRequest)
+class SuspendRequest(_Body):
+    """The body of POST /v1/leases/{id}/suspend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(
+        "", max_length=MAX_ERROR_CHARS, description="for people: why", json_schema_extra=example("a demo")
+    )
+
+
+class ResumeRequest(_Body):
+    """The body of POST /v1/leases/{id}/resume: nothing (an empty object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RestoredReport(_Body):
+    """The runner's word on a resume (POST /v1/leases/{id}/restored): '' = restored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str = Field("", max_length=MAX_REPORT_CHARS, description="why the restore failed; '' = it worked")
+
+
+class ParkedReport(RestoredReport):
+    """The runner's word on a suspend (POST /v1/leases/{id}/parked): '' = parked."""
+
+    host_bytes: int = Field(0, ge=0, le=MAX_HOST_BYTES, description="GPU memory parked in host memory, bytes")
+
+
+REQUESTS: Tuple[Type[BaseModel], ...] = (
+    ClaimRequest,
+    TokenRequest,
+    QueueRequest,
+    SuspendRequest,
+    ResumeRequest,
+    ParkedReport,
+    RestoredReport,
+)
 Model = TypeVar("Model", bound=BaseModel)
 
 

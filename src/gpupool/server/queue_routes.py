@@ -69,7 +69,8 @@ def parse_queue(name: str, body: Dict[str, Any]) -> QueueSpec:
     """The QueueSpec of a PUT body (`QueueRequest`) for the queue of the path; QueueSpec checks
     the name and what spans fields (a limit below the quota)."""
     request = validated(QueueRequest, body)
-    return QueueSpec(name, request.quota, 1.0 if request.weight is None else request.weight, request.limit)
+    weight = 1.0 if request.weight is None else request.weight
+    return QueueSpec(name, request.quota, weight, request.limit, request.preempt)
 
 
 def parse_since(text: str, now: float) -> float:

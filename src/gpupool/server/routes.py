@@ -21,7 +21,7 @@ from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
 from .auth import Identity, create_token, require_admin, require_queue
 from .handlers import LeaseApi, dumps
-from .models import TokenRequest, validated
+from .models import ParkedReport, RestoredReport, ResumeRequest, SuspendRequest, TokenRequest, validated
 from .wire import check_size, json_object
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
@@ -113,7 +113,8 @@ async def list_leases(api: Api, _identity: Caller) -> Response:
 
 @lease_routes.get(
     "/{lease_id}",
-    summary="One live lease; with ?watch=S, answers when it is preempted or after S seconds (0 < S <= 60)",
+    summary="One live lease; with ?watch=S, answers when its runner has a step to take (preempted, "
+    "to park, to restore) or after S seconds (0 < S <= 60)",
 )
 async def get_lease(
     lease_id: str, request: Request, api: Api, _identity: Caller, watch: Optional[str] = None
@@ -146,9 +147,9 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
     deadline = time.monotonic() + seconds
     next_check = time.monotonic() + WATCH_DISCONNECT_CHECK_S
     while True:
-        lease = api.pool.lease(lease_id)
+        lease = api.pool.watch_step(lease_id)
         now = time.monotonic()
-        if lease.preempted_at is not None or now >= deadline:
+        if lease.needs_runner or now >= deadline:
             return lease
         if now >= next_check:
             if await disconnected():
@@ -160,6 +161,35 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
 @lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
     return json_response(api.heartbeat(identity, lease_id))
+
+
+@lease_routes.post("/{lease_id}/suspend", summary="Suspend a lease: its runner parks it (holder or admin)")
+async def suspend(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    body = validated(SuspendRequest, json_object(await read_body(request)))
+    lease = await run_in_threadpool(api.pool.suspend, lease_id, identity.requester, body.reason)
+    return json_response(lease.to_dict())
+
+
+@lease_routes.post("/{lease_id}/resume", summary="Resume a suspended lease when there is room (holder or admin)")
+async def resume(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    validated(ResumeRequest, json_object(await read_body(request)))
+    lease = await run_in_threadpool(api.pool.resume, lease_id, identity.requester)
+    return json_response(lease.to_dict())
+
+
+@lease_routes.post("/{lease_id}/parked", summary="The runner's word on a suspend: parked, or its error")
+async def parked(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    body = validated(ParkedReport, json_object(await read_body(request)))
+    report = api.pool.report_parked
+    lease = await run_in_threadpool(report, lease_id, identity.requester, body.host_bytes, body.error)
+    return json_response(lease.to_dict())
+
+
+@lease_routes.post("/{lease_id}/restored", summary="The runner's word on a resume: restored, or its error")
+async def restored(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    body = validated(RestoredReport, json_object(await read_body(request)))
+    lease = await run_in_threadpool(api.pool.report_restored, lease_id, identity.requester, body.error)
+    return json_response(lease.to_dict())
 
 
 @lease_routes.delete("/{lease_id}", summary="Release a lease (holder or admin)")

@@ -16,8 +16,19 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
+from ..core.model import LEASE_STATES, RUNNING
 from ..core.queues import USAGE_KEYS
-from .models import REQUESTS, ClaimRequest, Pid, QueueRequest, TokenRequest
+from .models import (
+    REQUESTS,
+    ClaimRequest,
+    ParkedReport,
+    Pid,
+    QueueRequest,
+    RestoredReport,
+    ResumeRequest,
+    SuspendRequest,
+    TokenRequest,
+)
 from .wire import MAX_BODY_BYTES
 
 REF = "#/components/schemas/{model}"
@@ -45,6 +56,28 @@ class AttestBody(BaseModel):
     socket: str
 
 
+class ParkedSliceBody(BaseModel):
+    uuid: str
+    memory_mib: int
+    group: int = 0
+    model: str = ""
+
+
+class SuspensionBody(BaseModel):
+    state: Literal[LEASE_STATES]  # type: ignore[valid-type]
+    by: str
+    reason: str
+    since: float
+    want_resume: bool
+    parked: List[ParkedSliceBody]
+    remap: Dict[str, str] = Field(description="old GPU UUID -> new GPU UUID, while it resumes elsewhere")
+    host_bytes: int = Field(description="what its node parked in host memory")
+    error: str = Field(description="the last suspend or restore that failed")
+    suspended_s: float
+    ticket: Optional[int] = None
+    mode: str = Field("", description="the preemption mode applied to it, '' = not preempted")
+
+
 class LeaseBody(BaseModel):
     id: str
     holder: HolderBody
@@ -56,6 +89,8 @@ class LeaseBody(BaseModel):
     priority: int = 0
     preempt_grace_s: float = 0.0
     preempted_at: Optional[float] = Field(None, description="when the pool told it to stop")
+    state: Literal[LEASE_STATES] = RUNNING  # type: ignore[valid-type]
+    suspension: Optional[SuspensionBody] = None
     attest: Optional[AttestBody] = None
 
 
@@ -92,6 +127,7 @@ class QueueBody(BaseModel):
     quota: float
     weight: float
     limit: Optional[float]
+    preempt: str = Field("", description="what preempting its borrowers does; '' = the pool's --preempt")
     allocated: float
     borrowed: float
     waiting: int
@@ -215,6 +251,10 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/leases/{lease_id}", "get"): (200, "LeaseBody", (400, 401, 404, 503)),
     ("/v1/leases/{lease_id}", "delete"): (200, "Released", (401, 403, 404, 503)),
     ("/v1/leases/{lease_id}/heartbeat", "post"): (200, "LeaseBody", (401, 403, 404, 503)),
+    ("/v1/leases/{lease_id}/suspend", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/leases/{lease_id}/resume", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/leases/{lease_id}/parked", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/leases/{lease_id}/restored", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/status", "get"): (200, "PoolStatusBody", (401, 503)),
     ("/v1/devices", "get"): (200, "DeviceList", (401, 503)),
     ("/v1/tokens", "post"): (201, "TokenBody", (400, 401, 403, 413, 503)),
@@ -232,6 +272,10 @@ REQUEST_BODIES = {
     ("/v1/leases", "post"): ClaimRequest.__name__,
     ("/v1/tokens", "post"): TokenRequest.__name__,
     ("/v1/queues/{name}", "put"): QueueRequest.__name__,
+    ("/v1/leases/{lease_id}/suspend", "post"): SuspendRequest.__name__,
+    ("/v1/leases/{lease_id}/resume", "post"): ResumeRequest.__name__,
+    ("/v1/leases/{lease_id}/parked", "post"): ParkedReport.__name__,
+    ("/v1/leases/{lease_id}/restored", "post"): RestoredReport.__name__,
 }
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",
@@ -275,8 +319,11 @@ def ref(name: str) -> Dict[str, str]:
 
 
 def request_body(name: str) -> Dict[str, Any]:
-    """The `requestBody` of an operation whose JSON body (schema `name`) we parse ourselves."""
-    return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
+    """The `requestBody` of an operation whose JSON body (schema `name`) we parse ourselves; one
+    whose fields all have defaults may be left out (json_object reads no body as {})."""
+    model = next(m for m in REQUESTS if m.__name__ == name)
+    required = any(field.is_required() for field in model.model_fields.values())
+    return {"required": required, "content": {"application/json": {"schema": ref(name)}}}
 
 
 __all__: List[str] = [
