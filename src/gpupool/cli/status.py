@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from ..core.suspension import RESUMING, RUNNING, SUSPENDED
 from .pool_options import add_pool_arguments, pool_kwargs
 
 if TYPE_CHECKING:
@@ -104,17 +105,11 @@ def handle_status(args: argparse.Namespace) -> int:
         if proc["lease_id"]:
             lease_used[proc["lease_id"]] = lease_used.get(proc["lease_id"], 0) + proc["memory_mib"]
     if data["leases"]:
-        now = time.time()
-        rows = []
+        print(lease_table(data["leases"], lease_used if usage else None))
         for lease in data["leases"]:
-            holder = lease["holder"]
-            who = f"{holder['name'] or '?'}@{holder['host']}:{holder['pid']}" if holder["host"] else holder["name"]
-            gpus = ", ".join(f"{d['uuid']}={_mib(d['memory_mib'])}" for d in lease["devices"])
-            used = _mib(lease_used.get(lease["id"], 0)) if usage else "-"
-            rows.append(
-                [lease["id"], who, holder.get("label", ""), gpus, used, f"{max(lease['expires_at'] - now, 0):.0f}s"]
-            )
-        print(_table(["LEASE", "HOLDER", "LABEL", "GPUS", "USED", "EXPIRES IN"], rows))
+            error = (lease.get("suspension") or {}).get("error")
+            if error:  # the last suspend or restore that failed: the runner's one line
+                print(f"lease {lease['id']} ({lease.get('state', RUNNING)}): {error}")
     else:
         print("no leases")
     print(f"queued claims: {data['queued']}")
@@ -199,8 +194,6 @@ def handle_release(args: argparse.Namespace) -> int:
 
 def handle_suspend(args: argparse.Namespace) -> int:
     def suspend(client: PoolClient) -> int:
-        from ..core.model import SUSPENDED
-
         client.suspend(args.lease_id, args.reason)
         return _await_state(client, args.lease_id, SUSPENDED, args.wait)
 
@@ -209,8 +202,6 @@ def handle_suspend(args: argparse.Namespace) -> int:
 
 def handle_resume(args: argparse.Namespace) -> int:
     def resume(client: PoolClient) -> int:
-        from ..core.model import RUNNING
-
         client.resume(args.lease_id)
         return _await_state(client, args.lease_id, RUNNING, args.wait)
 
@@ -264,6 +255,36 @@ def _device_table(devices: Sequence[Dict[str, Any]], usage: Optional[Dict[str, A
     return _table(["GPU", "NODE", "UUID", "NAME", "MEMORY", "ALLOCATED", "FREE", "USED"], rows)
 
 
+def lease_table(leases: Sequence[Dict[str, Any]], used: Optional[Dict[str, int]] = None, now: float = 0.0) -> str:
+    """Leases as `Lease.to_dict()` writes them; `used`: sampled MiB per lease id (None: not sampled)."""
+    now = now or time.time()
+    rows = []
+    for lease in leases:
+        holder = lease["holder"]
+        who = f"{holder['name'] or '?'}@{holder['host']}:{holder['pid']}" if holder["host"] else holder["name"]
+        gpus = ", ".join(f"{d['uuid']}={_mib(d['memory_mib'])}" for d in lease["devices"])
+        suspension = lease.get("suspension") or {}
+        state = lease.get("state", RUNNING)
+        # What a suspended lease parked in host memory: the GPUs it had and the bytes the node reported.
+        parked = "-"
+        if state in (SUSPENDED, RESUMING) and suspension:
+            was = sum(int(p["memory_mib"]) for p in suspension.get("parked", ()))
+            parked = f"{_gib(int(suspension.get('host_bytes', 0)))} host ({_mib(was)} GPU)"
+        rows.append(
+            [
+                lease["id"],
+                who,
+                holder.get("label", ""),
+                state,
+                gpus or "-",
+                "-" if used is None else _mib(used.get(lease["id"], 0)),
+                parked,
+                f"{max(lease['expires_at'] - now, 0):.0f}s",
+            ]
+        )
+    return _table(["LEASE", "HOLDER", "LABEL", "STATE", "GPUS", "USED", "PARKED", "EXPIRES IN"], rows)
+
+
 def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
     """Queues as `QueueStatus.to_dict()` writes them, as the table of `status` and `queue list`."""
     rows = [
@@ -285,6 +306,11 @@ def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
 def gpus(value: float) -> str:
     """GPUs (or any quantity of them) to two decimals at most: 1.5, 0.33, 2."""
     return f"{round(float(value), 2):g}"
+
+
+def _gib(n_bytes: int) -> str:
+    """Bytes in GiB to two decimals: 2147483648 -> '2GiB', 0 -> '0GiB'."""
+    return f"{round(n_bytes / 2**30, 2):g}GiB"
 
 
 def _mib(mib: int) -> str:
