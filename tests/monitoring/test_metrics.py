@@ -122,6 +122,11 @@ def test_per_queue_series(live_metrics):
     assert 'gpupool_queue_allocated_gpus{queue="team-a"} 0.25' in live_metrics
     assert "# TYPE gpupool_queue_preemptions_total counter" in live_metrics
     assert 'gpupool_queue_preemptions_total{queue="team-a"} 0.0' in live_metrics
+    # suspension (issue 28): zeros per queue before any lease is suspended, histograms for promtool
+    assert 'gpupool_lease_suspended{queue="team-a"} 0.0' in live_metrics
+    assert 'gpupool_suspended_host_bytes{queue=""} 0.0' in live_metrics
+    for step in ("suspend", "resume"):
+        assert f"# TYPE gpupool_{step}_seconds histogram" in live_metrics
 
 
 def test_grafana_dashboard_queries_only_exported_metrics(live_metrics):

@@ -27,6 +27,7 @@ from ..core.errors import (
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease
+from ..core.suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING
 from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
@@ -104,6 +105,34 @@ class LeaseApi:
         self.pool.release(lease_id, identity.requester)
         self.metrics.releases.inc()
         return {"released": lease_id}
+
+    def parked(self, identity: Identity, lease_id: str, host_bytes: int, error: str) -> Lease:
+        """POST /v1/leases/{id}/parked: the runner's word on a suspend, timed when it parked."""
+        return self._timed_step(identity, lease_id, SUSPENDED, self.metrics.suspend_seconds.observe, host_bytes, error)
+
+    def restored(self, identity: Identity, lease_id: str, error: str) -> Lease:
+        """POST /v1/leases/{id}/restored: the runner's word on a resume, timed when it runs again."""
+        return self._timed_step(identity, lease_id, RUNNING, self.metrics.resume_seconds.observe, 0, error)
+
+    def _timed_step(
+        self,
+        identity: Identity,
+        lease_id: str,
+        done: str,
+        observe: Callable[[float], None],
+        host_bytes: int,
+        error: str,
+    ) -> Lease:
+        """Report a runner's step and observe its seconds: from the step's start (the suspension's
+        `since`, read before the report moves it) to the report, when it reached state `done`."""
+        before = self.pool.lease(lease_id).suspension
+        if done == SUSPENDED:
+            after = self.pool.report_parked(lease_id, identity.requester, host_bytes, error)
+        else:
+            after = self.pool.report_restored(lease_id, identity.requester, error)
+        if before is not None and before.state in (SUSPENDING, RESUMING) and after.state == done:
+            observe(max(0.0, self.pool.clock() - before.since))
+        return after
 
     async def _claim(
         self, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, disconnected: Disconnected, key: str = ""

@@ -25,6 +25,7 @@ from .. import __version__
 from ..core.model import pod_of_label
 from ..core.queues import QueuedClaim
 from ..core.status import PoolStatus
+from ..core.suspension import RESUMING, SUSPENDED
 from ..core.usage import Violation
 from ..pool import Pool
 
@@ -38,6 +39,10 @@ MIB_BYTES = 1024 * 1024
 DEVICE_LABELS = ["uuid", "index", "name", "node"]
 HOLDER_LABELS = ["holder", "namespace", "pod"]
 LEASE_LABELS = ["lease", *HOLDER_LABELS]
+# A resuming lease still holds its parked state in host memory until its runner restores it.
+PARKED_STATES = (SUSPENDED, RESUMING)
+# Suspend and resume move GPU memory through host memory at a few GiB/s: seconds to minutes.
+STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 class PoolCollector(Collector):
@@ -55,6 +60,7 @@ class PoolCollector(Collector):
             return
         yield from _device_metrics(status)
         yield from _lease_metrics(status)
+        yield from _suspension_metrics(status)
         yield from _queue_metrics(status, queue, time.time())
         yield from _team_queue_metrics(status)
         yield from _usage_metrics(status)
@@ -131,6 +137,29 @@ def _lease_metrics(status: PoolStatus) -> Iterator[Metric]:
         holder_leases.add_metric(list(holder), count)
         holder_bytes.add_metric(list(holder), mib * MIB_BYTES)
     yield from (by_slice, started, holder_leases, holder_bytes)
+
+
+def _suspension_metrics(status: PoolStatus) -> Iterator[Metric]:
+    """Suspended leases and the host memory they hold, per queue ('' = no queue), zeros included."""
+    labels = ["queue"]
+    suspended = GaugeMetricFamily(
+        "gpupool_lease_suspended", "Leases suspended now (their GPU state parked in host memory)", labels=labels
+    )
+    host = GaugeMetricFamily(
+        "gpupool_suspended_host_bytes", "Host memory holding the parked GPU state of suspended leases", labels=labels
+    )
+    # Every queue has a series from the start, so rate() and alerts see 0 rather than nothing.
+    per_queue: Dict[str, Tuple[int, int]] = {q.spec.name: (0, 0) for q in status.queues}
+    per_queue.setdefault("", (0, 0))
+    for lease in status.leases:
+        if lease.suspension is None or lease.state not in PARKED_STATES:
+            continue
+        count, held = per_queue.get(lease.queue, (0, 0))
+        per_queue[lease.queue] = (count + 1, held + lease.suspension.host_bytes)
+    for queue, (count, held) in sorted(per_queue.items()):
+        suspended.add_metric([queue], count)
+        host.add_metric([queue], held)
+    yield from (suspended, host)
 
 
 def _queue_metrics(status: PoolStatus, queue: Sequence[QueuedClaim], now: float) -> Iterator[Metric]:
@@ -248,6 +277,18 @@ class Metrics:
             "gpupool_releases", "Leases released by their holder or an admin", registry=self.registry
         )
         self.expired = Counter("gpupool_leases_expired", "Leases reclaimed after their TTL", registry=self.registry)
+        self.suspend_seconds = Histogram(
+            "gpupool_suspend_seconds",
+            "From a suspend's ask to its runner's report that the lease is parked",
+            registry=self.registry,
+            buckets=STEP_BUCKETS,
+        )
+        self.resume_seconds = Histogram(
+            "gpupool_resume_seconds",
+            "From a resume's room given to its runner's report that the lease runs again",
+            registry=self.registry,
+            buckets=STEP_BUCKETS,
+        )
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -180,15 +180,14 @@ async def resume(lease_id: str, request: Request, api: Api, identity: Caller) ->
 @lease_routes.post("/{lease_id}/parked", summary="The runner's word on a suspend: parked, or its error")
 async def parked(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
     body = validated(ParkedReport, json_object(await read_body(request)))
-    report = api.pool.report_parked
-    lease = await run_in_threadpool(report, lease_id, identity.requester, body.host_bytes, body.error)
+    lease = await run_in_threadpool(api.parked, identity, lease_id, body.host_bytes, body.error)
     return json_response(lease.to_dict())
 
 
 @lease_routes.post("/{lease_id}/restored", summary="The runner's word on a resume: restored, or its error")
 async def restored(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
     body = validated(RestoredReport, json_object(await read_body(request)))
-    lease = await run_in_threadpool(api.pool.report_restored, lease_id, identity.requester, body.error)
+    lease = await run_in_threadpool(api.restored, identity, lease_id, body.error)
     return json_response(lease.to_dict())
 
 
