@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from gpupool.core.model import Claim, Device, Holder, Lease, Slice, pod_of_label
 from gpupool.core.queues import QueuedClaim
 from gpupool.core.status import PoolStatus
+from gpupool.core.suspension import RUNNING, SUSPENDED
 from gpupool.core.usage import (
     DeviceUsage,
     EnforcementAction,
@@ -125,6 +126,22 @@ def test_page_shows_gpus_leases_and_their_usage(client, pool):
     assert "2.93GiB used" in html  # what the lease's processes use, in its bar segment's title
     assert 'class="unleased"' in html and "Processes of no lease" in html
     assert "unleased: 1" in html and ">warn<" in html
+
+
+def test_a_suspended_lease_shows_its_state_and_what_it_parked(client, pool):
+    running = client.post("/v1/leases", json=HALF, headers=H).json()
+    parked = client.post("/v1/leases", json=HALF, headers=H).json()
+    assert client.post(f"/v1/leases/{parked['id']}/suspend", json={}, headers=H).status_code == 200
+    assert client.post(f"/v1/leases/{parked['id']}/parked", json={"host_bytes": 3 << 30}, headers=H).status_code == 200
+    html = client.get("/ui/live", headers=H).text
+    rows = {row.split('"', 1)[0]: row for row in html.split('data-lease="')[1:]}
+    assert f'class="lease-state {SUSPENDED}">{SUSPENDED}</span> <small>3GiB parked</small>' in rows[parked["id"]]
+    assert f'class="lease-state {RUNNING}">{RUNNING}</span></td>' in rows[running["id"]]
+    # A restore that failed leaves it suspended, marked, with the runner's error in the title.
+    client.post(f"/v1/leases/{parked['id']}/resume", json={}, headers=H)
+    client.post(f"/v1/leases/{parked['id']}/restored", json={"error": "CUDA_ERROR_OUT_OF_MEMORY"}, headers=H)
+    html = client.get("/ui/live", headers=H).text
+    assert f'class="lease-state {SUSPENDED} bad" title="CUDA_ERROR_OUT_OF_MEMORY">{SUSPENDED}</span>' in html
 
 
 def test_live_part_is_gzipped_for_browsers(client):

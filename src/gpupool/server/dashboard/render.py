@@ -14,7 +14,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import shapes
 from .history import Point
-from .units import clock, duration, mib, percent
+from .units import clock, duration, gib, mib, percent
 from .view import DashboardView
 
 STATIC = "/ui/static"
@@ -30,7 +30,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
         auto_reload=False,  # the templates are package data: read once
     )
-    env.filters.update(mib=mib, duration=duration, percent=percent, clock=clock, num=format)
+    env.filters.update(mib=mib, gib=gib, duration=duration, percent=percent, clock=clock, num=format)
     env.globals.update(STATIC=STATIC, REFRESH_MS=REFRESH_MS, BAR_W=shapes.BAR_W, bar=shapes.bar)
     env.globals.update(CHART_W=shapes.CHART_W, CHART_H=shapes.CHART_H, charts=shapes.charts)
     return env

@@ -13,6 +13,11 @@ def mib(value: Optional[int]) -> str:
     return "–" if value is None else format_mib(int(value))
 
 
+def gib(n_bytes: Optional[int]) -> str:
+    """Bytes in GiB to two decimals (host memory a suspended lease parked); '–' when unknown."""
+    return "–" if n_bytes is None else f"{round(int(n_bytes) / 2**30, 2):g}GiB"
+
+
 def duration(seconds: float) -> str:
     """A short human duration: 42s, 3m 05s, 2h 07m, 3d 4h."""
     s = int(max(0.0, seconds))

@@ -15,8 +15,11 @@ from ...core.model import Device, Holder, Lease, pod_of_label
 from ...core.placement import place
 from ...core.queues import QueuedClaim, QueueStatus
 from ...core.status import PoolStatus
+from ...core.suspension import RESUMING, RUNNING, SUSPENDED
 from ...core.usage import EnforcementAction, ProcessUsage
 
+# A resuming lease's state stays in host memory until its runner restores it.
+PARKED_STATES = (SUSPENDED, RESUMING)
 LEASE_LIMIT = 500  # lease rows on one page; the rest is counted, and found with the filter
 
 
@@ -61,6 +64,9 @@ class LeaseRow:
     used_mib: Optional[int]
     age_s: float
     expires_in_s: float
+    state: str = RUNNING  # core.suspension's words: running, suspending, suspended, resuming
+    parked_bytes: Optional[int] = None  # host memory holding a suspended lease's GPU state; None: not parked
+    error: str = ""  # its last suspend or restore that failed
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,7 @@ def _lease_rows(
     rows = []
     for lease in kept[:limit]:
         namespace, pod = pod_of_label(lease.holder.label)
+        suspension = lease.suspension
         rows.append(
             LeaseRow(
                 lease=lease,
@@ -263,6 +270,9 @@ def _lease_rows(
                 used_mib=None if used is None else used.get(lease.id, 0),
                 age_s=max(0.0, now - lease.created_at),
                 expires_in_s=lease.expires_at - now,
+                state=lease.state,
+                parked_bytes=suspension.host_bytes if suspension and lease.state in PARKED_STATES else None,
+                error=suspension.error if suspension else "",
             )
         )
     return tuple(rows)
