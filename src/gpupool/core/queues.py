@@ -24,9 +24,10 @@ from .model import reap_at as reap_at
 from .suspension import check_preempt_mode
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
-    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
     from .placement import Placement
+    from .suspension import ParkedSlice
 
     Placer = Callable[[Mapping[str, int]], Placement]
 
@@ -197,7 +198,7 @@ def memory_by_uuid(devices: Iterable[Device]) -> Dict[str, int]:
     return {d.uuid: d.memory_mib for d in devices}
 
 
-def slices_gpus(slices: Iterable[Slice], memory_of: Mapping[str, int]) -> float:
+def slices_gpus(slices: Iterable[Union[Slice, ParkedSlice]], memory_of: Mapping[str, int]) -> float:
     """GPUs' worth of `slices`; a slice on a device that is gone counts as a whole GPU."""
     total = 0.0
     for s in slices:
@@ -208,6 +209,14 @@ def slices_gpus(slices: Iterable[Slice], memory_of: Mapping[str, int]) -> float:
 
 def lease_gpus(lease: Lease, memory_of: Mapping[str, int]) -> float:
     return slices_gpus(lease.slices, memory_of)
+
+
+def used_gpus(lease: Lease, memory_of: Mapping[str, int]) -> float:
+    """GPUs' worth a lease is accounted for: its slices, or those it parked while it holds none
+    (suspended); the seconds it is suspended are taken off apart (UsageSpan.suspended_s)."""
+    if lease.slices or lease.suspension is None:
+        return lease_gpus(lease, memory_of)
+    return slices_gpus(lease.suspension.parked, memory_of)
 
 
 def claim_gpus(claim: Claim, devices: Sequence[Device]) -> float:
@@ -431,9 +440,19 @@ class UsageSpan:
     gpus: float
     start: float
     end: Optional[float]
+    suspended_s: float = 0.0  # seconds of the span it was suspended: not GPU time
 
     def key(self, by: str) -> str:
         return {"queue": self.queue, "holder": self.holder, "label": self.label}[by]
+
+
+def _running_share(span: UsageSpan, until: float) -> float:
+    """The share of `span` it was not suspended. When in the span it was suspended is not kept,
+    so a window that clips the span takes its suspended seconds in proportion (a whole span: exactly)."""
+    whole = (until if span.end is None else span.end) - span.start
+    if span.suspended_s <= 0 or whole <= 0:
+        return 1.0
+    return max(0.0, 1.0 - span.suspended_s / whole)
 
 
 def usage_rows(spans: Iterable[UsageSpan], since: float, until: float, by: str) -> List[UsageRow]:
@@ -447,7 +466,7 @@ def usage_rows(spans: Iterable[UsageSpan], since: float, until: float, by: str) 
             continue  # outside the window
         overlap = end - max(span.start, since)
         key = span.key(by)
-        seconds[key] = seconds.get(key, 0.0) + max(0.0, overlap) * span.gpus
+        seconds[key] = seconds.get(key, 0.0) + max(0.0, overlap) * span.gpus * _running_share(span, until)
         counts[key] = counts.get(key, 0) + 1
     return sorted((UsageRow(k, seconds[k], counts[k]) for k in seconds), key=lambda r: (-r.gpu_seconds, r.key))
 
@@ -471,6 +490,7 @@ __all__ = [
     "choose_victims",
     "claim_gpus",
     "lease_gpus",
+    "used_gpus",
     "slices_gpus",
     "queue_statuses",
     "usage_rows",

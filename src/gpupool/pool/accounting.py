@@ -12,26 +12,24 @@ from ..core.model import Device
 from ..store.tx import Tx
 
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Sequence
+    from typing import List, Mapping, Sequence
 
     from ..core.queues import QueueStatus, UsageRow
 
 
 def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: str, now: float) -> List[UsageRow]:
     """GPU-seconds per `by` key over [since, until]: ended leases from the history, live ones up to now."""
-    from ..core.queues import UsageSpan, lease_gpus, usage_rows  # lazily, as in statuses
+    from ..core.queues import UsageSpan, usage_rows, used_gpus  # lazily, as in statuses
 
-    spans = [
-        UsageSpan(queue, holder, label, gpus, start, end)
-        for queue, holder, label, gpus, start, end in tx.history(since, until)
-    ]
+    spans = [UsageSpan(*row) for row in tx.history(since, until)]
     for lease in tx.leases("created_at <= ?", (until,)):
         # A live lease is used until now; one past its expiry that nobody reclaimed yet, until then.
-        end: Optional[float] = min(now, lease.expires_at)
+        end = min(now, lease.expires_at)
+        # Suspended time is not GPU time (issue 28): a suspended lease is counted by what it parked.
+        suspended_s = 0.0 if lease.suspension is None else lease.suspension.suspended_seconds(end)
+        gpus = used_gpus(lease, memory_of)
         spans.append(
-            UsageSpan(
-                lease.queue, lease.holder.name, lease.holder.label, lease_gpus(lease, memory_of), lease.created_at, end
-            )
+            UsageSpan(lease.queue, lease.holder.name, lease.holder.label, gpus, lease.created_at, end, suspended_s)
         )
     return usage_rows(spans, since, until, by)
 

@@ -4,7 +4,8 @@ Leases keep their slices in a table of their own (not a JSON column) so the
 allocation per device is one indexed SUM instead of decoding every lease.
 """
 
-SCHEMA_VERSION = 4  # 3: queues, lease history, queue/priority/preemption columns; 4: suspensions
+SCHEMA_VERSION = 4  # 3: queues, lease history, queue/priority/preemption columns; 4: suspensions (and
+# lease_history.suspended_s)
 # Where a token came from (tokens.origin). A token of version 1 has none recorded
 # ("legacy"): it may have been minted by a server running without auth, so an
 # authenticating server does not honour it (see server/auth.py).
@@ -91,7 +92,8 @@ CREATE TABLE IF NOT EXISTS lease_history (
     started_at   REAL NOT NULL,
     ended_at     REAL NOT NULL,
     reason       TEXT NOT NULL,     -- HISTORY_REASONS
-    preempted_at REAL
+    preempted_at REAL,
+    suspended_s  REAL NOT NULL DEFAULT 0  -- seconds of [started_at, ended_at] it was suspended: not GPU time
 );
 """
 
@@ -111,6 +113,7 @@ ADDED_COLUMNS = {
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
     ),
     "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"),),
+    "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"),),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),

@@ -10,6 +10,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from ..core.model import Device, Holder, Lease, Slice
+from ..core.suspension import RESUMING, SUSPENDED
 from .schema import KEY_INDEX
 
 if TYPE_CHECKING:
@@ -328,21 +329,36 @@ class Tx:
         """Copy a lease that ends into the history (reason: schema.HISTORY_REASONS); call it before
         deleting the lease, in the same transaction. Its size in GPUs is its slices' MiB over their
         devices' (a device that is gone counts whole), computed by SQLite: a release stays one
-        statement longer, with no rows coming back to Python."""
+        statement longer, with no rows coming back to Python. A lease that ends suspended holds no
+        slices: the ones it parked give its size. Its seconds suspended (not GPU time) come from its
+        suspension record: those before the record's `since`, and since then while parked."""
         self.conn.execute(
             "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
-            "preempted_at) SELECT l.id, l.queue, l.holder_name, COALESCE(json_extract(l.holder, '$.label'), ''), "
-            "(SELECT COALESCE(SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END), 0) "
+            "preempted_at, suspended_s) SELECT l.id, l.queue, l.holder_name, "
+            "COALESCE(json_extract(l.holder, '$.label'), ''), COALESCE("
+            "(SELECT SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END) "
             "FROM slices s LEFT JOIN devices d ON d.uuid = s.device_uuid WHERE s.lease_id = l.id), "
-            "l.created_at, ?, ?, l.preempted_at FROM leases l WHERE l.id = ?",
-            (ended_at, reason, lease_id),
+            "(SELECT SUM(CASE WHEN d.memory_mib > 0 THEN json_extract(p.value, '$.memory_mib') * 1.0 / d.memory_mib "
+            "ELSE 1.0 END) FROM suspensions su JOIN json_each(su.record, '$.parked') p "
+            "LEFT JOIN devices d ON d.uuid = json_extract(p.value, '$.uuid') WHERE su.lease_id = l.id), 0), "
+            "l.created_at, :ended_at, :reason, l.preempted_at, COALESCE("
+            "(SELECT json_extract(su.record, '$.suspended_s') + CASE WHEN su.state IN (:suspended, :resuming) "
+            "THEN MAX(0, :ended_at - json_extract(su.record, '$.since')) ELSE 0 END "
+            "FROM suspensions su WHERE su.lease_id = l.id), 0) FROM leases l WHERE l.id = :lease_id",
+            {
+                "ended_at": ended_at,
+                "reason": reason,
+                "lease_id": lease_id,
+                "suspended": SUSPENDED,
+                "resuming": RESUMING,
+            },
         )
 
-    def history(self, since: float, until: float) -> List[Tuple[str, str, str, float, float, float]]:
-        """(queue, holder name, label, gpus, started_at, ended_at) of leases that ended after
-        `since` and started before `until`."""
+    def history(self, since: float, until: float) -> List[Tuple[str, str, str, float, float, float, float]]:
+        """(queue, holder name, label, gpus, started_at, ended_at, suspended_s) of leases that ended
+        after `since` and started before `until`."""
         return self.conn.execute(
-            "SELECT queue, holder_name, label, gpus, started_at, ended_at FROM lease_history "
+            "SELECT queue, holder_name, label, gpus, started_at, ended_at, suspended_s FROM lease_history "
             "WHERE ended_at >= ? AND started_at <= ? ORDER BY ended_at",
             (since, until),
         ).fetchall()
