@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 # How long `gpupool suspend` and `resume` wait for the runner to take the step, by default.
 SUSPEND_WAIT_S = 60.0
-WATCH_STEP_S = 5.0  # one watch of the lease while waiting
 AWAIT_POLL_S = 0.1  # between looks while the runner is taking the step
 
 
@@ -210,10 +209,21 @@ def handle_resume(args: argparse.Namespace) -> int:
 
 def _await_state(client: PoolClient, lease_id: str, state: str, wait_s: float) -> int:
     """Say when lease `lease_id` reaches `state` (0), fails the step (1) or `wait_s` runs out (1)."""
+    from ..core.errors import NotFound
+    from ..core.model import RESUMING, RUNNING
+
     deadline = time.monotonic() + max(0.0, wait_s)
     started = time.monotonic()
+    seen = ""
     while True:
-        lease = client.watch(lease_id, min(WATCH_STEP_S, max(deadline - time.monotonic(), 0.01)))
+        try:
+            lease = client.get_lease(lease_id)
+        except NotFound:
+            if state == RUNNING and seen == RESUMING:  # restored, and its command has finished since
+                print(f"gpupool: lease {lease_id} resumed, and its command has ended since", file=sys.stderr)
+                return 0
+            raise
+        seen = lease.state
         error = lease.suspension.error if lease.suspension is not None else ""
         if lease.state == state:
             took = time.monotonic() - started
@@ -293,6 +303,7 @@ def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
             gpus(q["quota"]),
             gpus(q["weight"]),
             "-" if q.get("limit") is None else gpus(q["limit"]),
+            q.get("preempt") or "-",  # '-': the pool's --preempt
             gpus(q["allocated"]),
             gpus(q["borrowed"]),
             str(q["waiting"]),
@@ -300,7 +311,8 @@ def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
         ]
         for q in queues
     ]
-    return _table(["QUEUE", "QUOTA", "WEIGHT", "LIMIT", "ALLOCATED", "BORROWED", "WAITING", "PREEMPTED"], rows)
+    header = ["QUEUE", "QUOTA", "WEIGHT", "LIMIT", "PREEMPT", "ALLOCATED", "BORROWED", "WAITING", "PREEMPTED"]
+    return _table(header, rows)
 
 
 def gpus(value: float) -> str:

@@ -46,6 +46,10 @@ class PoolClient(abc.ABC):
         """Devices, their allocation, and the live leases."""
 
     @abc.abstractmethod
+    def get_lease(self, lease_id: str) -> Lease:
+        """One live lease by id (NotFound when it expired or was released)."""
+
+    @abc.abstractmethod
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
         """The lease as soon as its runner has a step to take (`Lease.needs_runner`: preempted, to
         park, to restore), else after `timeout_s`; NotFound when it is gone. A server bounds
