@@ -49,11 +49,12 @@ def test_queues_on_the_embedded_pool(tmp_path):
         ("team-b", 0.5, 1, 2),
     ]
     table = gpupool("queue", "list", env=env).stdout
-    assert table.splitlines()[0].split()[:7] == [
+    assert table.splitlines()[0].split()[:8] == [
         "QUEUE",
         "QUOTA",
         "WEIGHT",
         "LIMIT",
+        "PREEMPT",
         "ALLOCATED",
         "BORROWED",
         "WAITING",

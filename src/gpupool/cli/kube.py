@@ -16,7 +16,7 @@ from pathlib import Path
 from ..core.errors import InvalidInput
 from ..kube.dra import DEFAULT_DRIVER
 from ..kube.dra.cdi import DEFAULT_CDI_DIR
-from .server import add_enforcement_arguments, node_enforcement
+from .server import add_enforcement_arguments, add_preempt_argument, node_enforcement
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,6 +111,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"the DRA driver name (default {DEFAULT_DRIVER})")
     p.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"where DRA writes CDI specs (default {DEFAULT_CDI_DIR})")
     p.add_argument("--no-device-plugin", action="store_true", help="with --dra: serve DRA only")
+    add_preempt_argument(p)
     add_enforcement_arguments(p)
     p.set_defaults(func=handle_agent)
 
@@ -243,6 +244,7 @@ def handle_agent(args: argparse.Namespace) -> int:
         live_pods_file=args.live_pods_file,
         reap_interval_s=args.reap_interval,
         enforcement=node_enforcement(args),
+        preempt_mode=args.preempt,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_ca_cert=args.tls_ca_cert,

@@ -8,6 +8,7 @@ import math
 import sys
 from typing import Optional
 
+from ..core.suspension import PREEMPT_MODES
 from .pool_options import add_pool_arguments, connect_one
 
 
@@ -27,6 +28,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--quota", required=True, metavar="GPUS", help="GPUs guaranteed; fractions allowed (1.5)")
     s.add_argument("--weight", default="1", metavar="W", help="share of idle GPUs it may borrow (default 1)")
     s.add_argument("--limit", default=None, metavar="GPUS", help="GPUs at most, borrowing included (default none)")
+    s.add_argument(
+        "--preempt",
+        choices=PREEMPT_MODES,
+        default="",
+        help="what preempting its borrowing leases does: suspend (park the GPU state, resume when there is room), "
+        "requeue (stop and run again) or kill (stop); default: the pool's (gpupool server --preempt)",
+    )
     add_pool_arguments(s)
     s.set_defaults(func=handle_set)
 
@@ -56,13 +64,15 @@ def handle_set(args: argparse.Namespace) -> int:
             "quota": gpus_flag("--quota", args.quota),
             "weight": gpus_flag("--weight", args.weight),
             "limit": None if args.limit is None else gpus_flag("--limit", args.limit),
+            "preempt": args.preempt,
         }
     )
     with connect_one(args, "gpupool queue set") as client:
         status = client.set_queue(spec)
     limit = "" if status.spec.limit is None else f", limit {status.spec.limit:g}"
+    preempt = f", preempt {status.spec.preempt}" if status.spec.preempt else ""
     print(
-        f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit} "
+        f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit}{preempt} "
         f"on {client.address}",
         file=sys.stderr,
     )

@@ -54,8 +54,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a preempted job gets between SIGTERM and SIGKILL, unless its claim names its own "
         f"(default {DEFAULT_PREEMPT_GRACE_S:g})",
     )
+    add_preempt_argument(p)
     add_enforcement_arguments(p)
     p.set_defaults(func=handle)
+
+
+def add_preempt_argument(p: argparse.ArgumentParser) -> None:
+    """--preempt: what preempting a borrowing lease does in a queue that does not say (the server and the agent)."""
+    from ..core.suspension import DEFAULT_PREEMPT_MODE, PREEMPT_MODES
+
+    p.add_argument(
+        "--preempt",
+        choices=PREEMPT_MODES,
+        default=DEFAULT_PREEMPT_MODE,
+        help="what preempting a borrowing lease does, in queues that do not say (gpupool queue set --preempt): "
+        "suspend (park its GPU state in host memory, resume it when there is room; default), requeue (stop it "
+        "and run it again) or kill (stop it)",
+    )
 
 
 def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,6 +132,7 @@ def handle(args: argparse.Namespace) -> int:
             allow_hosts=args.allow_host,
             ttl_s=args.ttl,
             preempt_grace_s=args.preempt_grace,
+            preempt_mode=args.preempt,
             log_level="info" if args.verbose else "warning",
             enforcement=node_enforcement(args),
             jobs=reader(args.state),  # jobs submitted into this state dir show on the dashboard

@@ -143,7 +143,7 @@ class QueueStatus:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueStatus:
-        spec = QueueSpec.from_dict({k: data[k] for k in ("name", "quota", "weight", "limit") if k in data})
+        spec = QueueSpec.from_dict({k: data[k] for k in ("name", "quota", "weight", "limit", "preempt") if k in data})
         return cls(
             spec,
             float(data.get("allocated", 0.0)),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Set, Tuple
 
 from ..core.attestation import SOCKET_ENV
 from ..core.model import Lease, pod_uid_of_label
+from ..core.suspension import DEFAULT_PREEMPT_MODE
 from ..enforcement.attest import socket_path
 from ..pool import Pool
 from ..server.serve import NodeEnforcement
@@ -48,6 +49,7 @@ class AgentConfig:
     in_cluster: bool = True  # reap with the node's pod list from the API server
     live_pods_file: Optional[str] = None  # reap with the pod UIDs of this file instead (tests, development)
     enforcement: NodeEnforcement = field(default_factory=NodeEnforcement)  # isolation mode and watchdog
+    preempt_mode: str = DEFAULT_PREEMPT_MODE  # what preempting a borrower does in queues that do not say
     # TLS: a serving certificate as files, or the agents' CA, from which the agent issues itself one
     # for its node's IP at start (deploy/: Secret gpupool-agent-ca). Plain HTTP only on loopback.
     tls_cert: Optional[str] = None
@@ -264,6 +266,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             device_list=devices,
             node=node,
             enforcement=config.enforcement,
+            preempt_mode=config.preempt_mode,
             tls_cert=cert,
             tls_key=key,
         )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 from ..core.errors import InvalidInput, StateUnusable
 from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import DEFAULT_PREEMPT_GRACE_S, MAX_PREEMPT_GRACE_S, Device
+from ..core.suspension import DEFAULT_PREEMPT_MODE
 from ..core.usage import EnforceMode
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
 from ..pool import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, Pool
@@ -72,6 +73,8 @@ class ServerConfig:
     ttl_s: float = DEFAULT_TTL_S
     # Seconds a preempted lease's runner waits between SIGTERM and SIGKILL (a claim may name its own).
     preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S
+    # What preempting a borrowing lease does in a queue that does not say (core.suspension.PREEMPT_MODES).
+    preempt_mode: str = DEFAULT_PREEMPT_MODE
     expire_interval_s: float = 1.0
     log_level: str = "warning"
     enforcement: NodeEnforcement = field(default_factory=lambda: NodeEnforcement())
@@ -166,6 +169,7 @@ def prepare(config: ServerConfig) -> Prepared:
             node=config.node,
             background_checkpoint=True,
             preempt_grace_s=config.preempt_grace_s,
+            preempt_mode=config.preempt_mode,
             serving=True,  # renews what was live when the last server stopped (pool/resume.py)
         )
         _doctor(state)
