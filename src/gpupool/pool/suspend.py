@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Device, Lease
 from ..core.resumption import back_in_place, park, remap_of, resume_claim, same_gpus
-from ..core.suspension import BY_PREEMPTION, PREEMPT_SUSPEND, Suspension, one_line
+from ..core.suspension import BY_PREEMPTION, PREEMPT_REQUEUE, PREEMPT_SUSPEND, Suspension, one_line
 from ..logs import get_logger
 
 if TYPE_CHECKING:
@@ -93,12 +93,12 @@ def parked(tx: Tx, lease: Lease, devices: Sequence[Device], host_bytes: int, now
 
 def park_failed(tx: Tx, lease: Lease, error: str, now: float) -> Lease:
     """The runner could not park the lease: it runs on, with the error; a preemption's victim stays
-    preempted, so its runner stops the command instead (the fallback of the mode suspend)."""
+    preempted and falls back to the mode requeue (its runner stops the command and queues again)."""
     suspension = _expect(lease, SUSPENDING, "report a failed suspend of it")
-    note = one_line(error)
+    note, mode = one_line(error), suspension.mode
     if lease.preempted_at is not None:
-        note = f"{note}; preempted by stopping the command instead"
-    back = replace(suspension, state=RUNNING, since=now, error=note)
+        note, mode = f"{note}; preempted by requeueing the command instead", PREEMPT_REQUEUE
+    back = replace(suspension, state=RUNNING, since=now, error=note, mode=mode)
     tx.put_suspension(lease.id, back)
     log.warning("lease %s: suspend failed: %s", lease.id, note)
     return replace(lease, suspension=back)
