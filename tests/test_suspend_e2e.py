@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 import pytest
@@ -45,11 +45,12 @@ class Usage:
         self.path = path
         path.write_text("{}")
 
-    def add(self, uuid: str, pid: int, mib: int) -> None:
+    def add(self, uuid: str, pid: int, mib: int, utilization: Optional[float] = None) -> None:
+        row = mib if utilization is None else {"memory_mib": mib, "utilization": utilization}
         with open(str(self.path) + ".lock", "a") as lock:  # the backend's lock: it rewrites this file too
             fcntl.flock(lock, fcntl.LOCK_EX)
             usage = json.loads(self.path.read_text() or "{}")
-            usage.setdefault(uuid, {})[str(pid)] = mib
+            usage.setdefault(uuid, {})[str(pid)] = row
             self.path.write_text(json.dumps(usage))
 
     def pids(self) -> Dict[int, str]:
@@ -66,14 +67,16 @@ class Pool:
         for name in ("a", "b"):
             cli(self.env, "queue", "set", name, "--quota", "1")
 
-    def job(self, name: str, queue: str, token: str = "") -> Tuple[Runner, Path, Path]:
+    def job(
+        self, name: str, queue: str, token: str = "", flags: Sequence[str] = (), utilization: Optional[float] = None
+    ) -> Tuple[Runner, Path, Path]:
         """A runner of the ticker in `queue`, once it ticks and its process is in the usage file."""
         log, stop = self.tmp / f"{name}.jsonl", self.tmp / f"{name}.stop"
         env = dict(self.env, GPUPOOL_TOKEN=token) if token else self.env
-        runner = Runner(["--queue", queue, "--", sys.executable, TICKER, str(log), str(stop)], env)
+        runner = Runner(["--queue", queue, *flags, "--", sys.executable, TICKER, str(log), str(stop)], env)
         start = wait_for_event(log, "start")[0]
         lease = next(x for x in leases(self.env) if x["id"] == start["lease"])
-        self.usage.add(lease["devices"][0]["uuid"], int(start["pid"]), MIB_PER_JOB)
+        self.usage.add(lease["devices"][0]["uuid"], int(start["pid"]), MIB_PER_JOB, utilization)
         return runner, log, stop
 
     def lease(self, lease_id: str) -> Dict[str, object]:

@@ -19,9 +19,10 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim, Holder
 from gpupool.core.usage import EnforceMode, UsageReport, Violation
 from gpupool.devices import emulated_devices
-from gpupool.devices.usage import UsageSampler, parse_usage
+from gpupool.devices.usage import UsageSampler
 from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
 from gpupool.enforcement.attest import Attestations
+from gpupool.isolation.emulated_usage import UsageRow, parse_usage
 from gpupool.isolation.env import LEASE_ID_ENV
 from gpupool.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.pool import Pool
@@ -259,7 +260,11 @@ def test_a_huge_usage_file_is_not_read_whole(pool, tmp_path):
 
 
 def test_parse_usage_accepts_the_documented_shape():
-    assert parse_usage({"GPU-a": {"12": 100, "13": 2.5}, "GPU-b": {}}) == {"GPU-a": {12: 100, 13: 2}, "GPU-b": {}}
+    assert parse_usage({"GPU-a": {"12": 100, "13": 2.5}, "GPU-b": {}}) == {
+        "GPU-a": {12: UsageRow(100), 13: UsageRow(2)},
+        "GPU-b": {},
+    }
+    assert parse_usage({"GPU-a": {"12": {"memory_mib": 100, "utilization": 0}}}) == {"GPU-a": {12: UsageRow(100, 0.0)}}
 
 
 def test_usage_record_survives_the_wire_and_merges():

@@ -84,6 +84,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="seconds between SIGTERM and SIGKILL when preempted (default: the pool's, 30)",
     )
+    p.add_argument(
+        "--idle-suspend",
+        default=None,
+        metavar="DURATION",
+        help="suspend the lease once its processes kept its GPUs 0%% busy this long (e.g. 10m; the watchdog of "
+        "a server or node agent samples it); `gpupool resume LEASE_ID` brings it back",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -125,6 +132,7 @@ def handle(args: argparse.Namespace) -> int:
         queue=check_queue_name(args.queue, InvalidInput) if args.queue else "",
         priority=_priority(args.priority),
         preempt_grace_s=_grace(args.preempt_grace),
+        idle_suspend_s=_idle(args.idle_suspend),
     )
     say = progress(args.quiet)
     options = RunOptions(
@@ -157,6 +165,14 @@ def _priority(text: str) -> int:
             f"--priority {text!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY}, e.g. --priority 10"
         )
     return value
+
+
+def _idle(text: str | None) -> float | None:
+    """--idle-suspend as seconds (None: the pool's rule)."""
+    from ..core.model import MAX_IDLE_SUSPEND_S, MIN_IDLE_SUSPEND_S
+    from ..core.quantity import parse_duration
+
+    return None if text is None else parse_duration(text, "--idle-suspend", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S)
 
 
 def _grace(text: str | None) -> float | None:

@@ -99,6 +99,13 @@ def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--usage-interval", type=float, default=1.0, metavar="S", help="seconds between GPU usage samples (default 1)"
     )
+    p.add_argument(
+        "--idle-suspend",
+        default="",
+        metavar="DURATION",
+        help="suspend a lease once its processes kept its GPUs 0%% busy this long (e.g. 30m; a run's own "
+        "--idle-suspend wins); default: never",
+    )
 
 
 def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
@@ -111,6 +118,7 @@ def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
         enforce_unleased=args.enforce_unleased,
         enforce_grace_s=args.enforce_grace,
         usage_interval_s=args.usage_interval,
+        idle_suspend=args.idle_suspend,
     )
 
 

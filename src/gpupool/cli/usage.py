@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
-import re
 import sys
 import time
 from typing import TYPE_CHECKING, Dict, List, Tuple
@@ -17,8 +15,6 @@ if TYPE_CHECKING:
     from ..core.queues import UsageRow
 
 DEFAULT_SINCE = "24h"
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 BY_HEADERS = {"queue": "QUEUE", "holder": "HOLDER", "label": "LABEL"}
 
 
@@ -92,10 +88,11 @@ def parse_since(text: str, now: float) -> float:
     from ..core.errors import InvalidInput
 
     hint = "use a duration such as 90m, 24h, 7d or 3600 (seconds), or an ISO date such as 2026-11-01T08:00"
-    match = _DURATION_RE.match(text.strip().lower())
-    if match:
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
-        if not math.isfinite(seconds) or seconds > now:
+    from ..core.quantity import duration_seconds
+
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        if seconds > now:
             raise InvalidInput(f"--since {text!r} reaches back before 1970: {hint}")
         return now - seconds
     from datetime import datetime

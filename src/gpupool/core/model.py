@@ -36,6 +36,9 @@ QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
 PREEMPT_REAP_MARGIN_S = 5.0
+# An idle limit (--idle-suspend): at least one watchdog sample, at most a week.
+MIN_IDLE_SUSPEND_S = 1.0
+MAX_IDLE_SUSPEND_S = 7 * 24 * 3600.0
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
 MAX_PREEMPT_GRACE_S = 3600.0
 # The size of a claim. Placement costs about (requests x GPUs of the pool) and runs inside the
@@ -81,6 +84,22 @@ def check_pid(pid: object) -> int:
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid <= PID_MAX:
         raise InvalidClaim(f"holder.pid {pid!r} is not a process id: give one between 1 and {PID_MAX}, or 0 for none")
     return pid
+
+
+def _check_idle(seconds: object) -> Optional[float]:
+    if seconds is None:
+        return None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or not MIN_IDLE_SUSPEND_S <= seconds <= MAX_IDLE_SUSPEND_S
+    ):
+        raise InvalidClaim(
+            f"idle_suspend_s {seconds!r} must be seconds between {MIN_IDLE_SUSPEND_S:g} and "
+            f"{MAX_IDLE_SUSPEND_S:g} (e.g. 600)"
+        )
+    return float(seconds)
 
 
 def _check_grace(grace: object) -> Optional[float]:
@@ -246,6 +265,8 @@ class Claim:
     queue: str = ""  # "" = no queue
     priority: int = 0  # higher first inside a queue
     preempt_grace_s: Optional[float] = None  # None = the pool's default
+    # Suspend the lease once its processes kept its GPUs 0 % busy this long (None: the pool's rule).
+    idle_suspend_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -255,6 +276,7 @@ class Claim:
             check_queue_name(self.queue)
         _check_priority(self.priority)
         _check_grace(self.preempt_grace_s)
+        _check_idle(self.idle_suspend_s)
 
     @classmethod
     def single(
@@ -267,8 +289,10 @@ class Claim:
         queue: str = "",
         priority: int = 0,
         preempt_grace_s: Optional[float] = None,
+        idle_suspend_s: Optional[float] = None,
     ) -> Claim:
-        return cls((GpuRequest(count, fraction, memory_mib, tuple(filters)),), policy, queue, priority, preempt_grace_s)
+        request = GpuRequest(count, fraction, memory_mib, tuple(filters))
+        return cls((request,), policy, queue, priority, preempt_grace_s, idle_suspend_s)
 
     def describe(self) -> str:
         return " + ".join(r.describe() for r in self.requests)
@@ -282,6 +306,8 @@ class Claim:
             data["priority"] = self.priority
         if self.preempt_grace_s is not None:
             data["preempt_grace_s"] = self.preempt_grace_s
+        if self.idle_suspend_s is not None:
+            data["idle_suspend_s"] = self.idle_suspend_s
         return data
 
     @classmethod
@@ -302,6 +328,7 @@ class Claim:
             queue=queue,
             priority=data.get("priority", 0),
             preempt_grace_s=float(grace) if isinstance(grace, int) and not isinstance(grace, bool) else grace,
+            idle_suspend_s=_check_idle(data.get("idle_suspend_s")),
         )
 
 
@@ -395,6 +422,7 @@ class Lease:
     preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S  # between SIGTERM and SIGKILL once preempted
     preempted_at: Optional[float] = None  # set when the pool told its holder to stop
     suspension: Optional[Suspension] = None  # None: running (core/suspension.py has the states)
+    idle_suspend_s: Optional[float] = None  # its claim's idle limit (None: the pool's rule)
 
     @property
     def state(self) -> str:
@@ -424,6 +452,7 @@ class Lease:
             "preempted_at": self.preempted_at,
             "state": self.state,
             "suspension": None if self.suspension is None else self.suspension.to_dict(),
+            "idle_suspend_s": self.idle_suspend_s,
         }
 
     @classmethod
@@ -444,6 +473,7 @@ class Lease:
             preempt_grace_s=float(data.get("preempt_grace_s", DEFAULT_PREEMPT_GRACE_S)),
             preempted_at=float(preempted_at) if preempted_at is not None else None,
             suspension=suspension,
+            idle_suspend_s=_check_idle(data.get("idle_suspend_s")),
         )
 
 
@@ -489,5 +519,7 @@ __all__: List[str] = [
     "PID_MAX",
     "check_pid",
     "PREEMPT_REAP_MARGIN_S",
+    "MIN_IDLE_SUSPEND_S",
+    "MAX_IDLE_SUSPEND_S",
     "reap_at",
 ]

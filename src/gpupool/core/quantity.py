@@ -12,6 +12,7 @@ Kubernetes `8000m` is 8 bytes, not 8000 MiB.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from .errors import InvalidInput
 
 if TYPE_CHECKING:
     from fractions import Fraction
-    from typing import Union
+    from typing import Optional, Union
 
 MIB = 1024**2
 BYTE = 1
@@ -109,6 +110,31 @@ def parse_fraction(text: str, what: str = "fraction") -> float:
     if not 0 < value <= 1:
         raise InvalidInput(f"{what} {text!r} is outside (0, 1]: use e.g. 0.5 for half of each GPU's memory")
     return value
+
+
+# Durations: 3s, 90m, 24h, 7d, 1w, or bare seconds (3600).
+DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+
+
+def duration_seconds(text: str) -> Optional[float]:
+    """Seconds of a duration such as 3s, 90m, 24h, 7d, 1w or 3600 (bare seconds); None for another text."""
+    match = _DURATION_RE.match(str(text).strip().lower())
+    if match is None:
+        return None
+    seconds = float(match.group(1)) * DURATION_UNITS_S[match.group(2) or "s"]
+    return seconds if math.isfinite(seconds) else None
+
+
+def parse_duration(text: str, what: str, low: float, high: float) -> float:
+    """A duration in [low, high] seconds; InvalidInput naming `what`, the value and the forms."""
+    seconds = duration_seconds(text)
+    hint = "use e.g. 30s, 10m, 2h or 600 (seconds)"
+    if seconds is None:
+        raise InvalidInput(f"{what} {text!r} is not a duration: {hint}")
+    if not low <= seconds <= high:
+        raise InvalidInput(f"{what} {text!r} must be between {low:g} and {high:g} seconds: {hint}")
+    return seconds
 
 
 def format_mib(mib: int) -> str:

@@ -1,19 +1,19 @@
 """What each process really uses on each pooled GPU: NVML for real devices, a JSON file for emulated ones.
 
-The emulated seam (env GPUPOOL_EMULATED_USAGE) names a file holding
-``{"GPU-uuid": {"PID": MiB, ...}, ...}``; it is read at every sample exactly
-where NVML's running-process list would be, so accounting and enforcement run
-in tests with real processes on machines without GPUs.
+The emulated seam (env GPUPOOL_EMULATED_USAGE) names a file (isolation/emulated_usage.py has its
+shape: MiB per process, and optionally its utilisation); it is read at every sample exactly where
+NVML's running-process list would be, so accounting and enforcement run in tests with real
+processes on machines without GPUs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING
 
 from ..core.model import Device
 from ..core.usage import DeviceUsage, ProcessUsage
+from ..isolation.emulated_usage import SHAPE, Usage, read_usage
 from ..isolation.env import EMULATED_USAGE_ENV as EMULATED_USAGE_ENV  # re-exported: its users import it from here
 from ..logs import get_logger
 from .health import is_emulated
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.
-MAX_USAGE_FILE_BYTES = 1 << 20
 MIB = 1024 * 1024
 
 
@@ -53,7 +51,10 @@ class UsageSampler:
         emulated = self._read_usage_file() if any(is_emulated(d.uuid) for d in self.devices) else {}
         for device in self.devices:
             if is_emulated(device.uuid):
-                rows = [ProcessUsage(pid, device.uuid, mib) for pid, mib in emulated.get(device.uuid, {}).items()]
+                rows = [
+                    ProcessUsage(pid, device.uuid, row.memory_mib, row.utilization)
+                    for pid, row in emulated.get(device.uuid, {}).items()
+                ]
                 devices.append(DeviceUsage(device.uuid, sum(r.memory_mib for r in rows), None))
             elif self._nvml is not None:
                 usage, rows = self._nvml_sample(device.uuid)
@@ -71,26 +72,18 @@ class UsageSampler:
             self._nvml = None
 
     # --- emulated -------------------------------------------------------------
-    def _read_usage_file(self) -> Dict[str, Dict[int, int]]:
-        """The usage file as {uuid: {pid: MiB}}; missing is empty, damaged is empty with one warning."""
+    def _read_usage_file(self) -> Usage:
+        """The usage file; missing is empty, damaged is empty with one warning."""
         path = self.usage_file
         if not path:
             return {}
         try:
-            with open(path, "rb") as handle:
-                raw = handle.read(MAX_USAGE_FILE_BYTES + 1)
-        except FileNotFoundError:
-            return {}
+            return read_usage(path)
         except OSError as err:
             self._warn_once(path, f"cannot read {EMULATED_USAGE_ENV} file {path}: {err.strerror}")
-            return {}
-        try:
-            if len(raw) > MAX_USAGE_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_USAGE_FILE_BYTES} bytes")
-            return parse_usage(json.loads(raw))
-        except (ValueError, RecursionError) as err:
-            self._warn_once(path, f'{EMULATED_USAGE_ENV} file {path} is not {{"GPU-uuid": {{"PID": MiB}}}}: {err}')
-            return {}
+        except ValueError as err:
+            self._warn_once(path, f"{EMULATED_USAGE_ENV} file {path} is not {SHAPE}: {err}")
+        return {}
 
     def _warn_once(self, path: str, message: str) -> None:
         if self._warned_file != path:
@@ -131,25 +124,3 @@ class UsageSampler:
             result[int(s.pid)] = max(result.get(int(s.pid), 0.0), float(s.smUtil) / 100.0)
             self._last_seen[uuid] = max(self._last_seen.get(uuid, 0), int(s.timeStamp))
         return result
-
-
-def parse_usage(data: object) -> Dict[str, Dict[int, int]]:
-    """Check and convert the usage file's JSON; ValueError names what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError("the top level must be an object keyed by GPU UUID")
-    result: Dict[str, Dict[int, int]] = {}
-    for uuid, pids in data.items():
-        if not isinstance(pids, dict):
-            raise ValueError(f"{uuid!r} must map to an object of PID: MiB")
-        rows: Dict[int, int] = {}
-        for pid, mib in pids.items():
-            try:
-                number = int(pid)
-            except ValueError:
-                raise ValueError(f"PID {pid!r} of {uuid!r} is not an integer") from None
-            if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib < 2**40:
-                raise ValueError(f"MiB {mib!r} of PID {pid} on {uuid!r} must be a number >= 0")
-            if number > 0:
-                rows[number] = int(mib)
-        result[str(uuid)] = rows
-    return result

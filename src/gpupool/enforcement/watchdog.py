@@ -1,6 +1,6 @@
 """The watchdog: sample the pooled GPUs, attribute processes to leases, record usage, act on offenders.
 
-Two rules, each with its own mode (kill, warn, off):
+Two rules, each with its own mode (kill, warn, off), and idle reclaim (idle.py):
 - over share: a lease whose processes use more memory on a GPU than its slice
   there, for longer than the grace period;
 - unleased: a process on a pooled GPU that belongs to no live lease, for longer
@@ -34,6 +34,7 @@ from ..isolation import proctree
 from ..pool import Pool
 from .attest import node_attestations
 from .attribution import Attributor
+from .idle import IdleReclaim
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class WatchdogConfig:
     unleased: EnforceMode = EnforceMode.WARN
     grace_s: float = DEFAULT_GRACE_S
     term_grace_s: float = TERM_GRACE_S
+    idle_suspend_s: Optional[float] = None  # the node's idle limit for leases without one (None: never)
 
     def __post_init__(self) -> None:
         check_interval(self.interval_s, "--usage-interval", 0.05, 3600.0)
@@ -87,6 +89,7 @@ class Watchdog:
         self._totals: Dict[str, int] = {reason.value: 0 for reason in Violation}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.idle = IdleReclaim(pool, config.idle_suspend_s)
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> Watchdog:
@@ -130,6 +133,7 @@ class Watchdog:
             if key not in current:
                 del self._since[key]
                 self._acted.discard(key)
+        self.idle.observe(rows, leases, now)
         report = UsageReport(now, tuple(devices), tuple(rows), tuple(self._recent), dict(self._totals))
         self.pool.record_usage(report)
         return report

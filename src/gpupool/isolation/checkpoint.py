@@ -16,17 +16,16 @@ and locked, never half of each. Standard library only at import time.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from ..core.errors import CheckpointFailed, InvalidInput
+from .emulated_usage import SHAPE, Usage, UsageRow, read_usage, write_usage
 from .env import EMULATED_USAGE_ENV
 
 if TYPE_CHECKING:
@@ -323,7 +322,7 @@ class EmulatedBackend:
     def __init__(self, usage_file: str) -> None:
         self.usage_file = usage_file
         # pid -> {uuid: MiB}: the rows a suspend took out of the usage file, until resume puts them back.
-        self._held: Dict[int, Dict[str, int]] = {}
+        self._held: Dict[int, Dict[str, UsageRow]] = {}
 
     def gpu_pids(self, pids: Sequence[int]) -> List[int]:
         listed = {pid for rows in _read_usage(self.usage_file).values() for pid in rows}
@@ -342,7 +341,7 @@ class EmulatedBackend:
                 raise
             raise CheckpointFailed(f"emulated suspend could not rewrite {self.usage_file}: {err}") from None
         self._held.update(taken)
-        host_bytes = sum(mib for rows in taken.values() for mib in rows.values()) * MIB
+        host_bytes = sum(row.memory_mib for rows in taken.values() for row in rows.values()) * MIB
         return Parked(tuple(stopped), host_bytes)
 
     def resume(self, parked: Parked, remap: Mapping[str, str]) -> None:
@@ -355,9 +354,7 @@ class EmulatedBackend:
             self._held.pop(pid, None)
             _signal(pid, signal.SIGCONT)
 
-    def _update(
-        self, change: Callable[[Dict[str, Dict[int, int]]], Dict[int, Dict[str, int]]]
-    ) -> Dict[int, Dict[str, int]]:
+    def _update(self, change: Callable[[Usage], Dict[int, Dict[str, UsageRow]]]) -> Dict[int, Dict[str, UsageRow]]:
         """Read, change and atomically rewrite the usage file under a lock of its own."""
         import fcntl
 
@@ -365,7 +362,7 @@ class EmulatedBackend:
             fcntl.flock(lock, fcntl.LOCK_EX)
             usage = _read_usage(self.usage_file)
             result = change(usage)
-            _write_usage(self.usage_file, usage)
+            write_usage(self.usage_file, usage)
         return result
 
 
@@ -400,8 +397,8 @@ def _signal(pid: int, sig: int) -> bool:
     return True
 
 
-def _take(usage: Dict[str, Dict[int, int]], pids: Sequence[int]) -> Dict[int, Dict[str, int]]:
-    taken: Dict[int, Dict[str, int]] = {}
+def _take(usage: Usage, pids: Sequence[int]) -> Dict[int, Dict[str, UsageRow]]:
+    taken: Dict[int, Dict[str, UsageRow]] = {}
     for uuid, rows in usage.items():
         for pid in pids:
             if pid in rows:
@@ -410,42 +407,17 @@ def _take(usage: Dict[str, Dict[int, int]], pids: Sequence[int]) -> Dict[int, Di
 
 
 def _put(
-    usage: Dict[str, Dict[int, int]], rows: Mapping[int, Mapping[str, int]], remap: Mapping[str, str]
-) -> Dict[int, Dict[str, int]]:
+    usage: Usage, rows: Mapping[int, Mapping[str, UsageRow]], remap: Mapping[str, str]
+) -> Dict[int, Dict[str, UsageRow]]:
     for pid, per_gpu in rows.items():
-        for uuid, mib in per_gpu.items():
-            usage.setdefault(remap.get(uuid, uuid), {})[pid] = mib
+        for uuid, row in per_gpu.items():
+            usage.setdefault(remap.get(uuid, uuid), {})[pid] = row
     return {}
 
 
-def _read_usage(path: str) -> Dict[str, Dict[int, int]]:
-    """The usage file as {uuid: {pid: MiB}}; a missing file is empty, a damaged one CheckpointFailed."""
+def _read_usage(path: str) -> Usage:
+    """The usage file; a missing file is empty, a damaged one CheckpointFailed."""
     try:
-        with open(path, "rb") as handle:
-            data = json.loads(handle.read() or b"{}")
-    except FileNotFoundError:
-        return {}
+        return read_usage(path)
     except (OSError, ValueError) as err:
-        raise CheckpointFailed(f"cannot read the emulated usage file {path}: {err}") from None
-    if not isinstance(data, dict) or not all(isinstance(rows, dict) for rows in data.values()):
-        raise CheckpointFailed(f'the emulated usage file {path} is not {{"GPU-uuid": {{"PID": MiB}}}}')
-    try:
-        return {str(uuid): {int(pid): int(mib) for pid, mib in rows.items()} for uuid, rows in data.items()}
-    except (TypeError, ValueError) as err:
-        raise CheckpointFailed(f"the emulated usage file {path} has a bad PID or MiB: {err}") from None
-
-
-def _write_usage(path: str, usage: Mapping[str, Mapping[int, int]]) -> None:
-    """Write atomically: a sampler reading at the same moment sees the old file or the new, whole."""
-    text = json.dumps({uuid: {str(pid): mib for pid, mib in rows.items()} for uuid, rows in usage.items()})
-    fd, tmp = tempfile.mkstemp(prefix=".usage-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        raise CheckpointFailed(f"cannot read the emulated usage file {path} ({SHAPE}): {err}") from None

@@ -542,6 +542,7 @@ class Pool:
             queue=claim.queue,
             priority=claim.priority,
             preempt_grace_s=self.preempt_grace_s if claim.preempt_grace_s is None else claim.preempt_grace_s,
+            idle_suspend_s=claim.idle_suspend_s,
         )
         tx.insert_lease(lease, key)
         allocated = view.allocated
@@ -736,14 +737,14 @@ class Pool:
         placement = place(view.devices, view.allocated, claim, self.mix.frag)
         return placement.slices if placement.fits else None
 
-    def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "") -> Lease:
+    def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "", by: str = "") -> Lease:
         """Ask the lease's runner to park it (holder or admin; `requester` None acts as admin): it
-        resumes on `resume`, not on its own."""
+        resumes on `resume`, not on its own. `by` says who asks (default: its owner or an admin)."""
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
             lease = self._owned(tx, lease_id, requester, "suspend")
-            by = BY_ADMIN if requester is None or requester != lease.holder.name else BY_OWNER
+            by = by or (BY_ADMIN if requester is None or requester != lease.holder.name else BY_OWNER)
             return suspend.ask(tx, lease, by, reason or f"suspended by its {by}", False, now)
 
     def resume(self, lease_id: str, requester: Optional[str] = None) -> Lease:

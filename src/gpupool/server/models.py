@@ -24,12 +24,14 @@ from ..core.errors import InvalidInput
 from ..core.filters import Filter
 from ..core.model import (
     MAX_GPUS_PER_REQUEST,
+    MAX_IDLE_SUSPEND_S,
     MAX_PREEMPT_GRACE_S,
     MAX_PRIORITY,
     MAX_REQUESTS_PER_CLAIM,
     MAX_TTL_S,
     MAX_WAIT_S,
     MIN_FRACTION,
+    MIN_IDLE_SUSPEND_S,
     MIN_TTL_S,
     PID_MAX,
     QUEUE_NAME_RE,
@@ -141,9 +143,17 @@ class ClaimBody(_Body):
         json_schema_extra=example(30),
     )
 
+    idle_suspend_s: Optional[float] = Field(
+        None,
+        ge=MIN_IDLE_SUSPEND_S,
+        le=MAX_IDLE_SUSPEND_S,
+        description="suspend the lease once its processes kept its GPUs 0 % busy this long (default: the server's)",
+        json_schema_extra=example(600),
+    )
+
     def to_core(self) -> Claim:
         requests = tuple(request.to_core() for request in self.requests)
-        return Claim(requests, self.policy, self.queue, self.priority, self.preempt_grace_s)
+        return Claim(requests, self.policy, self.queue, self.priority, self.preempt_grace_s, self.idle_suspend_s)
 
 
 class HolderRequest(_Body):

@@ -91,6 +91,7 @@ class LeaseBody(BaseModel):
     preempted_at: Optional[float] = Field(None, description="when the pool told it to stop")
     state: Literal[LEASE_STATES] = RUNNING  # type: ignore[valid-type]
     suspension: Optional[SuspensionBody] = None
+    idle_suspend_s: Optional[float] = Field(None, description="its claim's idle limit; null: the server's")
     attest: Optional[AttestBody] = None
 
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import InvalidInput, StateUnusable
 from ..core.isolation_mode import IsolationMode, NodeIsolation
-from ..core.model import DEFAULT_PREEMPT_GRACE_S, MAX_PREEMPT_GRACE_S, Device
+from ..core.model import DEFAULT_PREEMPT_GRACE_S, MAX_IDLE_SUSPEND_S, MAX_PREEMPT_GRACE_S, MIN_IDLE_SUSPEND_S, Device
+from ..core.quantity import parse_duration
 from ..core.suspension import DEFAULT_PREEMPT_MODE
 from ..core.usage import EnforceMode
 from ..enforcement.watchdog import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, WatchdogConfig
@@ -44,14 +45,19 @@ class NodeEnforcement:
     enforce_unleased: str = EnforceMode.WARN.value  # processes on pooled GPUs without a lease
     enforce_grace_s: float = DEFAULT_GRACE_S
     usage_interval_s: float = DEFAULT_INTERVAL_S
+    idle_suspend: str = ""  # a duration; '' = leases without an idle limit of their own are never idle-suspended
 
     def parse(self) -> Tuple[IsolationMode, WatchdogConfig]:
         """Checked modes and settings; InvalidInput names the flag."""
+        idle_s = None
+        if self.idle_suspend:
+            idle_s = parse_duration(self.idle_suspend, "--idle-suspend", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S)
         watch = WatchdogConfig(
             interval_s=self.usage_interval_s,
             over_share=EnforceMode.parse(self.enforce, "--enforce"),
             unleased=EnforceMode.parse(self.enforce_unleased, "--enforce-unleased"),
             grace_s=self.enforce_grace_s,
+            idle_suspend_s=idle_s,
         )
         return IsolationMode.parse(self.isolation), watch
 

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS leases (
     priority    INTEGER NOT NULL DEFAULT 0,
     preempt_grace_s REAL NOT NULL DEFAULT 30.0,
     preempted_at REAL,                  -- NULL until the pool tells its holder to stop
-    claim_key   TEXT NOT NULL DEFAULT ''  -- the client's key of the claim it answers ('' = none)
+    claim_key   TEXT NOT NULL DEFAULT '',  -- the client's key of the claim it answers ('' = none)
+    idle_suspend_s REAL                 -- its claim's idle limit; NULL: the pool's rule
 );
 CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
 CREATE TABLE IF NOT EXISTS slices (
@@ -111,6 +112,7 @@ ADDED_COLUMNS = {
         ("preempt_grace_s", "REAL NOT NULL DEFAULT 30.0"),
         ("preempted_at", "REAL"),
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
+        ("idle_suspend_s", "REAL"),
     ),
     "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"),),
     "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"),),

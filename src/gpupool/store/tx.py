@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from ..core.suspension import Suspension
 
 # The lease columns _lease() reads, in its order.
-LEASE_COLUMNS = "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at"
+LEASE_COLUMNS = (
+    "id, holder, ttl_s, created_at, expires_at, queue, priority, preempt_grace_s, preempted_at, idle_suspend_s"
+)
 # A lease with its suspension record, if any (most have none: the LEFT JOIN finds no row).
 LEASE_FROM = f"SELECT {LEASE_COLUMNS}, suspensions.record FROM leases LEFT JOIN suspensions ON lease_id = id"
 
@@ -95,7 +97,7 @@ class Tx:
         """Write `lease`; `key` is the client's key of the claim it answers ('' = none)."""
         self.conn.execute(
             "INSERT INTO leases (id, holder_name, holder, ttl_s, created_at, expires_at, queue, priority, "
-            "preempt_grace_s, preempted_at, claim_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "preempt_grace_s, preempted_at, claim_key, idle_suspend_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.id,
                 lease.holder.name,
@@ -108,6 +110,7 @@ class Tx:
                 lease.preempt_grace_s,
                 lease.preempted_at,
                 key,
+                lease.idle_suspend_s,
             ),
         )
         insert = "INSERT INTO slices (lease_id, device_uuid, memory_mib, grp) VALUES (?, ?, ?, ?)"
@@ -411,7 +414,7 @@ class Tx:
 
 
 def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Lease:
-    lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at, suspension = row
+    lease_id, holder, ttl_s, created_at, expires_at, queue, priority, grace, preempted_at, idle_s, suspension = row
     return Lease(
         id=lease_id,
         holder=Holder.from_dict(json.loads(holder), recorded=True),
@@ -424,6 +427,7 @@ def _lease(row: Tuple[Any, ...], slices: Iterable[Tuple[str, int, int]]) -> Leas
         preempt_grace_s=float(grace),
         preempted_at=None if preempted_at is None else float(preempted_at),
         suspension=None if suspension is None else _suspension(suspension),
+        idle_suspend_s=None if idle_s is None else float(idle_s),
     )
 
 

@@ -1,0 +1,43 @@
+"""Idle reclaim (issue 28): `gpupool run --idle-suspend 3s` whose process keeps its emulated GPU 0 %
+busy is suspended within 3 s and one watchdog sample; `gpupool resume` brings it back. A busy one
+is left alone."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.isolation.env import EMULATED_USAGE_ENV
+from tests.test_queues_e2e import CLI, events
+from tests.test_suspend_e2e import Pool, continuous, proc_state
+
+pytestmark = pytest.mark.slow
+INTERVAL_S = 0.5
+IDLE_S = 3.0
+
+
+def test_an_idle_lease_is_suspended_and_resumes_on_request(server_factory, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(EMULATED_USAGE_ENV, str(tmp_path / "usage.json"))  # the server's watchdog samples it
+    pool = Pool(server_factory("--usage-interval", f"{INTERVAL_S:g}"), tmp_path)
+    busy, busy_log, busy_stop = pool.job("busy", "a", flags=["--idle-suspend", "3s"], utilization=0.4)
+    registered = time.monotonic()
+    idle, log, stop = pool.job("idle", "b", flags=["--idle-suspend", "3s"], utilization=0.0)
+    lease_id, pid = str(events(log)[0]["lease"]), int(events(log)[0]["pid"])
+    took = pool.wait_state(lease_id, "suspended", timeout=IDLE_S + 10)
+    since_registered = time.monotonic() - registered
+    # The first idle sample comes within one interval of the usage row; the limit runs from it.
+    assert IDLE_S - INTERVAL_S <= since_registered <= IDLE_S + 2 * INTERVAL_S + 1.5, (since_registered, took)
+    lease = pool.lease(lease_id)
+    assert lease["suspension"]["by"] == "idle" and proc_state(pid) == "T"  # type: ignore[index]
+    busy_lease = str(events(busy_log)[0]["lease"])
+    assert pool.lease(busy_lease)["state"] == "running", "a busy lease is never idle-suspended"
+    done = subprocess.run(CLI + ["resume", lease_id], env=pool.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert proc_state(pid) in ("S", "R")
+    for stop_file, runner in ((stop, idle), (busy_stop, busy)):
+        stop_file.touch()
+        assert runner.wait(30) == 0, runner.stderr
+    continuous(log)
