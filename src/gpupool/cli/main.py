@@ -44,6 +44,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "cancel": ("jobs", "stop a job and free its GPUs"),
     "kube": ("kube", "Kubernetes: webhooks + scheduler extender, node agent, certificates"),
     "simulate": ("simulate", "replay a cluster and a workload through the placement policies"),
+    "kernel": ("kernel", "Jupyter kernels on a GPU share that is given back while they idle"),
     "bench": ("bench", "throughput reports: scaling over GPUs, sharing one GPU"),
     "doctor": ("doctor", "check a pool's invariants and its database"),
     "backup": ("doctor", "copy a pool's database with SQLite's online backup"),
