@@ -117,7 +117,7 @@ def test_a_usage_file_it_cannot_rewrite_leaves_every_process_running(usage, chil
     def refuse(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gpupool.isolation.checkpoint._write_usage", refuse)
+    monkeypatch.setattr("gpupool.isolation.checkpoint.write_usage", refuse)
     with pytest.raises(CheckpointFailed, match="could not rewrite"):
         backend.suspend([a, b], lock_timeout_s=5)
     wait_until(lambda: state(a) != "T" and state(b) != "T", 5, "both continued")
@@ -132,7 +132,7 @@ def test_a_resume_that_cannot_write_leaves_them_parked(usage, children, monkeypa
     def refuse(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gpupool.isolation.checkpoint._write_usage", refuse)
+    monkeypatch.setattr("gpupool.isolation.checkpoint.write_usage", refuse)
     with pytest.raises(CheckpointFailed, match="could not rewrite"):
         backend.resume(parked, {})
     assert state(a) == state(b) == "T"

@@ -1,5 +1,6 @@
 """`gpupool run` under preemption, as real processes on an embedded pool of two emulated GPUs
-with two queues of quota 1: team A borrows the second GPU, team B claims its quota back."""
+with two queues of quota 1 whose preemption stops (`--preempt kill`, what these tests are about; suspension
+has tests/test_suspend_e2e.py): team A borrows the second GPU, team B claims its quota back."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 20.0)
 def teams(pool: Pool) -> None:
     for name in ("a", "b"):
         done = subprocess.run(
-            FULL_CLI + ["queue", "set", name, "--quota", "1"], env=pool.env, capture_output=True, text=True, timeout=30
+            FULL_CLI + ["queue", "set", name, "--quota", "1", "--preempt", "kill"],
+            env=pool.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert done.returncode == 0, done.stderr
 

@@ -151,7 +151,9 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup, 
     cleanup.append(server)
     headers = server.server.headers()
     for name in ("a", "b"):
-        r = httpx.put(f"{server.url}/v1/queues/{name}", json={"quota": 1}, headers=headers, timeout=10)
+        r = httpx.put(
+            f"{server.url}/v1/queues/{name}", json={"quota": 1, "preempt": "kill"}, headers=headers, timeout=10
+        )
         assert r.status_code == 200, r.text
     stop = tmp_path / "stop"
     term = tmp_path / "got-term"

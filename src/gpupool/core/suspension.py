@@ -38,8 +38,8 @@ SUSPENDERS = (BY_PREEMPTION, BY_OWNER, BY_ADMIN, BY_IDLE)
 
 # What a queue's preemption does to a borrowing lease.
 PREEMPT_SUSPEND = "suspend"  # park its GPU state, resume it when there is room again
-PREEMPT_REQUEUE = "requeue"  # stop the command and queue the same claim again (rerun)
-PREEMPT_KILL = "kill"  # stop the command; its runner exits 8 unless it was started with --requeue
+PREEMPT_REQUEUE = "requeue"  # stop the command and queue the same claim again (rerun), as --requeue does
+PREEMPT_KILL = "kill"  # stop the command; it reruns only where its run says --requeue, else exits 8
 PREEMPT_MODES = (PREEMPT_SUSPEND, PREEMPT_REQUEUE, PREEMPT_KILL)
 DEFAULT_PREEMPT_MODE = PREEMPT_SUSPEND
 

@@ -131,12 +131,12 @@ def run(command: Sequence[str], options: RunOptions) -> int:
 
 
 def _reruns(preempted: Lease, requeue: bool) -> bool:
-    """Whether a preempted command runs again: as --requeue says, unless its queue's preemption
-    mode says otherwise (requeue: always; kill: never)."""
-    from ..core.suspension import PREEMPT_KILL, PREEMPT_REQUEUE  # lazily: only after a preemption
+    """Whether a preempted command runs again: with --requeue, or when the preemption's mode is
+    requeue (a queue's `--preempt requeue`, or a suspend its node could not do)."""
+    from ..core.suspension import PREEMPT_REQUEUE  # lazily: only after a preemption
 
     mode = preempted.suspension.mode if preempted.suspension is not None else ""
-    return mode == PREEMPT_REQUEUE or (requeue and mode != PREEMPT_KILL)
+    return requeue or mode == PREEMPT_REQUEUE
 
 
 @dataclass
