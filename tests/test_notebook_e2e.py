@@ -242,7 +242,7 @@ def test_shutdown_restart_and_interrupt_leave_nothing_behind(notebooks: Notebook
 
     # interrupt: the kernel stops the cell and lives on, on the same lease (also after many)
     for _ in range(4):
-        msg_id = kc.execute("import time; time.sleep(60)")
+        msg_id = kc.execute("import time; time.sleep(60)", stop_on_error=False)
         time.sleep(0.5)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=10)

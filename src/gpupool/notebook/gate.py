@@ -60,7 +60,7 @@ class KernelGate(threading.Thread):
         self._busy = False
         self._quiet_since = time.monotonic()  # the last idle status, or request let through
         self._waiting: Optional[Dict[str, Any]] = None  # header of the first request held
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     # The proxy's thread.
     def on_status(self, state: str) -> None:
@@ -84,15 +84,15 @@ class KernelGate(threading.Thread):
 
     # The gate's own thread.
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while not self._halt.wait(TICK_S):
             try:
                 self._step()
             except Exception:  # the kernel goes on; the lease stays as it is
                 log.exception("gpupool kernel gate: %s", self.label)
-                self._stop.wait(1.0)
+                self._halt.wait(1.0)
 
     def _step(self) -> None:
         if self.state == STARTING:
@@ -112,7 +112,7 @@ class KernelGate(threading.Thread):
                         self._quiet_since = time.monotonic()
                     log.info("kernel %s holds lease %s", self.label, lease.id)
                     return
-        self._stop.wait(FIND_EVERY_S)
+        self._halt.wait(FIND_EVERY_S)
 
     def _idle_long_enough(self) -> bool:
         if self.idle_suspend_s is None or self.refused:
@@ -174,7 +174,7 @@ class KernelGate(threading.Thread):
         """The lease once `done` says so; None when it is gone or the runner's step failed."""
         assert self.client is not None and self.lease_id is not None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 lease = self.client.get_lease(self.lease_id)
             except NotFound:
@@ -188,7 +188,7 @@ class KernelGate(threading.Thread):
                 raise GpupoolError(error)
             if deadline is not None and time.monotonic() > deadline:
                 raise GpupoolError(f"lease {self.lease_id} is still {lease.state} after {timeout_s:g}s")
-            self._stop.wait(TICK_S)
+            self._halt.wait(TICK_S)
         return None
 
     def _refuse(self, why: str) -> None:

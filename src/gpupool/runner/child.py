@@ -88,12 +88,15 @@ class SignalRelay:
         if child.poll() is not None:
             return
         sig = signal.SIGKILL if len(self.received) >= KILL_AFTER else signum
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # the group is gone and its id reused: signal the child only
-            child.send_signal(sig)
+        # A tree stopped while its lease is suspended would keep a SIGTERM or SIGHUP pending, and
+        # the runner would wait for it for ever: continue it, so the signal acts now.
+        for each in (sig, signal.SIGCONT) if sig in (signal.SIGTERM, signal.SIGHUP) else (sig,):
+            try:
+                os.killpg(child.pid, each)
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # the group is gone and its id reused: signal the child only
+                child.send_signal(each)
 
 
 def start(
