@@ -312,3 +312,25 @@ def test_kill_9_of_the_jupyter_process_leaves_nothing(notebooks: Notebooks, susp
         if jupyter.poll() is None:
             jupyter.kill()
             jupyter.wait()
+
+
+def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
+    notebooks: Notebooks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("GPUPOOL_EMULATED_USAGE")  # the runner's backend is then cuda, absent here
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    notebooks.install("k", "--fraction", "0.25", "--idle-suspend", "1s")
+    caplog.set_level("WARNING", logger="gpupool.notebook.gate")
+    km, kc = notebooks.start("k")
+    lease = notebooks.lease_of(km)
+    deadline = time.monotonic() + 20
+    while not [r for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]:
+        assert time.monotonic() < deadline, "the gate never said why idle releases nothing"
+        time.sleep(0.1)
+    time.sleep(2.5)  # two more idle limits: no second try, no second line
+    said = [r.getMessage() for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]
+    assert len(said) == 1 and "cuda" in said[0], said  # the runner's reason: no cuda-bindings here
+    assert notebooks.lease_of(km)["state"] == "running" and notebooks.lease_of(km)["id"] == lease["id"]
+    assert notebooks.allocated_mib() == 4 * GIB
+    assert run_cell(kc, "print('still here')")[0].strip() == "still here"
+    kc.stop_channels()
