@@ -216,7 +216,8 @@ def record(result: Dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
 
 
-def _skip_reason() -> str:
+def skip_reason() -> str:
+    """Why this machine cannot run the GPU checks of suspension ('' when it can)."""
     try:
         import torch
     except ImportError:
@@ -230,7 +231,7 @@ if pytest is not None:
     pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
     def test_a_run_suspended_mid_epoch_ends_with_the_same_losses(tmp_path: Path) -> None:
-        reason = _skip_reason()
+        reason = skip_reason()
         if reason:
             pytest.skip(reason)
         result = run_check(tmp_path)
@@ -239,7 +240,7 @@ if pytest is not None:
 
 
 if __name__ == "__main__":
-    why = _skip_reason()
+    why = skip_reason()
     if why:
         sys.exit(f"skipped: {why}")
     with tempfile.TemporaryDirectory() as tmp:

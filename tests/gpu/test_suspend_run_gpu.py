@@ -29,12 +29,11 @@ from test_suspend_gpu import (
     TRAIN,
     first_difference,
     read_losses,
+    skip_reason,
     smi_gpu,
     smi_text,
     wait_for_steps,
 )
-
-from gpupool.isolation.checkpoint import cuda_unavailable_reason
 
 try:
     import pytest
@@ -151,18 +150,8 @@ def record(result: Dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(kept, indent=2) + "\n")
 
 
-def _skip_reason() -> str:
-    try:
-        import torch
-    except ImportError:
-        return "needs torch"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    return cuda_unavailable_reason() or ""
-
-
 if pytest is not None:
-    pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_skip_reason()), reason=_skip_reason() or "ok")]
+    pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "ok")]
 
     def test_a_run_suspended_with_the_cli_gives_its_gpu_away_and_ends_as_if_never_stopped(tmp_path: Path) -> None:
         result = run_check(tmp_path)
@@ -171,9 +160,8 @@ if pytest is not None:
 
 
 if __name__ == "__main__":
-    reason = _skip_reason()
-    if reason:
-        sys.exit(f"skipped: {reason}")
+    if skip_reason():
+        sys.exit(f"skipped: {skip_reason()}")
     with tempfile.TemporaryDirectory() as tmp:
         outcome = run_check(Path(tmp))
         record(outcome)
