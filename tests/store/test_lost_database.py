@@ -17,6 +17,7 @@ from typing import Dict, List
 
 import httpx
 import pytest
+from waiting import wait_until
 
 from gpupool.store import DB_NAME, Store
 from gpupool.store.marker import MARKER_NAME, POOL_ID_KEY
@@ -196,3 +197,25 @@ def test_the_damaged_message_s_way_to_an_empty_pool_works(held):
     assert gpupool(held, "status", "--state", "S").returncode == 7  # pool.id still says a pool lived here
     (held / MARKER_NAME).rename(held / "pool.id.damaged")
     assert gpupool(held, "status", "--state", "S").returncode == 0
+
+
+def test_restore_refuses_while_a_run_holds_a_lease_and_names_it(held, tmp_path):
+    """Issue 25: restore over a live embedded pool killed the run's lease (exit 6); now it is refused."""
+    copy = tmp_path / "backup.db"
+    assert gpupool(held, "backup", "--state", "S", str(copy)).returncode == 0
+    marker = tmp_path / "started"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(held.parent / "home"))
+    hold = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(30)"
+    argv = ["run", "--state", str(held), "-p", "0.25", "--", sys.executable, "-c", hold]
+    run = subprocess.Popen([sys.executable, "-m", "gpupool", *argv], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(marker.exists, 20, "the run's command")
+        refused = gpupool(held, "restore", "--state", "S", str(copy))
+        assert refused.returncode == 2, refused.stderr
+        assert f"{run.pid}" in refused.stderr and "let them end" in refused.stderr, refused.stderr
+        error_line(refused)
+        assert (held / DB_NAME).exists()
+    finally:
+        run.kill()
+        run.wait()

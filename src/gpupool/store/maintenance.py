@@ -21,9 +21,29 @@ from .lock import StateLock
 from .marker import POOL_ID_KEY, write_marker
 
 if TYPE_CHECKING:
-    from typing import List, Union
+    from typing import List, Tuple, Union
 
     PathLike = Union[str, Path]
+
+
+def processes_using(state: Path) -> List[Tuple[int, str]]:
+    """(pid, command) of the other processes that have the state dir's database open, as /proc shows
+    them (a pool's clients keep it open while they hold leases); processes of other users whose
+    fds this user may not read are not seen."""
+    names = {str((state / DB_NAME).resolve()) + suffix for suffix in ("", "-wal", "-shm")}
+    found: List[Tuple[int, str]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in names for fd in fds):
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append((int(entry), command[:80] or "?"))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
 
 
 def integrity(db: PathLike) -> List[str]:
@@ -67,7 +87,8 @@ def restore(state_dir: PathLike, backup_file: PathLike) -> Path:
     """Replace the state dir's pool.db with `backup_file` (checked first); the old one is moved aside.
 
     Returns where the old database went (pool.db.before-restore-<time>). Refused while a server
-    holds the state dir (StateLocked): stop it first.
+    holds the state dir (StateLocked) or any other process has its database open (embedded runs
+    holding leases): InvalidInput names them.
     """
     state = Path(state_dir).expanduser()
     source = Path(backup_file).expanduser()
@@ -80,6 +101,14 @@ def restore(state_dir: PathLike, backup_file: PathLike) -> Path:
         raise InvalidInput(f"{source} is an SQLite file but not a gpupool pool database: pick a `gpupool backup` file")
     state.mkdir(parents=True, exist_ok=True)
     with StateLock(state):
+        users = processes_using(state)
+        if users:
+            shown = ", ".join(f"{pid} ({command})" for pid, command in users[:3])
+            more = f" and {len(users) - 3} more" if len(users) > 3 else ""
+            raise InvalidInput(
+                f"{state / DB_NAME} is open in process(es) {shown}{more}: a `gpupool run` or other client of this "
+                "pool would lose its lease; let them end (or stop them) and restore again"
+            )
         db = state / DB_NAME
         aside = state / f"{DB_NAME}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
         if db.exists():
