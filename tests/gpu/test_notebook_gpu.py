@@ -33,6 +33,7 @@ g = torch.Generator(device="cuda").manual_seed(29)
 x = torch.rand(1024 ** 3, device="cuda", generator=g)  # 4 GiB of float32
 torch.cuda.synchronize()
 print(repr(x.sum(dtype=torch.float64).item()))
+torch.cuda.empty_cache()  # the sum's float64 copy: park the tensor, not the allocator's cache
 """
 FILL = """
 import torch
@@ -45,6 +46,7 @@ print(round(hog.numel() / total, 3))
 AGAIN = """
 t0 = time.monotonic()
 s = repr(x.sum(dtype=torch.float64).item())
+torch.cuda.empty_cache()
 print(s, round(time.monotonic() - t0, 3))
 """
 
