@@ -1,0 +1,133 @@
+"""The notebook gate's decisions and the wire reader, without Jupyter or a pool: a stand-in client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from gpupool.notebook import wire
+from gpupool.notebook.gate import ACTIVE, PARKED, KernelGate
+
+
+def frames(msg_type: str, content: Dict[str, Any], idents: Tuple[bytes, ...] = (b"client",)) -> List[bytes]:
+    header = {"msg_id": "m1", "msg_type": msg_type}
+    return [*idents, wire.DELIMITER, b"sig", json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
+
+
+def test_the_wire_reader_finds_the_header_and_the_status() -> None:
+    busy = frames("status", {"execution_state": "busy"}, idents=(b"kernel.x.status",))
+    assert wire.msg_type(busy) == "status" and wire.execution_state(busy) == "busy"
+    assert wire.execution_state(frames("stream", {"name": "stdout"})) is None
+    assert wire.header([b"no", b"delimiter"]) is None and wire.execution_state([wire.DELIMITER, b"x", b"{"]) is None
+
+
+class Client:
+    """A pool of one lease: suspend parks it at once (or fails with `refuse`), resume after `room_after` s."""
+
+    def __init__(self, refuse: str = "", room_after: float = 0.0) -> None:
+        self.refuse, self.room_after = refuse, room_after
+        self.state = "running"
+        self.calls: List[str] = []
+        self.resumed_at: Optional[float] = None
+
+    def lease(self) -> Any:
+        error = self.refuse if self.calls[-1:] == ["suspend"] and self.refuse else ""
+        suspension = SimpleNamespace(error=error) if error or self.state != "running" else None
+        return SimpleNamespace(
+            id="L1",
+            holder=SimpleNamespace(label="kernel:k:abc /nb.ipynb"),
+            state=self.state,
+            suspension=suspension,
+            needs_runner=False,
+            queue="team-a",
+        )
+
+    def status(self) -> Any:
+        return SimpleNamespace(leases=[self.lease()])
+
+    def suspend(self, lease_id: str, reason: str = "") -> Any:
+        self.calls.append("suspend")
+        if not self.refuse:
+            self.state = "suspended"
+        return self.lease()
+
+    def resume(self, lease_id: str) -> Any:
+        self.calls.append("resume")
+        self.resumed_at = time.monotonic()
+        return self.lease()
+
+    def get_lease(self, lease_id: str) -> Any:
+        if self.resumed_at is not None and time.monotonic() - self.resumed_at >= self.room_after:
+            self.state, self.resumed_at = "running", None
+        return self.lease()
+
+    def queues(self) -> List[Any]:
+        return [SimpleNamespace(spec=SimpleNamespace(name="team-a"), waiting=2)]
+
+
+def gate_of(client: Client, idle_s: Optional[float] = 0.3) -> Tuple[KernelGate, List[str], threading.Event]:
+    said: List[str] = []
+    released = threading.Event()
+    gate = KernelGate([client], "kernel:k:abc", idle_s, lambda text, parent: said.append(text), released.set)  # type: ignore[list-item]
+    gate.start()
+    return gate, said, released
+
+
+def wait(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_idle_suspends_a_request_resumes_and_waits_for_room() -> None:
+    client = Client(room_after=1.5)
+    gate, said, released = gate_of(client)
+    try:
+        wait(lambda: gate.state == ACTIVE)
+        gate.on_status("busy")
+        time.sleep(0.5)
+        assert client.calls == [], "a busy kernel is never suspended"
+        gate.on_status("idle")
+        wait(lambda: gate.state == PARKED)
+        assert gate.parked() and client.calls == ["suspend"]
+        assert not gate.admit("shell", {"msg_type": "execute_request"}), "the request waits for the resume"
+        assert gate.admit("control", {"msg_type": "shutdown_request"}), "a shutdown never resumes"
+        wait(released.is_set)
+        assert gate.state == ACTIVE and client.calls == ["suspend", "resume"]
+        assert said[0] == "gpupool: waiting for the GPU: 2 ahead in queue team-a\n"
+        assert said[1].startswith("gpupool: got the GPU after ")
+        assert gate.admit("shell", {"msg_type": "execute_request"})
+    finally:
+        gate.stop()
+
+
+def test_a_refused_suspend_is_said_once_and_not_tried_again(caplog: pytest.LogCaptureFixture) -> None:
+    client = Client(refuse="cuda-bindings is not installed")
+    caplog.set_level("WARNING", logger="gpupool.notebook.gate")
+    gate, _, _ = gate_of(client, idle_s=0.2)
+    try:
+        wait(lambda: bool(gate.refused))
+        time.sleep(0.6)
+        assert client.calls == ["suspend"] and gate.state == ACTIVE
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "cuda-bindings is not installed" in lines[0]
+        assert gate.admit("shell", {"msg_type": "execute_request"})
+    finally:
+        gate.stop()
+
+
+def test_no_idle_limit_never_suspends() -> None:
+    client = Client()
+    gate, _, _ = gate_of(client, idle_s=None)
+    try:
+        wait(lambda: gate.state == ACTIVE)
+        time.sleep(0.5)
+        assert client.calls == []
+    finally:
+        gate.stop()
