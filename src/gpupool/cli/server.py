@@ -123,6 +123,7 @@ def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..isolation.env import DEVICES_ENV
     from ..jobs.executors.local.dashboard import reader
     from ..server.serve import ServerConfig, serve
 
@@ -131,7 +132,8 @@ def handle(args: argparse.Namespace) -> int:
             listen=args.listen,
             state_dir=args.state,
             token_file=args.token_file,
-            devices=args.devices if args.devices is not None else os.environ.get("GPUPOOL_DEVICES"),
+            devices=args.devices,
+            devices_env=os.environ.get(DEVICES_ENV),
             node=args.node,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,

@@ -45,13 +45,19 @@ class EmbeddedPoolClient(PoolClient):
         devices: Optional[Sequence[Device]] = None,
         node: str = "",
         isolation: Optional[IsolationMode] = None,
+        devices_from_env: bool = False,
     ) -> None:
         from ..pool import Pool  # imported here: the pool is only needed without a server
 
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.address = f"embedded:{self.state_dir}"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._pool = Pool.open(self.state_dir, devices=list(devices) if devices is not None else None, node=node)
+        self._pool = Pool.open(
+            self.state_dir,
+            devices=list(devices) if devices is not None else None,
+            node=node,
+            devices_from_env=devices_from_env,
+        )
         try:
             if isolation is IsolationMode.MPS:
                 from ..isolation.mps import ensure_detached

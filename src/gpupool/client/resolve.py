@@ -16,6 +16,7 @@ from ..core.isolation_mode import IsolationMode
 from ..core.model import Claim, Device, Holder, Lease
 from ..core.outage import RETRY_MAX_S, backoff, new_key
 from ..core.status import PoolStatus
+from ..isolation.env import DEVICES_ENV
 from ..logs import get_logger
 from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
@@ -118,11 +119,11 @@ def _embedded(
     from .embedded import EmbeddedPoolClient
 
     devices = None
-    if devices_spec or os.environ.get("GPUPOOL_DEVICES"):
+    if devices_spec or os.environ.get(DEVICES_ENV):
         from ..devices import discover
 
         devices = discover(devices_spec)
-    return EmbeddedPoolClient(state_dir, devices=devices, isolation=isolation)
+    return EmbeddedPoolClient(state_dir, devices=devices, isolation=isolation, devices_from_env=not devices_spec)
 
 
 def choose_and_claim(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import InvalidInput
 from ..core.model import Device
+from ..isolation.env import DEVICES_ENV as ENV  # its one definition
 from ..logs import get_logger
 from .emulated import PREFIX, emulated_devices
 from .nvml import NvmlUnavailable, nvml_devices
@@ -15,8 +16,6 @@ if TYPE_CHECKING:
     from typing import List, Optional, Tuple
 
 log = get_logger(__name__)
-
-ENV = "GPUPOOL_DEVICES"
 
 
 def parse_spec(spec: Optional[str]) -> Tuple[str, Optional[str]]:

@@ -48,6 +48,8 @@ MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 # NVML. devices/usage.py samples it, isolation/checkpoint.py's emulated backend parks entries of it;
 # defined here because devices/usage.py pulls in modules an embedded run never loads.
 EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
+# The devices a pool serves where no --devices flag names them (devices/inventory.py reads it).
+DEVICES_ENV = "GPUPOOL_DEVICES"
 
 # Device memory each process pays for its CUDA context (kernels, handles, workspaces)
 # outside the framework's caching allocator. Measured by `make gpu-check`

@@ -142,6 +142,8 @@ class Pool:
         preempt_grace_s: the grace of a preempted lease whose claim gives none.
         preempt_mode: what preempting a borrower does where its queue does not say (suspend,
             requeue, kill: core/suspension.py).
+        devices_from_env: `devices` came from $GPUPOOL_DEVICES, not a flag: they may not replace
+            other devices the state dir already serves (InvalidInput says how to choose).
         serving: this pool is a server's (or node agent's), which holds the state dir's lock: its
             open renews what was live when the last server stopped, its sweeps stamp it (pool/resume.py).
     """
@@ -157,6 +159,7 @@ class Pool:
         preempt_grace_s: float = DEFAULT_PREEMPT_GRACE_S,
         serving: bool = False,
         preempt_mode: str = DEFAULT_PREEMPT_MODE,
+        devices_from_env: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.serving = serving
@@ -188,6 +191,8 @@ class Pool:
                     devices = discover(None, self.node)
             if devices is not None:
                 with self.store.write() as tx:
+                    if devices_from_env:
+                        _check_env_devices(self.state_dir, tx.devices(), devices)
                     changed = tx.replace_devices(list(devices))
                 # Devices may have shrunk or gone since leases were granted: the open that changes
                 # them says so (status and /metrics say it every time). Placement counts those
@@ -901,6 +906,25 @@ def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
             return
         yield min(delay, remaining)
         delay = min(delay * 1.5, POLL_MAX_S)
+
+
+def _check_env_devices(state_dir: Path, saved: Sequence[Device], wanted: Sequence[Device]) -> None:
+    """InvalidInput when $GPUPOOL_DEVICES names other devices than the state dir serves: an env
+    variable left exported must not drop a pool's GPUs silently."""
+
+    def shape(devices: Sequence[Device]) -> List[Tuple[str, str, int]]:
+        return sorted((d.uuid, d.name, d.memory_mib) for d in devices)
+
+    if saved and shape(saved) != shape(wanted):
+        raise InvalidInput(
+            f"$GPUPOOL_DEVICES names {_describe(wanted)} but {state_dir} serves {_describe(saved)}: unset "
+            "GPUPOOL_DEVICES to keep serving them, or pass --devices SPEC to replace them"
+        )
+
+
+def _describe(devices: Sequence[Device]) -> str:
+    names = sorted({d.name for d in devices})
+    return f"{len(devices)} GPU(s) ({', '.join(names)})"
 
 
 def _gone(lease_id: object) -> str:

@@ -69,7 +69,8 @@ class ServerConfig:
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     state_dir: str = "/var/lib/gpupool"
     token_file: Optional[str] = None
-    devices: Optional[str] = None  # spec for devices.discover; None = env GPUPOOL_DEVICES, else NVML
+    devices: Optional[str] = None  # --devices: a spec for devices.discover that replaces the saved devices
+    devices_env: Optional[str] = None  # $GPUPOOL_DEVICES: the same, but it may not replace other saved devices
     device_list: Optional[Sequence[Device]] = None  # given devices win over the spec
     node: str = ""
     tls_cert: Optional[str] = None
@@ -165,13 +166,15 @@ def prepare(config: ServerConfig) -> Prepared:
     pool: Optional[Pool] = None
     try:
         devices = config.device_list
-        if devices is None and config.devices is not None:
+        spec = config.devices if config.devices is not None else config.devices_env
+        if devices is None and spec is not None:
             from ..devices import discover
 
-            devices = discover(config.devices, config.node or None)
+            devices = discover(spec, config.node or None)
         pool = Pool(
             state,
             devices=devices,
+            devices_from_env=config.device_list is None and config.devices is None and spec is not None,
             node=config.node,
             background_checkpoint=True,
             preempt_grace_s=config.preempt_grace_s,
