@@ -66,7 +66,7 @@ def handle_doctor(args: argparse.Namespace) -> int:
     else:
         from ..pool.doctor import check_state
 
-        report = check_state(_state(args)).to_dict()
+        report = check_state(_existing_pool(_state(args))).to_dict()
     if args.json:
         print(json.dumps(report))
     else:
@@ -76,6 +76,18 @@ def handle_doctor(args: argparse.Namespace) -> int:
     if report["healthy"]:
         return 0
     return 7 if any(p["kind"] == "integrity" for p in report["problems"]) else 1
+
+
+def _existing_pool(state: Path) -> Path:
+    """`state` when a pool lives (or lived) there; NotFound for a folder that never held one (a typo),
+    which is not a damaged database."""
+    from ..core.errors import NotFound
+    from ..store import DB_NAME
+    from ..store.marker import MARKER_NAME
+
+    if not (state / DB_NAME).exists() and not (state / MARKER_NAME).exists():
+        raise NotFound(f"{state} holds no pool (no {DB_NAME}): check --state, or start one there with `gpupool server`")
+    return state
 
 
 def _remote_report(url: str) -> Dict[str, Any]:

@@ -130,6 +130,8 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
     except GpupoolError as err:
         print(f"gpupool: error: {err.message}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        return _reader_gone()
     except OSError as err:
         # The machine said no (a state dir that cannot be made, a full disk ...):
         # not a bug in gpupool, so the reason and the path, not a traceback.
@@ -141,6 +143,16 @@ def main(argv: Optional[List[str]] = None, modules: Iterable[str] = ()) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (`gpupool jobs | head -1`): end quietly with the status of a
+    program killed by SIGPIPE, and point stdout at /dev/null so the exit's flush says nothing."""
+    import os
+    import signal
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

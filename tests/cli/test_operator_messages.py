@@ -1,0 +1,50 @@
+"""Issue 25, item 5: a closed stdout ends a verb quietly; `doctor` on a folder that never held a
+pool says so (not found), instead of calling it damaged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+
+def clean_env(tmp_path: Path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["HOME"] = str(tmp_path / "home")
+    return env
+
+
+def test_a_reader_that_went_away_ends_the_verb_quietly_as_sigpipe_would(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # `gpupool list-gpus | head -0`: nobody reads
+    try:
+        args = [sys.executable, "-m", "gpupool", "list-gpus", "--state", str(tmp_path / "s")]
+        done = subprocess.run(
+            [*args, "--devices", "emulated:2x16GiB"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=clean_env(tmp_path),
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE and done.stderr == ""
+
+
+def test_doctor_on_a_folder_without_a_pool_says_not_found(tmp_path: Path) -> None:
+    typo = tmp_path / "no-such-pool"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "doctor", "--state", str(typo)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(tmp_path),
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert str(typo) in line and "holds no pool" in line and "--state" in line
+    assert not typo.exists(), "doctor only reads: it made no folder"
