@@ -334,3 +334,32 @@ def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
     assert notebooks.allocated_mib() == 4 * GIB
     assert run_cell(kc, "print('still here')")[0].strip() == "still here"
     kc.stop_channels()
+
+
+def test_a_lease_suspended_elsewhere_is_resumed_by_the_next_cell(notebooks: Notebooks) -> None:
+    notebooks.install("k", "--fraction", "0.25", "--idle-suspend", "1h")
+    km, kc = notebooks.start("k")
+    lease = notebooks.lease_of(km)
+    pid = notebooks.on_gpu(kc, lease, 2 * GIB)
+    run_cell(kc, "y = 20")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "suspend", lease["id"], "--reason", "lunch"],
+        env=notebooks.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert proc_state(pid) == "T"
+    time.sleep(1.5)  # the gate reads the lease every second
+    out, err, reply = run_cell(kc, "print(y + 1)", timeout=30)
+    assert reply["status"] == "ok" and out.strip() == "21", err
+    assert notebooks.lease_of(km)["state"] == "running" and proc_state(pid) in ("S", "R")
+    # again, and the cell sent at once: it reached the parked kernel before the gate knew
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "suspend", lease["id"]], env=notebooks.env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0
+    out, err, reply = run_cell(kc, "print(y + 2)", timeout=30)
+    assert reply["status"] == "ok" and out.strip() == "22", err
+    kc.stop_channels()

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..core.errors import GpupoolError, NotFound
-from ..core.suspension import RUNNING, SUSPENDED
+from ..core.suspension import RUNNING, SUSPENDED, SUSPENDING
 from ..logs import get_logger
 
 if TYPE_CHECKING:
@@ -27,6 +27,9 @@ log = get_logger(__name__)
 
 TICK_S = 0.1
 FIND_EVERY_S = 0.5
+# While active the lease is read this often: someone else (the owner's `gpupool suspend`, a
+# queue's preemption, the node's idle reclaim) may have parked it.
+WATCH_EVERY_S = 1.0
 # A resume still waiting this long is shown to the cell ("waiting for the GPU ...").
 SHOW_WAIT_AFTER_S = 1.0
 STEP_TIMEOUT_S = 120.0
@@ -60,12 +63,15 @@ class KernelGate(threading.Thread):
         self._busy = False
         self._quiet_since = time.monotonic()  # the last idle status, or request let through
         self._waiting: Optional[Dict[str, Any]] = None  # header of the first request held
+        self._in_flight: Optional[Dict[str, Any]] = None  # a request let through, no status since
+        self._watched = 0.0
         self._halt = threading.Event()
 
     # The proxy's thread.
     def on_status(self, state: str) -> None:
         with self._lock:
             self._busy = state == "busy"
+            self._in_flight = None
             if state == "idle":
                 self._quiet_since = time.monotonic()
 
@@ -74,6 +80,8 @@ class KernelGate(threading.Thread):
         with self._lock:
             if self.state in (STARTING, ACTIVE, GONE) or (header or {}).get("msg_type") == "shutdown_request":
                 self._quiet_since = time.monotonic()  # in flight: no suspend before its busy
+                if self.state == ACTIVE:
+                    self._in_flight = header or {}
                 return True
             if self._waiting is None:
                 self._waiting = header
@@ -101,6 +109,26 @@ class KernelGate(threading.Thread):
             self._resume()
         elif self.state == ACTIVE and self._idle_long_enough():
             self._suspend()
+        elif self.state == ACTIVE and time.monotonic() - self._watched >= WATCH_EVERY_S:
+            self._watch()
+
+    def _watch(self) -> None:
+        """Notice a suspension made elsewhere: requests then wait, and one sent meanwhile (no
+        status from the kernel since) has the gate resume the lease."""
+        assert self.client is not None and self.lease_id is not None
+        self._watched = time.monotonic()
+        try:
+            lease = self.client.get_lease(self.lease_id)
+        except NotFound:
+            with self._lock:
+                self.state = GONE
+            return
+        if lease.state in (SUSPENDING, SUSPENDED):
+            with self._lock:
+                self.state = PARKED
+                if self._in_flight is not None and self._waiting is None:
+                    self._waiting = self._in_flight
+            log.info("kernel %s: lease %s was suspended (%s)", self.label, self.lease_id, lease.state)
 
     def _find(self) -> None:
         for client in self.clients:
@@ -156,6 +184,9 @@ class KernelGate(threading.Thread):
 
         try:
             self.client.resume(self.lease_id)
+        except GpupoolError as err:  # resuming already (a preemption's): wait for it all the same
+            log.info("kernel %s: resume: %s", self.label, err.message)
+        try:
             lease = self._await(running, timeout_s=None)
         except GpupoolError as err:
             self.say(f"gpupool: the GPU could not be resumed ({err.message}); the cell runs on anyway\n", parent)
