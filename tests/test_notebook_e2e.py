@@ -363,3 +363,25 @@ def test_a_lease_suspended_elsewhere_is_resumed_by_the_next_cell(notebooks: Note
     out, err, reply = run_cell(kc, "print(y + 2)", timeout=30)
     assert reply["status"] == "ok" and out.strip() == "22", err
     kc.stop_channels()
+
+
+def test_restart_and_shutdown_of_a_parked_kernel_leave_nothing(notebooks: Notebooks) -> None:
+    notebooks.install("k", "--fraction", "0.25", "--idle-suspend", "1s")
+    km, kc = notebooks.start("k")
+    notebooks.on_gpu(kc, notebooks.lease_of(km), GIB)
+    parked = notebooks.wait_state(km, "suspended", timeout=15)
+    old_tree = tree_of(km)
+    started = time.monotonic()
+    km.restart_kernel()
+    kc.wait_for_ready(timeout=60)
+    wait_gone(old_tree)
+    leases = notebooks.leases("k")
+    assert len(leases) == 1 and leases[0]["id"] != parked["id"] and leases[0]["state"] == "running", leases
+    assert time.monotonic() - started < 15
+    assert run_cell(kc, "print(3)")[0].strip() == "3"
+    notebooks.wait_state(km, "suspended", timeout=15)
+    tree = tree_of(km)
+    kc.stop_channels()
+    km.shutdown_kernel()
+    wait_gone(tree)
+    assert notebooks.leases("k") == [] and notebooks.allocated_mib() == 0
