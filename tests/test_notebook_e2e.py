@@ -154,6 +154,13 @@ def test_a_kernel_holds_its_share_and_sees_its_gpu(notebooks: Notebooks) -> None
     assert reply["status"] == "ok", err
     assert out.strip() == lease["devices"][0]["uuid"]
     assert run_cell(kc, "print(6 * 7)")[0].strip() == "42"
+    # input(): the kernel's request on stdin finds the frontend through the proxy
+    msg_id = kc.execute("answer = input('name? ')", allow_stdin=True)
+    asked = kc.get_stdin_msg(timeout=10)
+    assert asked["msg_type"] == "input_request" and asked["parent_header"]["msg_id"] == msg_id
+    kc.input("gpupool")
+    assert kc.get_shell_msg(timeout=10)["content"]["status"] == "ok"
+    assert run_cell(kc, "print(answer)")[0].strip() == "gpupool"
     kc.stop_channels()
 
 
