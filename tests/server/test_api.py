@@ -48,8 +48,9 @@ def test_auth_and_holders(running_server):
     assert claim(s, token="wrong-token-123456").status_code == 401
     assert httpx.get(s.url + "/v1/status", headers={"Authorization": "Basic abc"}).status_code == 401
 
-    def new_token(name, admin=False, token=None):
-        return httpx.post(s.url + "/v1/tokens", json={"name": name, "admin": admin}, headers=s.headers(token))
+    def new_token(name, admin=False, token=None, replace=False):
+        body = {"name": name, "admin": admin, "replace": replace}
+        return httpx.post(s.url + "/v1/tokens", json=body, headers=s.headers(token))
 
     alice = new_token("alice").json()["token"]
     bob = new_token("bob").json()["token"]
@@ -63,9 +64,10 @@ def test_auth_and_holders(running_server):
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     assert httpx.post(f"{s.url}/v1/leases/{lease['id']}/heartbeat", headers=s.headers(alice)).status_code == 200
     assert httpx.delete(f"{s.url}/v1/leases/{lease['id']}", headers=s.headers()).status_code == 200  # admin
-    # rotation: the old token stops working
-    new_alice = new_token("alice").json()["token"]
-    assert new_alice != alice
+    # a name that exists is refused; replacing it is asked for, and the old token stops working
+    assert new_token("alice").status_code == 400
+    new_alice = new_token("alice", replace=True).json()["token"]
+    assert new_alice != alice and claim(s, token=alice).status_code == 401
     assert claim(s, token=new_alice).status_code == 201
     # tokens are stored as hashes only
     assert alice.encode() not in (s.state / "pool.db").read_bytes()

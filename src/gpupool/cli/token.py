@@ -1,15 +1,18 @@
-"""`gpupool token create`: a named token and a client bundle (client.yaml, servers.conf, ca.crt) as a tar."""
+"""`gpupool token create | list | revoke | rotate`: named tokens, and client bundles (client.yaml,
+servers.conf, ca.crt) as a tar."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import io
+import json
 import os
 import ssl
 import sys
 import tarfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -40,7 +43,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--state", metavar="DIR", help="create the token directly in this state dir (no server call)")
     c.add_argument("--ca", metavar="PEM", help="CA certificate to bundle (default: STATE/tls/ca.crt when present)")
     c.add_argument("--out", required=True, metavar="TAR", help="bundle to write (e.g. bundle.tar)")
+    c.add_argument("--replace", action="store_true", help="replace a token of that name (its old token stops working)")
     c.set_defaults(func=handle_create)
+
+    for verb, text in (
+        ("list", "the named tokens: name, admin, queue, origin, created, last used"),
+        ("revoke", "delete a named token: it stops working"),
+        ("rotate", "a new token for a name, as it was (admin, queue), and its bundle; the old one stops working"),
+    ):
+        v = sub.add_parser(verb, help=text, description=text[0].upper() + text[1:] + ".")
+        if verb != "list":
+            v.add_argument("name", metavar="NAME")
+        v.add_argument("--server", metavar="URL", help="ask this server, with the admin token")
+        v.add_argument("--state", metavar="DIR", help="work directly in this state dir (no server call)")
+        v.add_argument(
+            "--admin-token-file",
+            default="/etc/gpupool/token",
+            metavar="FILE",
+            help="admin token to ask the server with",
+        )
+        if verb == "list":
+            v.add_argument("--json", action="store_true", help='one JSON object {"tokens": [...]}')
+        if verb == "rotate":
+            v.add_argument(
+                "--ca", metavar="PEM", help="CA certificate to bundle (default: STATE/tls/ca.crt when present)"
+            )
+            v.add_argument("--out", required=True, metavar="TAR", help="bundle to write with the new token")
+        v.set_defaults(func={"list": handle_list, "revoke": handle_revoke, "rotate": handle_rotate}[verb])
 
     def handle_bare(_args: argparse.Namespace) -> int:
         p.print_help(sys.stderr)
@@ -57,9 +86,10 @@ def handle_create(args: argparse.Namespace) -> int:
     ca_file = _ca_file(args.ca, args.state)
     ca_pem = _ca_pem(ca_file, bool(args.ca))
     if args.state:
-        token = _create_local(Path(args.state).expanduser(), name, args.admin, args.queue)
+        token = _create_local(Path(args.state).expanduser(), name, args.admin, args.queue, args.replace)
     else:
-        token = _create_remote(urls[0], name, args.admin, _admin_token(args.admin_token_file), ca_file, args.queue)
+        admin_token = _admin_token(args.admin_token_file)
+        token = _create_remote(urls[0], name, args.admin, admin_token, ca_file, args.queue, args.replace)
     if any(u.startswith("https://") for u in urls) and not ca_pem:
         print(
             "gpupool: warning: no CA to bundle (--ca or --state); clients will trust system CAs only", file=sys.stderr
@@ -72,7 +102,91 @@ def handle_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_local(state: Path, name: str, admin: bool, queue: str) -> str:
+def handle_list(args: argparse.Namespace) -> int:
+    rows = _on_tokens(args, "GET", "/v1/tokens", lambda store: [t.to_dict() for t in _auth().list_tokens(store)])
+    tokens = rows if isinstance(rows, list) else rows.get("tokens", [])
+    if args.json:
+        print(json.dumps({"tokens": tokens}))
+        return 0
+    table = [["NAME", "ADMIN", "QUEUE", "ORIGIN", "CREATED", "LAST USED"]]
+    for t in tokens:
+        table.append(
+            [
+                t["name"],
+                "yes" if t["admin"] else "-",
+                t["queue"] or "-",
+                t["origin"],
+                _when(t["created_at"]),
+                _when(t["last_used"]) if t["last_used"] is not None else "never",
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def handle_revoke(args: argparse.Namespace) -> int:
+    path = f"/v1/tokens/{urllib.parse.quote(args.name, safe='')}"
+    _on_tokens(args, "DELETE", path, lambda store: _auth().revoke_token(store, args.name))
+    print(f"gpupool: token {args.name!r} revoked: it no longer authenticates", file=sys.stderr)
+    return 0
+
+
+def handle_rotate(args: argparse.Namespace) -> int:
+    from ..client.config import client_bundle
+
+    if not args.server:
+        raise InvalidInput("gpupool token rotate needs --server URL: the bundle names the server its clients use")
+    path = f"/v1/tokens/{urllib.parse.quote(args.name, safe='')}/rotate"
+    answer = _on_tokens(args, "POST", path, lambda store: {"token": _auth().rotate_token(store, args.name)})
+    token = answer.get("token") if isinstance(answer, dict) else None
+    if not isinstance(token, str) or not token:
+        raise GpupoolError(f"{args.server} answered without a token: is it a gpupool server?")
+    ca_file = _ca_file(args.ca, args.state)
+    _write_tar(Path(args.out), client_bundle([args.server], token, _ca_pem(ca_file, bool(args.ca))))
+    print(f"token {args.name!r} rotated: the new one is in {args.out}; the old one no longer works", file=sys.stderr)
+    return 0
+
+
+def _auth() -> Any:
+    from ..server import auth  # the token rules; only the --state forms need the server's modules
+
+    return auth
+
+
+def _on_tokens(args: argparse.Namespace, method: str, path: str, local: Any) -> Any:
+    """`local(store)` in --state's store, else the admin call `method path` on --server."""
+    if args.state:
+        from ..store import Store
+
+        store = Store(Path(args.state).expanduser())
+        try:
+            return local(store)
+        finally:
+            store.close()
+    if not args.server:
+        raise InvalidInput(f"give --server URL (with --admin-token-file) or --state DIR for `gpupool token {path}`")
+    from ..client.config import normalize_url
+    from ..client.http import HttpPoolClient
+
+    url = normalize_url(args.server)
+    client = HttpPoolClient(
+        url, _admin_token(args.admin_token_file), str(_ca_file(getattr(args, "ca", None), None) or "")
+    )
+    try:
+        return client.request(method, path, {} if method == "POST" else None, retry=False)
+    except Unauthorized:
+        raise Unauthorized(f"{url} refused the admin token: pass --admin-token-file, or --state on its host") from None
+    finally:
+        client.close()
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def _create_local(state: Path, name: str, admin: bool, queue: str, replace: bool = False) -> str:
     """The token made in the state dir; the pool is opened only to check a queue to bind it to."""
     from ..server.auth import create_token, require_queue
     from ..store import Store
@@ -87,7 +201,7 @@ def _create_local(state: Path, name: str, admin: bool, queue: str) -> str:
             pool.close()
     store = Store(state)
     try:
-        return create_token(store, name, admin, queue=queue)
+        return create_token(store, name, admin, queue=queue, replace=replace)
     finally:
         store.close()
 
@@ -136,13 +250,17 @@ def _admin_token(path: str) -> str:
     return token
 
 
-def _create_remote(url: str, name: str, admin: bool, admin_token: str, ca_file: Optional[Path], queue: str = "") -> str:
+def _create_remote(
+    url: str, name: str, admin: bool, admin_token: str, ca_file: Optional[Path], queue: str = "", replace: bool = False
+) -> str:
     """The token made by the server at `url` (POST /v1/tokens with the admin token), through the pool's client."""
     from ..client.http import HttpPoolClient
 
     request_body: Dict[str, Any] = {"name": name, "admin": admin}
     if queue:  # only when bound: a server older than queues refuses the field
         request_body["queue"] = queue
+    if replace:  # likewise: a server before token lists replaced always
+        request_body["replace"] = True
     client = HttpPoolClient(url, admin_token, str(ca_file or ""))
     try:
         answer = client.request("POST", "/v1/tokens", request_body, retry=False)  # a token made twice is two
@@ -170,4 +288,4 @@ def _write_tar(out: Path, files: Dict[str, str]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-__all__: List[str] = ["register", "handle_create"]
+__all__: List[str] = ["register", "handle_create", "handle_list", "handle_revoke", "handle_rotate"]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .model import Claim, Device, Holder, Lease
+from .model import SUSPENDED, Claim, Device, Holder, Lease
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
@@ -79,7 +79,7 @@ def pool_problems(
     problems = lease_problems(devices, leases)
     summed: Dict[str, int] = {}
     for lease in leases:
-        if not lease.slices:
+        if not lease.slices and lease.state != SUSPENDED:  # a suspended lease gave its GPU memory back
             problems.append(Problem("lease_without_slices", f"lease {lease.id} holds no GPU: release it"))
         if not (math.isfinite(lease.expires_at) and lease.ttl_s > 0):
             problems.append(

@@ -18,6 +18,7 @@ from ..core.errors import InvalidInput
 from ..core.invariants import Problem, pool_problems
 from ..core.model import Device, Holder, Lease, Slice
 from ..core.queues import QueueSpec, check_quotas_fit
+from ..core.suspension import Suspension
 from ..store import DB_NAME
 from ..store.maintenance import integrity
 from ..store.marker import lost_message, lost_problem
@@ -87,6 +88,14 @@ def check_state(state_dir: Union[str, Path]) -> Report:
     return report
 
 
+def _suspension_records(conn: sqlite3.Connection) -> Dict[str, str]:
+    """lease id -> its suspension record (JSON); none in a database from before suspensions."""
+    known = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'suspensions'").fetchone()
+    if known is None:
+        return {}
+    return {str(lease_id): str(record) for lease_id, record in conn.execute("SELECT lease_id, record FROM suspensions")}
+
+
 def _check_rows(conn: sqlite3.Connection, report: Report) -> None:
     conn.execute("BEGIN")  # one snapshot for every table
     devices: List[Device] = []
@@ -102,12 +111,14 @@ def _check_rows(conn: sqlite3.Connection, report: Report) -> None:
             report.problems.append(Problem("bad_slice", f"lease {lease_id}: a slice of {mib!r} MiB on {uuid}"))
             continue
         slices.setdefault(str(lease_id), []).append(Slice(str(uuid), mib, grp))
+    suspensions = _suspension_records(conn)
     leases: List[Lease] = []
     for lease_id, holder, ttl_s, created_at, expires_at in conn.execute(
         "SELECT id, holder, ttl_s, created_at, expires_at FROM leases"
     ):
         try:
             parsed = Holder.from_dict(json.loads(holder))
+            record = suspensions.get(str(lease_id))
             leases.append(
                 Lease(
                     lease_id,
@@ -116,6 +127,7 @@ def _check_rows(conn: sqlite3.Connection, report: Report) -> None:
                     float(ttl_s),
                     float(created_at),
                     float(expires_at),
+                    suspension=None if record is None else Suspension.from_dict(json.loads(record)),
                 )
             )
         except Exception as err:  # a damaged row of any kind is a finding

@@ -17,9 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
-from ..core.errors import Forbidden, InvalidInput, Unauthorized
+from ..core.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from ..store import Store
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ _NAME_RE = re.compile(NAME_PATTERN)
 # How long a named-token lookup is trusted before the database is asked again:
 # tokens created or revoked by another process take effect within this time.
 CACHE_S = 5.0
+# A token's last use is recorded to the minute: a write per request would cost every claim one.
+LAST_USED_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,11 @@ def load_or_create_token_file(path: Union[str, Path]) -> str:
     return token
 
 
-def create_token(store: Store, name: str, admin: bool = False, origin: str = "local", queue: str = "") -> str:
-    """Create (or rotate) the named token; returns the token, whose hash alone is stored.
+def create_token(
+    store: Store, name: str, admin: bool = False, origin: str = "local", queue: str = "", replace: bool = False
+) -> str:
+    """Create the named token (`replace`: also over an existing one, which stops working); returns
+    the token, whose hash alone is stored.
 
     `origin`: "api" when an admin token asked over HTTP, "local" when made in the state dir
     (`gpupool token create --state`: whoever may write pool.db is its admin already).
@@ -104,9 +109,60 @@ def create_token(store: Store, name: str, admin: bool = False, origin: str = "lo
         )
     token = new_token()
     with store.write() as tx:
+        if not replace and tx.token_named(name) is not None:
+            raise InvalidInput(
+                f"token {name!r} exists already: pass --replace to replace it (its old token stops working), "
+                f"`gpupool token rotate {name}` to renew it as it is, or choose another name"
+            )
         tx.put_token(name, token_hash(token), admin, time.time(), origin, queue=queue)
     log.info("created %stoken %r%s", "admin " if admin else "", name, f" for queue {queue!r}" if queue else "")
     return token
+
+
+def rotate_token(store: Store, name: str, origin: str = "local") -> str:
+    """A new token for `name`, admin and queue as they were; the old one stops working. NotFound
+    when there is no such token."""
+    with store.read() as tx:
+        known = tx.token_named(name)
+    if known is None:
+        raise NotFound(f"there is no token {name!r}: `gpupool token list` shows them")
+    admin, _, queue = known
+    return create_token(store, name, admin, origin, queue, replace=True)
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What `gpupool token list` shows of a named token (never the token: only its hash is kept)."""
+
+    name: str
+    admin: bool
+    origin: str
+    queue: str
+    created_at: float
+    last_used: Optional[float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "admin": self.admin,
+            "origin": self.origin,
+            "queue": self.queue,
+            "created_at": self.created_at,
+            "last_used": self.last_used,
+        }
+
+
+def list_tokens(store: Store) -> List[TokenInfo]:
+    with store.read() as tx:
+        return [TokenInfo(*row) for row in tx.token_list()]
+
+
+def revoke_token(store: Store, name: str) -> None:
+    """Delete the token called `name` (it stops working at once here, within CACHE_S elsewhere)."""
+    with store.write() as tx:
+        if not tx.delete_token(name):
+            raise NotFound(f"there is no token {name!r}: `gpupool token list` shows them")
+    log.info("revoked token %r", name)
 
 
 def install_token(store: Store, name: str, token: str) -> bool:
@@ -177,8 +233,13 @@ class Authenticator:
             with self._store.read() as tx:
                 row = tx.token_row(digest)
                 queue = tx.token_queue(digest) if row else ""
+                last_used = tx.token_last_used(digest) if row else None
             # A legacy token may come from a server that ran without auth, where anyone could mint one.
             identity = Identity(row[0], row[1], queue) if row and row[2] != LEGACY else None
+            wall = time.time()
+            if identity is not None and (last_used is None or wall - last_used >= LAST_USED_EVERY_S):
+                with self._store.write() as tx:  # `token list` shows it: one write a minute per token
+                    tx.touch_token(digest, wall, LAST_USED_EVERY_S)
         with self._lock:
             if len(self._cache) > 10000:  # bounded: random bad tokens must not grow memory
                 self._cache.clear()

@@ -216,6 +216,9 @@ class TokenRequest(_Body):
 
     name: str = Field(pattern=NAME_PATTERN, json_schema_extra={"not": {"const": ADMIN_NAME}, **example("alice")})
     admin: bool = False
+    replace: bool = Field(
+        False, description="replace a token of that name (it stops working); else an existing name is refused"
+    )
     queue: Optional[str] = Field(
         None,
         pattern=QUEUE_PATTERN,

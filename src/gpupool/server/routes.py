@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
-from .auth import Identity, create_token, require_admin, require_queue
+from .auth import Identity, create_token, list_tokens, require_admin, require_queue, revoke_token, rotate_token
 from .handlers import LeaseApi, dumps
 from .models import ParkedReport, RestoredReport, ResumeRequest, SuspendRequest, TokenRequest, validated
 from .wire import check_size, json_object
@@ -91,6 +91,12 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 # --- leases ---------------------------------------------------------------------
+# Every caller is admin without auth: minting would hand admin tokens to anyone on this host.
+NO_AUTH_NO_TOKENS = (
+    "this server runs without auth (no --token-file), so it makes no tokens: restart it with "
+    "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
+)
+
 lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"])
 
 
@@ -217,17 +223,36 @@ async def devices(api: Api, _identity: Caller) -> Response:
 )
 async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
     if api.auth is None:
-        # Every caller is admin here: minting would hand admin tokens to anyone on this host.
-        raise Forbidden(
-            "this server runs without auth (no --token-file), so it creates no tokens: restart it with "
-            "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
-        )
+        raise Forbidden(NO_AUTH_NO_TOKENS)
     body = validated(TokenRequest, json_object(await read_body(request)))
     name, is_admin, queue = body.name, body.admin, body.queue or ""
     if queue:
         await run_in_threadpool(require_queue, api.pool, queue)
-    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api", queue)
-    api.auth.forget()  # this process must see the rotation now, not after the lookup cache expires
+    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api", queue, body.replace)
+    api.auth.forget()  # this process must see the replacement now, not after the lookup cache expires
+    return json_response({"name": name, "token": token}, 201)
+
+
+@pool_routes.get("/tokens", summary="The named tokens: name, admin, queue, origin, created, last used (admin only)")
+async def token_list(api: Api, _admin: Admin) -> Response:
+    rows = await run_in_threadpool(list_tokens, api.pool.store)
+    return json_response({"tokens": [row.to_dict() for row in rows]})
+
+
+@pool_routes.delete("/tokens/{name}", summary="Revoke a named token (admin only)")
+async def token_revoke(name: str, api: Api, _admin: Admin) -> Response:
+    await run_in_threadpool(revoke_token, api.pool.store, name)
+    if api.auth is not None:
+        api.auth.forget()  # refused here from now on
+    return json_response({"revoked": name})
+
+
+@pool_routes.post("/tokens/{name}/rotate", summary="A new token for a name, as it was; the old one stops (admin only)")
+async def token_rotate(name: str, api: Api, _admin: Admin) -> Response:
+    if api.auth is None:
+        raise Forbidden(NO_AUTH_NO_TOKENS)
+    token = await run_in_threadpool(rotate_token, api.pool.store, name, "api")
+    api.auth.forget()
     return json_response({"name": name, "token": token}, 201)
 
 

@@ -173,6 +173,23 @@ class TokenBody(BaseModel):
     token: str
 
 
+class TokenInfoBody(BaseModel):
+    name: str
+    admin: bool
+    origin: str = Field(description="api, local, secret or legacy: who made it")
+    queue: str
+    created_at: float
+    last_used: Optional[float] = Field(description="when it last authenticated, to the minute; null: never")
+
+
+class TokenList(BaseModel):
+    tokens: List[TokenInfoBody]
+
+
+class Revoked(BaseModel):
+    revoked: str
+
+
 class DoctorProblem(BaseModel):
     kind: str
     message: str
@@ -212,6 +229,8 @@ ANSWERS: Tuple[Type[BaseModel], ...] = (
     QueueDeleted,
     UsageBody,
     TokenBody,
+    TokenList,
+    Revoked,
     DoctorReport,
     Health,
     ErrorBody,
@@ -259,6 +278,9 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/status", "get"): (200, "PoolStatusBody", (401, 503)),
     ("/v1/devices", "get"): (200, "DeviceList", (401, 503)),
     ("/v1/tokens", "post"): (201, "TokenBody", (400, 401, 403, 413, 503)),
+    ("/v1/tokens", "get"): (200, "TokenList", (401, 403, 503)),
+    ("/v1/tokens/{name}", "delete"): (200, "Revoked", (401, 403, 404, 503)),
+    ("/v1/tokens/{name}/rotate", "post"): (201, "TokenBody", (401, 403, 404, 503)),
     ("/v1/doctor", "get"): (200, "DoctorReport", (401, 403, 503)),
     ("/v1/queues", "get"): (200, "QueueList", (401, 503)),
     ("/v1/queues/{name}", "put"): (200, "QueueBody", (400, 401, 403, 413, 503)),
@@ -268,7 +290,7 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/metrics", "get"): (200, TEXT, ()),
 }
 # Operations that answer 403 without auth too (a server without auth mints no tokens).
-_FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post")}
+_FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post"), ("/v1/tokens/{name}/rotate", "post")}
 REQUEST_BODIES = {
     ("/v1/leases", "post"): ClaimRequest.__name__,
     ("/v1/tokens", "post"): TokenRequest.__name__,

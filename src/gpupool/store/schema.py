@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     admin      INTEGER NOT NULL,
     created_at REAL NOT NULL,
     origin     TEXT NOT NULL DEFAULT 'legacy',  -- api (an admin token over HTTP), local (--state), secret (node agent)
-    queue      TEXT NOT NULL DEFAULT ''         -- '' = may claim in any queue
+    queue      TEXT NOT NULL DEFAULT '',        -- '' = may claim in any queue
+    last_used  REAL                             -- when it last authenticated (to the minute); NULL: never
 );
 CREATE TABLE IF NOT EXISTS queues (
     name       TEXT PRIMARY KEY,
@@ -105,7 +106,11 @@ HISTORY_REASONS = ("released", "expired", "preempted")
 # Columns added after schema 1, with their declarations: an older database gets them by
 # ALTER TABLE on open (idempotent: only the missing ones), a new one from SCHEMA above.
 ADDED_COLUMNS = {
-    "tokens": (("origin", "TEXT NOT NULL DEFAULT 'legacy'"), ("queue", "TEXT NOT NULL DEFAULT ''")),
+    "tokens": (
+        ("origin", "TEXT NOT NULL DEFAULT 'legacy'"),
+        ("queue", "TEXT NOT NULL DEFAULT ''"),
+        ("last_used", "REAL"),
+    ),
     "leases": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
