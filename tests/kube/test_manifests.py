@@ -196,6 +196,12 @@ def test_scheduler_config_reaches_the_extender_from_the_host_network(capsys):
     # the committed example is this rendering, for its example address
     committed = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
     assert committed == scheduler_config("10.96.0.200")
+    # the extender's weight: 5 by default (its score then decides among nodes that fit), or as asked
+    assert ext["weight"] == 5
+    assert main(["kube", "scheduler-config", "--cluster-ip", "10.96.12.34", "--weight", "20"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["extenders"][0]["weight"] == 20
+    assert main(["kube", "scheduler-config", "--cluster-ip", "10.96.12.34", "--weight", "0"]) == 2
+    assert "--weight 0 must be" in capsys.readouterr().err
 
 
 def test_extender_answers_at_an_ip_with_the_services_name_checked(tmp_path, cluster):

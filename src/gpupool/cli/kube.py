@@ -142,6 +142,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the extender also binds GPU pods, recording the GPUs it chose (gpupool.io/choice) for the "
         "device plugin; GPU pods then wait while the webhook is down",
     )
+    p.add_argument(
+        "--weight",
+        type=int,
+        default=5,
+        metavar="N",
+        help="how many times the extender's score counts against the default plugins' (1-100, default 5)",
+    )
     p.set_defaults(func=handle_scheduler_config)
 
     p = verbs.add_parser("secret", help="print the kubectl commands that install a user token for a namespace")
@@ -282,7 +289,12 @@ def handle_scheduler_config(args: argparse.Namespace) -> int:
     from ..kube.manifests import scheduler_config
 
     config = scheduler_config(
-        args.cluster_ip, namespace=args.namespace, kubeconfig=args.kubeconfig, ca_file=args.ca_file, bind=args.bind
+        args.cluster_ip,
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        ca_file=args.ca_file,
+        bind=args.bind,
+        weight=args.weight,
     )
     sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
     return 0

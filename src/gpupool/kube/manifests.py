@@ -9,6 +9,8 @@ from typing import Any, Dict, List
 
 import yaml
 
+from ..core.errors import InvalidInput
+
 WEBHOOK_CONFIGS = (
     ("MutatingWebhookConfiguration", "gpupool-mutate"),
     ("ValidatingWebhookConfiguration", "gpupool-validate"),
@@ -80,6 +82,20 @@ def write_ca_patch(out_dir: str, ca_pem: bytes) -> pathlib.Path:
 SCHEDULER_DIR = "/etc/kubernetes/gpupool"  # where the control plane keeps the config and the webhook CA
 
 
+# kube-scheduler adds an extender's score times its weight to its plugins' (0-100 each, and
+# several of them spread pods): 5 lets the fragaware ranking decide among nodes that fit.
+DEFAULT_EXTENDER_WEIGHT = 5
+MAX_EXTENDER_WEIGHT = 100
+
+
+def check_extender_weight(weight: object) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_EXTENDER_WEIGHT:
+        raise InvalidInput(
+            f"--weight {weight!r} must be a whole number from 1 to {MAX_EXTENDER_WEIGHT}, e.g. --weight 5"
+        )
+    return weight
+
+
 def scheduler_config(
     cluster_ip: str,
     service: str = "gpupool-webhook",
@@ -88,8 +104,10 @@ def scheduler_config(
     kubeconfig: str = "/etc/kubernetes/scheduler.conf",
     ca_file: str = f"{SCHEDULER_DIR}/ca.crt",
     bind: bool = False,
+    weight: int = DEFAULT_EXTENDER_WEIGHT,
 ) -> Dict[str, Any]:
-    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with gpupool's extender.
+    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with gpupool's extender,
+    whose scores count `weight` times against the default plugins' (which spread pods).
 
     A kube-scheduler on the host network (kubeadm's static pod) resolves names with the node's
     resolver, where Service DNS names do not exist; so the extender is reached at the Service's
@@ -112,7 +130,7 @@ def scheduler_config(
         "urlPrefix": f"https://{host}:{port}/extender",
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
-        "weight": 1,
+        "weight": check_extender_weight(weight),
         "enableHTTPS": True,
         "tlsConfig": {"serverName": f"{service}.{namespace}.svc", "caFile": ca_file},
         "httpTimeout": "5s",
