@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterator
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--from", dest="source", required=True, type=Path, help="ILSVRC2012 train folder, or ILSVRC2012_img_train.tar"
     )
     imagenet.add_argument("--synsets", required=True, help="comma-separated synset ids, e.g. n01440764,n02119022")
-    imagenet.add_argument("--to", required=True, type=Path, help="output folder")
+    imagenet.add_argument("--to", required=True, help="output folder or bucket URL (s3://, gs://, az://)")
     imagenet.add_argument("--limit", type=int, default=0, help="at most N images per synset (0: all)")
     imagenet.add_argument("--json", action="store_true", help="print counts as JSON on stdout")
     imagenet.set_defaults(func=_imagenet)
@@ -39,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Export scikit-learn's bundled 8x8 handwritten digits as PNGs, "
         "TO/<digit>/<n>.png: a real, small data set that needs no network.",
     )
-    digits.add_argument("--to", required=True, type=Path, help="output folder")
+    digits.add_argument("--to", required=True, help="output folder or bucket URL (s3://, gs://, az://)")
     digits.add_argument("--limit-per-class", type=int, default=0, help="at most N images per class (0: all)")
     digits.add_argument("--json", action="store_true", help="print counts as JSON on stdout")
     digits.set_defaults(func=_digits)
@@ -52,10 +54,28 @@ def _print_counts(args: argparse.Namespace, counts: Dict[str, int]) -> None:
         print(f"wrote {sum(counts.values())} images in {len(counts)} classes to {args.to}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _target(to: str) -> Iterator[Path]:
+    """The folder to write into: TO itself, or for a bucket URL a temporary folder copied to it
+    once complete (a failed export leaves the bucket as it was)."""
+    from gpupool.train import storage
+
+    if not storage.is_remote(to):
+        yield storage.local_path(to)
+        return
+    storage.require_bucket(to)  # before minutes of extraction, not after
+    with tempfile.TemporaryDirectory(prefix="gpupool-data-") as tmp:
+        yield Path(tmp)
+        print(f"copying to {to}", file=sys.stderr)
+        storage.put_tree(tmp, to)
+
+
 def _imagenet(args: argparse.Namespace) -> int:
     from gpupool.train.imagenet import extract_synsets, parse_synsets
 
-    counts = extract_synsets(args.source, parse_synsets(args.synsets), args.to, limit=max(0, args.limit))
+    synsets = parse_synsets(args.synsets)
+    with _target(args.to) as to:
+        counts = extract_synsets(args.source, synsets, to, limit=max(0, args.limit))
     _print_counts(args, counts)
     return 0
 
@@ -66,7 +86,8 @@ def _digits(args: argparse.Namespace) -> int:
     try:
         from gpupool.train.digits import export_digits
 
-        counts = export_digits(args.to, limit_per_class=max(0, args.limit_per_class))
+        with _target(args.to) as to:
+            counts = export_digits(to, limit_per_class=max(0, args.limit_per_class))
     except ImportError as err:
         raise InvalidInput(
             f"`gpupool data digits` needs the train extra ({err}); pip install 'gpupool[train]'"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,8 +13,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="classify images with a trained model",
         description="Print the predicted class and its probability for each image.",
     )
-    p.add_argument("--model", required=True, type=Path, help="run folder of `gpupool train` (or its model.pt)")
-    p.add_argument("images", nargs="+", help="image files (jpg, jpeg, png)")
+    p.add_argument(
+        "--model", required=True, help="run folder of `gpupool train` (or its model.pt), local or a bucket URL"
+    )
+    p.add_argument("images", nargs="+", help="image files (jpg, jpeg, png), local or bucket URLs")
     p.add_argument("--top", type=int, default=1, help="show the K most likely classes (default 1)")
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--json", action="store_true", help="one JSON list on stdout")

@@ -25,6 +25,8 @@ _OVERRIDES = (
     "seed",
     "device",
     "max_steps_per_epoch",
+    "cache_dir",
+    "keep_checkpoints",
 )
 
 
@@ -35,10 +37,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="train an image classifier on DIR/<class>/*.jpg",
         description="Train an image classifier on a class-folder data set. Runs on one GPU, a CPU, or as one "
         "of WORLD_SIZE data-parallel workers (RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as "
-        "torchrun sets them). Resumes from OUT/checkpoint.pt when there is one.",
+        "torchrun sets them). Resumes from OUT/checkpoint.pt when there is one. DATA and OUT may be "
+        "s3://, gs://, az:// or file:// URLs (the objstore extra): the data set is read through a local cache, "
+        "checkpoints go to OUT/checkpoints/ and the run resumes from the newest one on any machine.",
     )
-    p.add_argument("--data", required=True, help="class-folder data set: DATA/<class>/*.{jpg,jpeg,png}")
-    p.add_argument("--out", required=True, help="run folder: split, checkpoints, metrics, report, model")
+    p.add_argument(
+        "--data", required=True, help="class-folder data set: DATA/<class>/*.{jpg,jpeg,png}, a folder or a bucket URL"
+    )
+    p.add_argument(
+        "--out",
+        help="run folder or bucket URL: split, checkpoints, metrics, report, model (default: $GPUPOOL_CHECKPOINTS, "
+        "which a job spec's checkpoints: sets in every replica)",
+    )
     p.add_argument("--preset", help="a named recipe, e.g. vgg19-transfer (flags still override it)")
     p.add_argument("--model", help="convnet, resnet18, resnet50, vgg16 or vgg19 (default resnet18)")
     p.add_argument("--weights", help="pretrained torchvision weights file (.pth), or 'none' to train from scratch")
@@ -75,6 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=True,
         help="continue from OUT/checkpoint.pt when it exists (default on)",
     )
+    p.add_argument(
+        "--cache-dir",
+        help="local cache for bucket data sets and runs (default $GPUPOOL_CACHE_DIR or ~/.cache/gpupool)",
+    )
+    p.add_argument("--cache-size", help="most the data cache holds, e.g. 20Gi (default 20Gi); least recently read goes")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints a bucket run keeps, newest first (default 3)")
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests, benchmarks)")
     p.add_argument(
         "--progress",
@@ -87,15 +103,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _train(args: argparse.Namespace) -> int:
+    import os
+
     from gpupool.core.errors import InvalidInput
-    from gpupool.train.config import build_config, parse_split
+    from gpupool.core.quantity import parse_memory_mib
+    from gpupool.train.config import CHECKPOINTS_ENV, build_config, parse_split
 
     overrides: Dict[str, Any] = {name: getattr(args, name) for name in _OVERRIDES}
+    out = args.out or os.environ.get(CHECKPOINTS_ENV)
+    if not out:
+        raise InvalidInput(
+            f"give --out DIR or a bucket URL (or set {CHECKPOINTS_ENV}, as a job spec's checkpoints: does)"
+        )
+    if args.cache_size is not None:
+        overrides["cache_size"] = parse_memory_mib(args.cache_size, "--cache-size") << 20
     try:
         overrides["split"] = parse_split(args.split)
         cfg = build_config(
             args.data,
-            args.out,
+            out,
             preset=args.preset,
             overrides={
                 **overrides,
@@ -114,8 +140,6 @@ def _train(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise InvalidInput(f"`gpupool train` needs the train extra ({err}); pip install 'gpupool[train]'") from None
 
-    import os
-
     result = train(cfg)
     if int(os.environ.get("RANK", "0") or 0) == 0:
         if args.json:
@@ -123,7 +147,7 @@ def _train(args: argparse.Namespace) -> int:
         else:
             print(
                 f"test_accuracy={result['test_accuracy']:.4f} images_per_second={result['images_per_second']:.1f} "
-                f"epochs_run={result['epochs_run']} report={os.path.join(cfg.out, 'report.json')}",
+                f"epochs_run={result['epochs_run']} report={cfg.out.rstrip('/')}/report.json",
                 flush=True,
             )
     return 0

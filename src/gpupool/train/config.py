@@ -17,6 +17,8 @@ MODEL_NAMES: Tuple[str, ...] = ("convnet", "resnet18", "resnet50", "vgg16", "vgg
 HEAD_NAMES: Tuple[str, ...] = ("linear", "mlp")
 SCHEDULES: Tuple[str, ...] = ("constant", "cosine")
 MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {"convnet": {"lr": 3e-3}}
+# The job's checkpoint place (a job spec's `checkpoints:`), set in every replica: the default --out.
+CHECKPOINTS_ENV = "GPUPOOL_CHECKPOINTS"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class TrainConfig:
     preset: Optional[str] = None
     max_steps_per_epoch: Optional[int] = None
     progress: Optional[bool] = None
+    # Bucket URLs (--data/--out s3://...): the local cache's folder and size (bytes) for the
+    # data set, and how many checkpoints the bucket keeps.
+    cache_dir: Optional[str] = None
+    cache_size: Optional[int] = None
+    keep_checkpoints: int = 3
 
     def structural(self) -> Dict[str, Any]:
         """The fields a resumed run must share with the run that wrote the checkpoint."""
@@ -140,6 +147,8 @@ def validate(cfg: TrainConfig) -> None:
         (0.0 <= cfg.dropout < 1.0, f"--dropout must be in [0, 1), got {cfg.dropout}"),
         (cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}"),
         (cfg.workers is None or cfg.workers >= 0, f"--workers must be >= 0, got {cfg.workers}"),
+        (cfg.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {cfg.keep_checkpoints}"),
+        (cfg.cache_size is None or cfg.cache_size > 0, f"--cache-size must be > 0, got {cfg.cache_size}"),
     ]
     for ok, message in checks:
         if not ok:

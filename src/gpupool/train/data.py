@@ -17,12 +17,15 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from gpupool.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from gpupool.train.bucket_data import BucketFiles
 
 # Imported here, not in the decode function: forked DataLoader workers then inherit them
 # instead of each paying a second of imports on its first image.
@@ -148,20 +151,28 @@ def make_split(
 
 
 def load_or_make_split(
-    root: Path, run_dir: Path, fractions: Tuple[float, float, float], seed: int, write: bool
+    root: Path,
+    run_dir: Path,
+    fractions: Tuple[float, float, float],
+    seed: int,
+    write: bool,
+    bucket: Optional[BucketFiles] = None,
 ) -> Split:
     """The run's split: RUN/split.json when it exists (a resumed or re-run job keeps its
-    split even if files were added since), else a fresh one, written when `write` (rank 0)."""
+    split even if files were added since), else a fresh one, written when `write` (rank 0).
+    A data set in a bucket (`bucket`) is listed here, once per job, and never again."""
     path = run_dir / SPLIT_FILE
     if path.exists():
         split = Split.from_json(json.loads(path.read_text()))
-        missing = [p for p, _ in split.train[:5] if not (root / p).exists()]
+        present = bucket.exists if bucket is not None else (lambda rel: (root / rel).exists())
+        missing = [p for p, _ in split.train[:5] if not present(p)]
         if missing:
+            where = bucket.url if bucket is not None else root
             raise InvalidInput(
-                f"{path} names files missing under {root} (e.g. {missing[0]}); use the same --data or a new --out"
+                f"{path} names files missing under {where} (e.g. {missing[0]}); use the same --data or a new --out"
             )
         return split
-    classes, samples = scan_class_folders(root)
+    classes, samples = bucket.scan() if bucket is not None else scan_class_folders(root)
     split = make_split(classes, samples, fractions, seed)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -284,8 +295,12 @@ class ImageFiles(Dataset[Sample]):
     itself; `collate` hands them on unchanged.
     """
 
-    def __init__(self, root: Path, samples: Sequence[Tuple[str, int]], size: int, hflip: bool = False) -> None:
-        self.root = str(root)
+    def __init__(
+        self, root: Union[Path, BucketFiles], samples: Sequence[Tuple[str, int]], size: int, hflip: bool = False
+    ) -> None:
+        # A bucket's files are read through its local cache, fetched on their first read.
+        self.bucket = None if isinstance(root, Path) else root
+        self.root = str(root) if isinstance(root, Path) else root.url
         self.paths = [p for p, _ in samples]
         self.labels = [c for _, c in samples]
         self.size = size
@@ -297,7 +312,9 @@ class ImageFiles(Dataset[Sample]):
     def _load(self, i: int) -> Tuple[Optional[torch.Tensor], int]:
         """(image, label), or (None, BAD_LABEL) for a file that cannot be read or decoded."""
         try:
-            img = decode_resized(read_bytes(os.path.join(self.root, self.paths[i])), self.size)
+            rel = self.paths[i]
+            path = self.bucket.local(rel) if self.bucket is not None else os.path.join(self.root, rel)
+            img = decode_resized(read_bytes(path), self.size)
         except Exception as err:  # any decoder or I/O failure: skip and count, never crash
             log.debug("unreadable image %s: %s", self.paths[i], err)
             return None, BAD_LABEL
@@ -438,6 +455,19 @@ def make_loader(
         worker_init_fn=_ignore_sigterm if workers > 0 else None,
     )
     return loader, sampler
+
+
+def close_loaders(*loaders: DataLoader[Sample]) -> None:
+    """Stop the persistent workers of LOADERS now. They ignore SIGTERM (see _ignore_sigterm), and
+    torch leaves workers whose loader is still alive at interpreter exit to multiprocessing's
+    exit handler, which SIGTERMs and then joins them: a loader kept alive by a reference cycle
+    until then would block the exit for ever."""
+    for loader in loaders:
+        iterator = getattr(loader, "_iterator", None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        loader._iterator = None
 
 
 class ResumableSampler(DistributedSampler[int]):

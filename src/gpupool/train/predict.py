@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from gpupool.core.errors import InvalidInput
+from gpupool.train import storage
 from gpupool.train.data import Normalizer, decode_resized
-from gpupool.train.export import load_serving
+from gpupool.train.export import MODEL_FILE, load_serving
 
 
 @dataclass(frozen=True)
@@ -51,18 +53,42 @@ class Prediction:
         )
 
 
+def _local_model(model: Union[str, Path]) -> Path:
+    """A run folder or model file, local or in a bucket (fetched to a temporary folder)."""
+    if not storage.is_remote(model):
+        return storage.local_path(model)
+    url = str(model)
+    url = url if url.endswith(".pt") else storage.join(url, MODEL_FILE)
+    local = Path(tempfile.mkdtemp(prefix="gpupool-model-")) / MODEL_FILE
+    storage.get_file(url, local)
+    return local
+
+
+def _exists(file: str) -> bool:
+    return storage.exists(file) if storage.is_remote(file) else storage.local_path(file).is_file()
+
+
+def _read(file: str) -> bytes:
+    return storage.read_bytes(file) if storage.is_url(file) else Path(file).read_bytes()
+
+
 def predict_files(
-    model_path: Path, files: Sequence[str], top: int = 1, batch_size: int = 32, device: Optional[str] = None
+    model_path: Union[str, Path],
+    files: Sequence[str],
+    top: int = 1,
+    batch_size: int = 32,
+    device: Optional[str] = None,
 ) -> List[Prediction]:
     """Predict each file; an unreadable image yields a Prediction with `error`, not an exception.
+    The model and the files may be bucket URLs.
 
     Raises:
         InvalidInput: no model there, or a file does not exist.
     """
-    missing = [f for f in files if not Path(f).is_file()]
+    missing = [f for f in files if not _exists(f)]
     if missing:
         raise InvalidInput(f"image file {missing[0]} does not exist")
-    model, payload = load_serving(model_path)
+    model, payload = load_serving(_local_model(model_path))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
     normalize = Normalizer().to(dev)
@@ -74,7 +100,7 @@ def predict_files(
     ok: List[Tuple[str, torch.Tensor]] = []
     for f in files:
         try:
-            ok.append((f, decode_resized(Path(f).read_bytes(), size)))
+            ok.append((f, decode_resized(_read(f), size)))
         except Exception as err:
             results.append(Prediction(file=f, error=f"cannot decode image: {err}"))
     with torch.no_grad():

@@ -155,6 +155,19 @@ def exists(path: PathLike) -> bool:
     return False
 
 
+def require_bucket(url: PathLike) -> None:
+    """Fail now, naming the fix, when URL's bucket is missing or refused (before any work is done
+    that would only find out at its first save)."""
+    if not is_remote(url):
+        return
+    fs, inner = filesystem(url)
+    bucket = inner.split("/", 1)[0]
+    with errors(url):
+        fs.invalidate_cache()
+        if not fs.exists(bucket):
+            raise FileNotFoundError("bucket does not exist")
+
+
 def read_bytes(path: PathLike) -> bytes:
     """The whole file."""
     fs, inner = filesystem(path)
@@ -298,11 +311,18 @@ def find(path: PathLike) -> List[str]:
 
 
 def put_tree(local: PathLike, path: PathLike) -> None:
-    """Copy every file under a local folder to PATH (each one atomically)."""
+    """Copy every file under a local folder to PATH: to a bucket in one concurrent batch (each
+    object appears whole: a PUT is all or nothing), to a folder one atomic file at a time."""
     base = Path(local)
-    for f in sorted(base.rglob("*")):
-        if f.is_file() and not f.name.startswith(TMP_PREFIX):
+    files = [f for f in sorted(base.rglob("*")) if f.is_file() and not f.name.startswith(TMP_PREFIX)]
+    if not is_remote(path):
+        for f in files:
             put_file(f, join(path, f.relative_to(base).as_posix()))
+        return
+    fs, inner = filesystem(path)
+    with errors(path):
+        fs.put([str(f) for f in files], [posixpath.join(inner, f.relative_to(base).as_posix()) for f in files])
+        fs.invalidate_cache()
 
 
 def get_tree(path: PathLike, local: PathLike) -> None:

@@ -13,18 +13,20 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, cast
+from typing import Any, Dict, List, Optional, Set, Union, cast
 
 import torch
 
 from gpupool.core.errors import InvalidInput
-from gpupool.train import checkpoint, distributed, preempt, report
+from gpupool.train import checkpoint, distributed, preempt, report, storage
+from gpupool.train.bucket_data import DEFAULT_CACHE_BYTES, BucketFiles, default_cache_dir
 from gpupool.train.config import TrainConfig, save_config
 from gpupool.train.data import (
     ImageFiles,
     Normalizer,
     Split,
     class_names,
+    close_loaders,
     default_workers,
     load_or_make_split,
     make_loader,
@@ -32,6 +34,7 @@ from gpupool.train.data import (
 from gpupool.train.export import save_serving
 from gpupool.train.loop import Engine, PartialEpoch, epoch_row, evaluate, train_epoch
 from gpupool.train.models import build_model, count_parameters
+from gpupool.train.run_place import RunPlace
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +92,32 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     device = distributed.pick_device(denv, cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidInput(f"--device {cfg.device} asked for a GPU but none is visible; use --device cpu")
-    out, data_dir = Path(cfg.out), Path(cfg.data)
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    place = RunPlace.for_out(cfg.out, cache_dir, denv.rank, cfg.keep_checkpoints)
+    data_dir: Union[Path, BucketFiles] = (
+        BucketFiles(cfg.data, cache_dir, cfg.cache_size or DEFAULT_CACHE_BYTES)
+        if storage.is_remote(cfg.data)
+        else storage.local_path(cfg.data)
+    )
+    out = place.local
     torch.manual_seed(cfg.seed)
     _set_threads(denv, device)
 
+    # A bucket run's local copy becomes what the bucket holds (the bucket is checked here, before
+    # any work, so a missing one or refused credentials fail at once).
+    place.pull()
     # A rerun after a preemption resumes even under --no-resume: the checkpoint there is the one
     # this same command saved when it was stopped.
-    ckpt = checkpoint.load(out) if cfg.resume or preempt.rerun_after_preemption() else None
+    ckpt = place.load_checkpoint() if cfg.resume or preempt.rerun_after_preemption() else None
     if ckpt is not None and ckpt["config"]["structural"] != cfg.structural():
         raise InvalidInput(
-            f"{out} holds a checkpoint of a different run ({ckpt['config']['structural']}); "
+            f"{place.shown()} holds a checkpoint of a different run ({ckpt['config']['structural']}); "
             "use a new --out, or --no-resume to start this one over"
         )
-    split = load_or_make_split(data_dir, out, cfg.split, cfg.seed, write=denv.is_main)
+    bucket = data_dir if isinstance(data_dir, BucketFiles) else None
+    split = load_or_make_split(
+        data_dir if isinstance(data_dir, Path) else Path(), out, cfg.split, cfg.seed, write=denv.is_main, bucket=bucket
+    )
     _check_inputs(cfg, split, denv.world_size)
     num_classes = len(split.classes)
     arch = {"name": cfg.model, "head": cfg.head, "hidden": cfg.hidden, "dropout": cfg.dropout}
@@ -119,7 +135,7 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     distributed.init(denv, device)
     try:
         with preempt.StopRequest(device) as stop:
-            return _fit(cfg, denv, device, out, data_dir, split, model, arch, ckpt, stop)
+            return _fit(cfg, denv, device, place, data_dir, split, model, arch, ckpt, stop)
     except _Stopped:
         pass
     finally:
@@ -135,8 +151,8 @@ def _fit(
     cfg: TrainConfig,
     denv: distributed.DistEnv,
     device: torch.device,
-    out: Path,
-    data_dir: Path,
+    place: RunPlace,
+    data_dir: Union[Path, BucketFiles],
     split: Split,
     model: Any,
     arch: Dict[str, Any],
@@ -144,6 +160,7 @@ def _fit(
     stop: preempt.StopRequest,
 ) -> Dict[str, Any]:
     """The part of train() that runs inside the process group."""
+    out, shown = place.local, place.shown()
     t_start = time.perf_counter()
     channels_last = cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
     model.to(device)
@@ -172,17 +189,18 @@ def _fit(
         start_epoch, history, best = int(ckpt["epoch"]), list(ckpt["history"]), dict(ckpt["early_stopping"])
         if ckpt.get("partial"):
             partial = PartialEpoch.from_dict(ckpt["partial"])
-            _say(denv, f"resuming {out} in epoch {start_epoch + 1} after step {partial.steps}")
+            _say(denv, f"resuming {shown} in epoch {start_epoch + 1} after step {partial.steps}")
         else:
-            _say(denv, f"resuming {out} after epoch {start_epoch}")
+            _say(denv, f"resuming {shown} after epoch {start_epoch}")
     elif preempt.rerun_after_preemption():
-        _say(denv, f"attempt {preempt.attempt()} after a preemption, but {out} holds no checkpoint: starting over")
+        _say(denv, f"attempt {preempt.attempt()} after a preemption, but {shown} holds no checkpoint: starting over")
     if denv.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.json")
         report.rewrite_metrics(out / report.METRICS_FILE, history)
         if ckpt is None:  # a fresh start: a report from an earlier run here would be stale
             (out / report.REPORT_FILE).unlink(missing_ok=True)
+            place.forget(report.REPORT_FILE)
 
     ddp_model: torch.nn.Module = model
     if denv.enabled:
@@ -242,9 +260,10 @@ def _fit(
         if tr.partial is not None:
             if denv.is_main:
                 _save(out, cfg, model, optimizer, scaler, scheduler, epoch - 1, best, history, tr.partial)
+                place.saved(epoch - 1, tr.partial.steps)
             _say(
                 denv,
-                f"stopped by SIGTERM after step {tr.partial.steps} of epoch {epoch}: checkpoint saved in {out}; "
+                f"stopped by SIGTERM after step {tr.partial.steps} of epoch {epoch}: checkpoint saved in {shown}; "
                 "run the same command again to resume there",
             )
             raise _Stopped()
@@ -265,6 +284,7 @@ def _fit(
         if denv.is_main:
             _save(out, cfg, model, optimizer, scaler, scheduler, epoch, best, history, None)
             report.append_metrics(out / report.METRICS_FILE, row)
+            place.saved(epoch, 0)
         _say(
             denv,
             f"epoch {epoch}/{cfg.epochs} train_loss={tr.loss:.4f} train_acc={tr.accuracy:.4f} "
@@ -273,7 +293,7 @@ def _fit(
             + (f" (early stop: no val_loss improvement in {cfg.patience} epochs)" if best["stopped"] else ""),
         )
         if epoch < cfg.epochs and not best["stopped"] and stop.requested():
-            _say(denv, f"stopped by SIGTERM after epoch {epoch}: checkpoint saved in {out}; run again to resume")
+            _say(denv, f"stopped by SIGTERM after epoch {epoch}: checkpoint saved in {shown}; run again to resume")
             raise _Stopped()
 
     # Restore the best weights (restore_best_weights=True), then test once.
@@ -284,16 +304,29 @@ def _fit(
         datasets["test"], cfg.batch_size, workers, pin, False, cfg.seed, denv.rank, denv.world_size, persistent=False
     )
     te = evaluate(eng, test_loader, len(split.classes))
+    close_loaders(train_loader, val_loader)
     bad["test"] |= te.bad_indices
     bad_files = _gather_bad(bad, datasets)
     result = _report(
-        cfg, denv, device, split, history, best, te, bad_files, params_count, amp_dtype, time.perf_counter() - t_start
+        cfg,
+        denv,
+        device,
+        split,
+        history,
+        best,
+        te,
+        bad_files,
+        params_count,
+        amp_dtype,
+        time.perf_counter() - t_start,
+        data_dir.class_names() if isinstance(data_dir, BucketFiles) else class_names(data_dir),
     )
     if denv.is_main:
         result["exported"] = save_serving(out, model, split.classes, arch, cfg.image_size, result.get("class_names"))
         report.write_json_atomic(result, out / report.REPORT_FILE)
         result["plots"] = report.write_plots(out, history, te.confusion or [], split.classes)
         report.write_json_atomic(result, out / report.REPORT_FILE)
+        place.push_results()
     distributed.barrier()  # nobody leaves before rank 0 has written the report
     return result
 
@@ -362,6 +395,7 @@ def _report(
     params_count: Dict[str, int],
     amp_dtype: Optional[torch.dtype],
     seconds: float,
+    data_names: Dict[str, str],
 ) -> Dict[str, Any]:
     """The report.json content."""
     best_row = next((r for r in history if r["epoch"] == best["epoch"]), None)
@@ -379,7 +413,7 @@ def _report(
         "device": device.type,
         "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
         "classes": list(split.classes),
-        "class_names": class_names(Path(cfg.data)),
+        "class_names": data_names,
         "split_sizes": {"train": len(split.train), "val": len(split.val), "test": len(split.test)},
         "test_images": te.images,
         "per_class": report.per_class_metrics(confusion, split.classes),
