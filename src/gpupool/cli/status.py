@@ -46,17 +46,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "their host memory and stops the rest of its tree; the lease keeps its place and frees its GPU memory. "
         "`gpupool resume LEASE_ID` brings it back.",
     )
-    p.add_argument("lease_id", metavar="LEASE_ID")
+    _lease_step_arguments(p, "the runner to park it", handle_suspend)
     p.add_argument("--reason", default="", help="why, for people (shown in status)")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=SUSPEND_WAIT_S,
-        metavar="S",
-        help="wait this long for the runner (default %(default)s)",
-    )
-    add_pool_arguments(p)
-    p.set_defaults(func=handle_suspend)
 
     p = subparsers.add_parser(
         "resume",
@@ -64,16 +55,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Resume a suspended lease: it takes room again (its GPUs, or others of the same model) as "
         "soon as there is some, ahead of later claims of its queue, and its runner restores the command.",
     )
+    _lease_step_arguments(p, "it to run", handle_resume)
+
+
+def _lease_step_arguments(p: argparse.ArgumentParser, awaited: str, handler: Callable[..., int]) -> None:
+    """LEASE_ID, --wait and the pool flags of `suspend` and `resume`."""
     p.add_argument("lease_id", metavar="LEASE_ID")
     p.add_argument(
         "--wait",
         type=float,
         default=SUSPEND_WAIT_S,
         metavar="S",
-        help="wait this long for it to run (default %(default)s)",
+        help=f"wait this long for {awaited} (default %(default)s)",
     )
     add_pool_arguments(p)
-    p.set_defaults(func=handle_resume)
+    p.set_defaults(func=handler)
 
 
 def _status(args: argparse.Namespace) -> PoolStatus:

@@ -86,35 +86,28 @@ def check_pid(pid: object) -> int:
     return pid
 
 
-def _check_idle(seconds: object) -> Optional[float]:
-    if seconds is None:
+def _optional_seconds(value: object, what: str, low: float, high: float, example: int) -> Optional[float]:
+    """`value` as seconds in [low, high], None for None; InvalidClaim naming `what` otherwise."""
+    if value is None:
         return None
     if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or not MIN_IDLE_SUSPEND_S <= seconds <= MAX_IDLE_SUSPEND_S
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
     ):
         raise InvalidClaim(
-            f"idle_suspend_s {seconds!r} must be seconds between {MIN_IDLE_SUSPEND_S:g} and "
-            f"{MAX_IDLE_SUSPEND_S:g} (e.g. 600)"
+            f"{what} {value!r} must be a number of seconds between {low:g} and {high:g} (e.g. {example})"
         )
-    return float(seconds)
+    return float(value)
+
+
+def _check_idle(seconds: object) -> Optional[float]:
+    return _optional_seconds(seconds, "idle_suspend_s", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S, 600)
 
 
 def _check_grace(grace: object) -> Optional[float]:
-    if grace is None:
-        return None
-    if (
-        isinstance(grace, bool)
-        or not isinstance(grace, (int, float))
-        or not math.isfinite(grace)
-        or not 0 <= grace <= MAX_PREEMPT_GRACE_S
-    ):
-        raise InvalidClaim(
-            f"preempt_grace_s {grace!r} must be a number of seconds between 0 and {MAX_PREEMPT_GRACE_S:g} (e.g. 30)"
-        )
-    return float(grace)
+    return _optional_seconds(grace, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S, 30)
 
 
 class Policy(enum.Enum):

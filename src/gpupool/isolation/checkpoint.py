@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..core.errors import CheckpointFailed, InvalidInput
 from .emulated_usage import SHAPE, Usage, UsageRow, read_usage, write_usage
 from .env import EMULATED_USAGE_ENV
+from .proctree import send_signal
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -336,7 +337,7 @@ class EmulatedBackend:
             taken = self._update(lambda usage: _take(usage, stopped))
         except (CheckpointFailed, OSError) as err:
             for pid in stopped:
-                _signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGCONT)
             if isinstance(err, CheckpointFailed):
                 raise
             raise CheckpointFailed(f"emulated suspend could not rewrite {self.usage_file}: {err}") from None
@@ -352,7 +353,7 @@ class EmulatedBackend:
             raise CheckpointFailed(f"emulated resume could not rewrite {self.usage_file}: {err}") from None
         for pid in parked.pids:
             self._held.pop(pid, None)
-            _signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGCONT)
 
     def _update(self, change: Callable[[Usage], Dict[int, Dict[str, UsageRow]]]) -> Dict[int, Dict[str, UsageRow]]:
         """Read, change and atomically rewrite the usage file under a lock of its own."""
@@ -368,7 +369,7 @@ class EmulatedBackend:
 
 def _stop(pid: int, timeout_s: float) -> None:
     """SIGSTOP `pid` and wait until it is stopped: the emulated lock returns once the process is."""
-    if not _signal(pid, signal.SIGSTOP):
+    if not send_signal(pid, signal.SIGSTOP):
         raise CheckpointFailed(f"emulated lock of pid {pid} failed: ESRCH")
     deadline = time.monotonic() + timeout_s
     while _state(pid) not in ("T", "t"):
@@ -387,14 +388,6 @@ def _state(pid: int) -> str:
     except OSError:
         return ""
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
-
-
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _take(usage: Usage, pids: Sequence[int]) -> Dict[int, Dict[str, UsageRow]]:

@@ -177,6 +177,15 @@ def terminate(
     return [ident for ident, _ in killed]
 
 
+def send_signal(pid: int, signum: int) -> bool:
+    """Send `signum` to process `pid`; False when it is gone."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _signal(ident: int, group: bool, signum: int) -> bool:
     """Send `signum` to a process or a process group; False when it is gone or not ours."""
     try:

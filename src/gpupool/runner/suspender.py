@@ -10,12 +10,12 @@ that did not reach the pool, the watch sees the same state again and only the re
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import TYPE_CHECKING
 
 from ..core.errors import GpupoolError
 from ..core.model import Lease
+from ..isolation.proctree import send_signal
 from ..logs import get_logger
 from .tree import tree_pids
 
@@ -85,7 +85,7 @@ class Suspender:
         gpu = backend.gpu_pids(pids)
         parked = backend.suspend(gpu, LOCK_TIMEOUT_S)
         held = set(parked.pids)
-        self.stopped = [pid for pid in pids if pid not in held and _signal(pid, signal.SIGSTOP)]
+        self.stopped = [pid for pid in pids if pid not in held and send_signal(pid, signal.SIGSTOP)]
         self.parked = parked
         why = lease.suspension.reason if lease.suspension is not None else "asked"
         self.say(
@@ -104,17 +104,8 @@ class Suspender:
                 self.client.report_restored(lease.id, error=err.message)
                 return
             for pid in self.stopped:
-                _signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGCONT)
             moved = f" (moved: {', '.join(f'{a} -> {b}' for a, b in remap.items())})" if remap else ""
             self.say(f"lease {lease.id} resumed{moved}")
             self.parked, self.stopped = None, []
         self.client.report_restored(lease.id)
-
-
-def _signal(pid: int, signum: int) -> bool:
-    """Send `signum` to `pid`; False when it is gone."""
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        return False
-    return True
