@@ -23,11 +23,16 @@ REPLICA_ENV = "GPUPOOL_REPLICA"
 ROLE_ENV = "GPUPOOL_ROLE"
 REPLICA_INDEX_ENV = "GPUPOOL_REPLICA_INDEX"
 RESTART_COUNT_ENV = "GPUPOOL_RESTART_COUNT"
+CHECKPOINTS_ENV = "GPUPOOL_CHECKPOINTS"  # the spec's checkpoints: (the trainer's default --out)
 
 
-def job_env(name: str, job_dir: str) -> Dict[str, str]:
-    """What every process of a job sees, its setup command included: the job's name and dir."""
-    return {JOB_NAME_ENV: name, JOB_DIR_ENV: job_dir}
+def job_env(name: str, job_dir: str, checkpoints: str = "") -> Dict[str, str]:
+    """What every process of a job sees, its setup command included: the job's name and dir, and
+    where its checkpoints live when the spec says."""
+    env = {JOB_NAME_ENV: name, JOB_DIR_ENV: job_dir}
+    if checkpoints:
+        env[CHECKPOINTS_ENV] = checkpoints
+    return env
 
 
 def replica_env(
@@ -51,7 +56,7 @@ def replica_env(
     env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     env.update(spec.env)
     env.update(role_of(spec, replica).env)
-    env.update(job_env(spec.name, job_dir))
+    env.update(job_env(spec.name, job_dir, spec.checkpoints))
     env.update(
         {
             REPLICA_ENV: replica.name,

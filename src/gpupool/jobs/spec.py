@@ -106,6 +106,12 @@ class JobSpec:
     annotations: Tuple[Tuple[str, str], ...] = field(default=())
     queue: str = ""  # the pool queue of the job's gang claim ("" = none)
     priority: int = 0  # its priority inside that queue
+    # Where the job's checkpoints live (a bucket URL or a path), given to every replica as
+    # GPUPOOL_CHECKPOINTS; a preempted or requeued job resumes from there on any node.
+    checkpoints: str = ""
+    # The Kubernetes Secret whose keys become the replicas' env (AWS_*, AZURE_STORAGE_*,
+    # GOOGLE_APPLICATION_CREDENTIALS ...): credentials never go in the spec itself.
+    storage_secret: str = ""
 
     def role(self, name: str) -> Optional[RoleSpec]:
         """The role called `name`, or None."""
@@ -180,6 +186,8 @@ def parse_spec(data: Any) -> JobSpec:
         annotations=tuple(model.annotations.items()),
         queue=model.queue,
         priority=model.priority,
+        checkpoints=model.checkpoints,
+        storage_secret=model.storage_secret,
     )
     _check_framework_rules(spec)
     return spec
@@ -265,4 +273,8 @@ def spec_to_dict(spec: JobSpec) -> Dict[str, Any]:
         data["workingDir"] = spec.working_dir
     if spec.annotations:
         data["annotations"] = dict(spec.annotations)
+    if spec.checkpoints:
+        data["checkpoints"] = spec.checkpoints
+    if spec.storage_secret:
+        data["storageSecret"] = spec.storage_secret
     return data

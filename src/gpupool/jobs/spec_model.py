@@ -31,11 +31,13 @@ from ..core.errors import GpupoolError
 from ..core.filters import Filter
 from ..core.model import MAX_PRIORITY, GpuRequest, Policy, check_queue_name
 from ..core.quantity import parse_fraction, parse_memory_mib
+from ..train import storage
 from .spec import MAX_NAME, Framework, RestartPolicy, SuccessPolicy
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CPU_RE = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
+_SECRET_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a Kubernetes object name (DNS subdomain)
 _RULE = "spec_rule"  # the error type of our own rules: their message is the whole rule
 
 
@@ -108,6 +110,27 @@ def _queue(value: Any) -> str:
         return check_queue_name(value)
     except GpupoolError as err:
         _refuse(err.message)
+
+
+def _checkpoints(value: Any) -> str:
+    """A bucket URL of a known scheme, or a path; never one carrying credentials."""
+    if not isinstance(value, str):
+        _refuse(f"{value!r} must be a URL such as s3://bucket/jobs/NAME, or a path")
+    proto = storage.scheme(value)
+    if proto and proto not in storage.BACKENDS:
+        _refuse(f"{value!r}: unknown scheme {proto!r}; use s3://, gs://, az:// or file://, or a path")
+    if proto and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+        _refuse(
+            f"{value!r} carries credentials; remove them and name a Secret holding them in storageSecret "
+            "(locally the SDK finds them in the environment)"
+        )
+    return value
+
+
+def _secret_name(value: Any) -> str:
+    if not isinstance(value, str) or (value and (not _SECRET_RE.match(value) or len(value) > 253)):
+        _refuse(f"{value!r} is not a Kubernetes Secret name (lowercase letters, digits, '-' and '.')")
+    return str(value)
 
 
 def _placement(value: Any) -> Policy:
@@ -282,6 +305,14 @@ class JobModel(_Closed):
     annotations: Annotated[Dict[str, EnvValue], BeforeValidator(lambda v: {} if v is None else v)] = {}
     queue: Annotated[Any, AfterValidator(_queue), WithJsonSchema({"type": "string"})] = ""
     priority: Annotated[int, Strict(), Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    checkpoints: Annotated[
+        Any,
+        AfterValidator(_checkpoints),
+        WithJsonSchema({"type": "string", "examples": ["s3://bucket/jobs/digits", "gs://bucket/run"]}),
+    ] = ""
+    storage_secret: Annotated[Any, AfterValidator(_secret_name), WithJsonSchema({"type": "string"})] = Field(
+        "", alias="storageSecret"
+    )
 
     @field_validator("roles")
     @classmethod

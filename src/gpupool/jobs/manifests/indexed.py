@@ -95,7 +95,7 @@ def job_container(
         container["workingDir"] = spec.working_dir
     container["resources"] = container_resources(role)
     container["securityContext"] = dict(CONTAINER_SECURITY)
-    return container
+    return _with_storage_secret(spec, container)
 
 
 def pod_annotations(spec: JobSpec, role: RoleSpec) -> Dict[str, str]:
@@ -265,18 +265,25 @@ def setup_containers(spec: JobSpec, image: str) -> List[Dict[str, Any]]:
     if not spec.setup:
         return []
     env = [{"name": k, "value": v} for k, v in spec.env]
-    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR).items()]
-    return [
-        {
-            "name": "setup",
-            "image": image,
-            "command": list(spec.setup),
-            "env": env,
-            "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
-            "resources": {"requests": {"cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}},
-            "securityContext": dict(CONTAINER_SECURITY),
-        }
-    ]
+    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR, spec.checkpoints).items()]
+    container: Dict[str, Any] = {
+        "name": "setup",
+        "image": image,
+        "command": list(spec.setup),
+        "env": env,
+        "volumeMounts": [{"name": "gpupool-job", "mountPath": JOB_DIR}],
+        "resources": {"requests": {"cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}},
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+    return [_with_storage_secret(spec, container)]
+
+
+def _with_storage_secret(spec: JobSpec, container: Dict[str, Any]) -> Dict[str, Any]:
+    """The spec's storageSecret as the container's envFrom: its keys (AWS_ACCESS_KEY_ID ...)
+    become env the storage SDKs read, and the manifest holds a reference, never the values."""
+    if spec.storage_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.storage_secret}}]
+    return container
 
 
 def render(spec: JobSpec, kube_version: Optional[KubeVersion] = None) -> List[Dict[str, Any]]:

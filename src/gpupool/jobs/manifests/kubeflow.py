@@ -22,7 +22,7 @@ TF_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Eval
 def _container(spec: JobSpec, role: RoleSpec, name: str, port_name: str) -> Dict[str, Any]:
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     env += [{"name": k, "value": v} for k, v in spec.env + role.env]
-    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR).items()]
+    env += [{"name": k, "value": v} for k, v in job_env(spec.name, JOB_DIR, spec.checkpoints).items()]
     env += [{"name": ROLE_ENV, "value": role.name}]
     # the operator finds its container by the default name it is given here
     return job_container(spec, role, name, list(role.command), env, port_name)
