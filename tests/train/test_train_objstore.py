@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from gpupool.train import storage  # noqa: E402
 from gpupool.train.bucket_data import BucketFiles  # noqa: E402
 from gpupool.train.run_place import CHECKPOINTS, RunPlace, newest_first, series_name  # noqa: E402
 
-from .conftest import gpupool_cmd, run_env, run_gpupool  # noqa: E402
+from .conftest import REPO, gpupool_cmd, run_env, run_gpupool  # noqa: E402
 
 ARGS = ["--model", "convnet", "--image-size", "32", "--workers", "1", "--epochs", "3", "--batch-size", "4"]
 ARGS += ["--patience", "50"]
@@ -165,3 +166,19 @@ def test_bad_bucket_urls_are_one_line_errors_exit_2(s3_bucket: str, tmp_path: Pa
     assert f"{s3_bucket}/none does not exist" in empty.stderr
     scheme = run_gpupool("train", "--data", "hdfs2://x/y", "--out", str(tmp_path / "r"), *ARGS, *cache)
     assert scheme.returncode == 2 and "unknown scheme 'hdfs2'" in scheme.stderr, scheme.stderr
+
+
+def test_the_benchmark_runs_and_writes_its_ratio(tmp_path: Path) -> None:
+    pytest.importorskip("moto.server")
+    out = tmp_path / "objstore.json"
+    args = ["--images", "16", "--width", "64", "--height", "48", "--size", "32", "--rounds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_objstore.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=run_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["ratio"] > 0 and result["bucket_cold_images_per_second"] > 0 and result["target_ratio"] == 0.8
