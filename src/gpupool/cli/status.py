@@ -108,11 +108,31 @@ def handle_status(args: argparse.Namespace) -> int:
     else:
         print("no leases")
     print(f"queued claims: {data['queued']}")
+    if data.get("waiting"):
+        print(waiting_table(data["waiting"]))
     if data.get("queues"):
         print()
         print(queue_table(data["queues"]))
     _print_enforcement(data.get("isolation") or {}, usage)
     return 0
+
+
+def waiting_table(waiting: Sequence[Dict[str, Any]], now: Optional[float] = None) -> str:
+    """The waiting claims of `status --json`: place, queue, priority, share, holder, age, reason."""
+    now = time.time() if now is None else now
+    rows = [
+        [
+            str(w["position"]),
+            w["queue"] or "-",
+            str(w["priority"]),
+            w["claim"],
+            w["holder"] + (f" [{w['label']}]" if w["label"] else ""),
+            f"{max(now - float(w['queued_at']), 0):.0f}s",
+            w["reason"] or "-",
+        ]
+        for w in waiting
+    ]
+    return _table(["#", "QUEUE", "PRIO", "CLAIM", "HOLDER", "WAITING", "WHY"], rows)
 
 
 def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None:

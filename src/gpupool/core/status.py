@@ -21,6 +21,49 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class WaitingClaim:
+    """A claim waiting in the pool's queue, as `gpupool status` lists it: its place (highest
+    priority first, then the oldest), who asks for what, since when, and why it waits."""
+
+    position: int
+    ticket: int
+    queue: str
+    priority: int
+    claim: str  # Claim.describe()
+    holder: str
+    label: str
+    queued_at: float
+    reason: str  # the last reason the pool gave it ('' until it was tried)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "position": self.position,
+            "ticket": self.ticket,
+            "queue": self.queue,
+            "priority": self.priority,
+            "claim": self.claim,
+            "holder": self.holder,
+            "label": self.label,
+            "queued_at": self.queued_at,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WaitingClaim:
+        return cls(
+            int(data.get("position", 0)),
+            int(data.get("ticket", 0)),
+            str(data.get("queue", "")),
+            int(data.get("priority", 0)),
+            str(data.get("claim", "")),
+            str(data.get("holder", "")),
+            str(data.get("label", "")),
+            float(data.get("queued_at", 0.0)),
+            str(data.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True)
 class PoolStatus:
     """Devices with their allocation, and the live leases: what `gpupool status` shows."""
 
@@ -31,6 +74,7 @@ class PoolStatus:
     isolation: NodeIsolation = field(default_factory=NodeIsolation)
     usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
     queues: Tuple[QueueStatus, ...] = ()
+    waiting: Tuple[WaitingClaim, ...] = ()
 
     def allocated(self) -> Dict[str, int]:
         return allocated_by_device(self.leases)
@@ -52,6 +96,7 @@ class PoolStatus:
             "usage": self.usage.to_dict() if self.usage is not None else None,
             "problems": self.problems(),
             "queues": [q.to_dict() for q in self.queues],
+            "waiting": [w.to_dict() for w in self.waiting],
         }
 
     @classmethod
@@ -73,7 +118,8 @@ class PoolStatus:
             isolation=NodeIsolation.from_dict(data.get("isolation")),
             usage=usage,
             queues=tuple(QueueStatus.from_dict(q) for q in queues),
+            waiting=tuple(WaitingClaim.from_dict(w) for w in data.get("waiting") or []),
         )
 
 
-__all__ = ["PoolStatus"]
+__all__ = ["PoolStatus", "WaitingClaim"]

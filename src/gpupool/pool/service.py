@@ -56,7 +56,7 @@ from ..core.model import MAX_WAIT_S as MAX_WAIT_S
 from ..core.model import MIN_TTL_S as MIN_TTL_S
 from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
-from ..core.status import PoolStatus
+from ..core.status import PoolStatus, WaitingClaim
 from ..core.suspension import BY_ADMIN, BY_OWNER, DEFAULT_PREEMPT_MODE, check_preempt_mode
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
@@ -90,6 +90,8 @@ POLL_MAX_S = 0.1
 # meta keys of the node-wide records every view reads
 ISOLATION_KEY = "isolation"
 USAGE_KEY = "usage"
+# A waiting claim's reason is kept to this length for status.
+MAX_REASON_CHARS = 500
 # Pool.watch reads the lease this often.
 WATCH_POLL_S = 0.1
 MAX_WATCH_S = 3600.0
@@ -109,6 +111,7 @@ class Waiter:
     started: float = 0.0  # pool clock when it was queued
     begun: float = field(default_factory=time.monotonic)  # when its wait began (waiter_pauses counts from it)
     key: str = ""  # the client's key of the claim: a retry (after a restart) finds its ticket or lease
+    noted: str = ""  # the reason last written to its ticket, for status
 
 
 @dataclass
@@ -360,6 +363,8 @@ class Pool:
                     view.tickets = None
                     outcome = Waiter(ticket, claim, holder, ttl_s, reason, wait_s, now, key=key)
                     log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, reason)
+            if isinstance(outcome, Waiter):
+                _note_reason(tx, outcome)
         # Raised after COMMIT so the expiry done above is kept.
         if isinstance(outcome, Exception):
             raise outcome
@@ -477,26 +482,33 @@ class Pool:
     def try_grant(self, waiter: Waiter) -> Optional[Lease]:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
         with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            view.tickets = None
-            if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
-                # We were silent long enough to be taken for dead: queue again, at the back.
-                waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now, waiter.key)
-                log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
-            if view.queues or waiter.claim.queue:
-                return self._grant_in_queue(tx, view, waiter, now)
-            head = tx.head_ticket()
-            if head != waiter.ticket:
-                waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
-                return None
-            placement = place(view.devices, view.allocated, waiter.claim, self.mix.frag)
-            if not placement.fits:
-                waiter.reason = placement.reason
-                return None
-            assert placement.slices is not None
-            tx.delete_ticket(waiter.ticket)
-            return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
+            lease = self._try_grant(tx, view, waiter)
+            if lease is None:
+                _note_reason(tx, waiter)
+            return lease
+
+    def _try_grant(self, tx: Tx, view: _View, waiter: Waiter) -> Optional[Lease]:
+        now = self.clock()
+        self._due(tx, view, now)
+        view.tickets = None
+        if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
+            # We were silent long enough to be taken for dead: queue again, at the back.
+            waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now, waiter.key)
+            waiter.noted = ""  # the new ticket holds no reason yet
+            log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
+        if view.queues or waiter.claim.queue:
+            return self._grant_in_queue(tx, view, waiter, now)
+        head = tx.head_ticket()
+        if head != waiter.ticket:
+            waiter.reason = f"{tx.tickets_before(waiter.ticket)} earlier claim(s) are waiting in the queue"
+            return None
+        placement = place(view.devices, view.allocated, waiter.claim, self.mix.frag)
+        if not placement.fits:
+            waiter.reason = placement.reason
+            return None
+        assert placement.slices is not None
+        tx.delete_ticket(waiter.ticket)
+        return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
 
     def _grant_in_queue(self, tx: Tx, view: _View, waiter: Waiter, now: float) -> Optional[Lease]:
         # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
@@ -625,18 +637,19 @@ class Pool:
         with self.store.read() as tx:
             devices = self._devices(tx)
             leases = tx.leases("expires_at >= ?", (now,))
-            queued = sum(1 for _, _, _, exp in tx.tickets() if exp >= now)
+            waiting = tx.waiting_rows(now)
             isolation = tx.meta(ISOLATION_KEY)
             usage = tx.meta(USAGE_KEY)
             queues = accounting.statuses(tx, devices, now)
         return PoolStatus(
             tuple(devices),
             tuple(leases),
-            queued,
+            len(waiting),
             self.node,
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
             _usage_report(usage),
             tuple(queues),
+            tuple(_waiting_claim(position, row) for position, row in enumerate(waiting, 1)),
         )
 
     # --- queues and accounting ---------------------------------------------------
@@ -906,6 +919,24 @@ def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
             return
         yield min(delay, remaining)
         delay = min(delay * 1.5, POLL_MAX_S)
+
+
+def _note_reason(tx: Tx, waiter: Waiter) -> None:
+    """Write why `waiter` waits to its ticket when that changed (status shows it)."""
+    if waiter.reason != waiter.noted:
+        tx.set_ticket_reason(waiter.ticket, waiter.reason[:MAX_REASON_CHARS])
+        waiter.noted = waiter.reason
+
+
+def _waiting_claim(position: int, row: Tuple[int, str, str, float, str, int, str]) -> WaitingClaim:
+    """A ticket's row as status lists it; a claim this version cannot read shows as such."""
+    ticket, claim_json, holder_json, created_at, queue, priority, reason = row
+    try:
+        claim = Claim.from_dict(json.loads(claim_json)).describe()
+        holder = Holder.from_dict(json.loads(holder_json), recorded=True)
+    except (ValueError, KeyError, TypeError, GpupoolError):
+        claim, holder = "(a claim this version cannot read)", Holder()
+    return WaitingClaim(position, ticket, queue, priority, claim, holder.name, holder.label, created_at, reason)
 
 
 def _check_env_devices(state_dir: Path, saved: Sequence[Device], wanted: Sequence[Device]) -> None:

@@ -135,6 +135,18 @@ class QueueBody(BaseModel):
     preemptions: int
 
 
+class WaitingBody(BaseModel):
+    position: int = Field(description="its place: highest priority first, then the oldest")
+    ticket: int
+    queue: str
+    priority: int
+    claim: str
+    holder: str
+    label: str
+    queued_at: float
+    reason: str = Field(description="why it waits, as the pool last told it")
+
+
 class PoolStatusBody(BaseModel):
     devices: List[DeviceBody]
     leases: List[LeaseBody]
@@ -144,6 +156,7 @@ class PoolStatusBody(BaseModel):
     usage: Optional[Dict[str, Any]] = Field(description="the watchdog's last sample")
     problems: List[str] = Field(description="leases on GPUs gone or too small")
     queues: List[QueueBody] = []
+    waiting: List[WaitingBody] = []
 
 
 class QueueList(BaseModel):

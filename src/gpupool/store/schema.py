@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS tickets (
     expires_at  REAL NOT NULL,      -- refreshed by the waiter while it polls
     queue       TEXT NOT NULL DEFAULT '',
     priority    INTEGER NOT NULL DEFAULT 0,
-    claim_key   TEXT NOT NULL DEFAULT ''  -- the client's key of the claim, to re-attach after a restart
+    claim_key   TEXT NOT NULL DEFAULT '',  -- the client's key of the claim, to re-attach after a restart
+    reason      TEXT NOT NULL DEFAULT ''   -- why it waits, as the pool last told it
 );
 CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
@@ -125,6 +126,7 @@ ADDED_COLUMNS = {
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
+        ("reason", "TEXT NOT NULL DEFAULT ''"),
     ),
 }
 

@@ -301,6 +301,18 @@ class Tx:
         """(id, claim JSON, holder JSON, created_at, expires_at) of every waiting claim, in queue order."""
         return self.conn.execute("SELECT id, claim, holder, created_at, expires_at FROM tickets ORDER BY id").fetchall()
 
+    def waiting_rows(self, now: float) -> List[Tuple[int, str, str, float, str, int, str]]:
+        """(id, claim JSON, holder JSON, created_at, queue, priority, reason) of the live tickets,
+        highest priority first, then the oldest."""
+        return self.conn.execute(
+            "SELECT id, claim, holder, created_at, queue, priority, reason FROM tickets WHERE expires_at >= ? "
+            "ORDER BY priority DESC, id",
+            (now,),
+        ).fetchall()
+
+    def set_ticket_reason(self, ticket_id: int, reason: str) -> None:
+        self.conn.execute("UPDATE tickets SET reason = ? WHERE id = ?", (reason, ticket_id))
+
     # --- queues ---------------------------------------------------------------
     def queue_specs(self) -> List[QueueSpec]:
         rows = self.conn.execute("SELECT name, quota, weight, limit_gpus, preempt FROM queues ORDER BY name").fetchall()
