@@ -1,5 +1,6 @@
 """Shared fixtures: a real `gpupool server` subprocess on a loopback port, a stand-in MPS control binary.
 
+`s3_server` / `s3_bucket` give a local S3 API (moto's server mode on loopback) and a fresh bucket.
 `running_server` gives a started server (2 emulated 16 GiB GPUs, admin token,
 TTL 2 s); `server_factory(...)` starts more with other flags; `fake_mps` puts a
 stand-in `nvidia-cuda-mps-control` first on PATH.
@@ -216,3 +217,49 @@ def fake_mps(tmp_path: Path, monkeypatch) -> Path:
 
     monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
     return record
+
+
+class S3Server:
+    """A local S3 API (moto's server mode on a loopback port) and the env that points s3fs at it."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        # AWS_ENDPOINT_URL is botocore's own setting: s3fs, the trainer's children and the
+        # benchmark all find the server the way a real deployment finds a non-AWS endpoint.
+        self.env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on 127.0.0.1 for the whole session (skips where moto or s3fs is absent)."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield S3Server(f"http://{host}:{port}")
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, empty bucket on the local server, its s3:// URL; this process and its children
+    reach the server through the environment."""
+    import uuid
+
+    import fsspec
+
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir(bucket)
+    return f"s3://{bucket}"

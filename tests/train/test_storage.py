@@ -14,7 +14,7 @@ import pytest
 from gpupool.train import storage
 from gpupool.train.storage import StorageError
 
-from .conftest import S3Server, free_port, run_env
+from .conftest import free_port, run_env
 
 
 def _roundtrip(base: str) -> None:
@@ -86,7 +86,7 @@ def test_a_missing_key_and_a_missing_bucket_on_listing(s3_bucket: str) -> None:
     assert not storage.exists("s3://no-such-bucket-here/data")
 
 
-def test_refused_credentials_name_the_url_and_the_fix(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refused_credentials_name_the_url_and_the_fix(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
     # A second server that checks keys: moto refuses the unknown key with 403 InvalidAccessKeyId.
     port = free_port()
     proc = subprocess.Popen(

@@ -1,0 +1,80 @@
+"""Issue 26's second done-when: a two-replica job with `checkpoints: s3://…`, preempted through the
+queues, resumes from the bucket. Queues a and b of quota 1 on two emulated GPUs; the job (queue a)
+borrows b's GPU, a `gpupool run --queue b` takes it back, both replicas get SIGTERM mid-epoch and
+rank 0 puts its checkpoint in the bucket; when B ends the job reruns, resumes there and finishes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchvision")
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+from gpupool.train import storage  # noqa: E402
+from gpupool.train.run_place import CHECKPOINTS, newest_first  # noqa: E402
+
+
+def _checkpoints(url: str) -> list:
+    return newest_first(storage.listdir(storage.join(url, CHECKPOINTS)))
+
+
+def test_a_preempted_two_replica_job_resumes_from_the_bucket(shell, s3_server, s3_bucket: str, tmp_path: Path) -> None:
+    from gpupool.train.digits import export_digits
+
+    export_digits(tmp_path / "digits", limit_per_class=60)
+    data, run = s3_bucket + "/digits", s3_bucket + "/jobs/team-a"
+    storage.put_tree(tmp_path / "digits", data)
+    shell.env.update(s3_server.env)
+    shell.run("queue", "set", "a", "--quota", "1")
+    shell.run("queue", "set", "b", "--quota", "1")
+    train = ["gpupool", "train", "--data", data, "--model", "convnet", "--image-size", "32", "--epochs", "3"]
+    train += ["--batch-size", "4", "--workers", "0", "--patience", "50", "--device", "cpu"]
+    job = {
+        "name": "team-a",
+        "framework": "pytorch",
+        "queue": "a",
+        "checkpoints": run,  # no --out: the trainer takes GPUPOOL_CHECKPOINTS
+        "env": {"OMP_NUM_THREADS": "1", "GPUPOOL_CACHE_DIR": str(tmp_path / "cache")},
+        "roles": {"worker": {"replicas": 2, "command": train, "gpu": {"count": 1, "fraction": 1.0}}},
+    }
+    shell.run("submit", shell.write_spec(job))
+    deadline = time.monotonic() + 180
+    while not _checkpoints(run):
+        assert time.monotonic() < deadline, shell.state_of("team-a")
+        time.sleep(0.1)
+    time.sleep(0.5)  # into epoch 2
+
+    b_stop = tmp_path / "b.stop"
+    b = subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "run", "--queue", "b", "-p", "1", "--", "sh", "-c"]
+        + [f"while [ ! -e {b_stop} ]; do sleep 0.05; done"],
+        env=shell.env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        shell.wait_for("team-a", lambda s: s["status"] == "Queued" and s["preemptions"] == 1, timeout=60)
+        saved = _checkpoints(run)
+        assert saved[0].startswith("ckpt-000001-") and saved[0] != "ckpt-000001-000000000.pt", saved
+        b_stop.touch()
+        _, err = b.communicate(timeout=30)
+        assert b.returncode == 0, err
+    finally:
+        b_stop.touch()
+        if b.poll() is None:
+            b.kill()
+
+    done = shell.wait_for("team-a", lambda s: s["status"] in ("Succeeded", "Failed"), timeout=240)
+    assert done["status"] == "Succeeded" and done["preemptions"] == 1 and done["restarts"] == 0, done
+    steps = int(saved[0].rsplit("-", 1)[1].split(".")[0])
+    log = shell.run("logs", "team-a", "--replica", "worker-0").stdout
+    assert f"resuming {run} in epoch 2 after step {steps}" in log, log
+    report = json.loads(storage.read_bytes(run + "/report.json"))
+    assert report["epochs_run"] == 3 and report["world_size"] == 2
+    assert shell.leases() == []
