@@ -43,3 +43,24 @@ def test_a_server_started_with_other_devices_in_its_env_refuses(tmp_path: Path) 
     assert gpus(gpupool(state, "status", "--json", devices_env="emulated:2x16GiB")) == 2
     server = gpupool(state, "server", "--listen", "127.0.0.1:0", devices_env="emulated:1x80GiB")
     assert server.returncode == 2 and "unset GPUPOOL_DEVICES" in server.stderr, server.stderr
+
+
+def test_an_explicit_state_beats_an_installed_bundle_and_the_server_env(tmp_path: Path) -> None:
+    """Issue 25, item 1: with ~/.gpupool/client.yaml (or $GPUPOOL_SERVER) naming a server, --state DIR
+    still reads DIR's pool (it read the server's: `usage --state DIR` showed the server's labels)."""
+    home = tmp_path / "home"
+    (home / ".gpupool").mkdir(parents=True)
+    (home / ".gpupool" / "client.yaml").write_text('{"servers": [{"url": "http://127.0.0.1:9", "token": "t"}]}')
+    state = tmp_path / "state"
+    assert gpus(gpupool(state, "status", "--json", devices_env="emulated:2x16GiB")) == 2
+    env_server = dict(
+        os.environ, HOME=str(home), GPUPOOL_SERVER="http://127.0.0.1:9", GPUPOOL_DEVICES="emulated:2x16GiB"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "status", "--json", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_server,
+    )
+    assert gpus(done) == 2, "the embedded pool of --state, not the (unreachable) server"

@@ -27,12 +27,13 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="URL",
         help="pool server (repeatable; http://, https:// or embedded:DIR). "
-        "Default: $GPUPOOL_SERVER, then ~/.gpupool/client.yaml, then the embedded pool",
+        "Default: --state's embedded pool, then $GPUPOOL_SERVER, then ~/.gpupool/client.yaml, then the embedded pool",
     )
     group.add_argument(
         "--state",
         metavar="DIR",
-        help="state dir of the embedded pool (default: $GPUPOOL_STATE or ~/.local/state/gpupool)",
+        help="state dir of the embedded pool; given alone it chooses that pool over $GPUPOOL_SERVER and "
+        "client.yaml (default: $GPUPOOL_STATE or ~/.local/state/gpupool)",
     )
     group.add_argument(
         "--devices",

@@ -66,9 +66,14 @@ def connect_all(
     isolation: Optional[IsolationMode] = None,
 ) -> List[PoolClient]:
     """One client per pool to use (at least one: the embedded pool when no server is named).
+    `state_dir` is the --state flag: alone, it chooses that embedded pool over env and config.
 
     `isolation` sets the embedded pool's mode; a server's mode is its own (`gpupool server --isolation`).
     """
+    if state_dir is not None and not servers:
+        # An explicit --state names the pool: it beats $GPUPOOL_SERVER and client.yaml, which it
+        # silently lost to once a bundle was installed (flags, then env, then config).
+        return [_embedded(state_dir, devices_spec, isolation)]
     config: Optional[ClientConfig] = None
     if not servers and not os.environ.get(SERVER_ENV, "").strip():
         config = load_client_config()
