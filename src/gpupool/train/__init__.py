@@ -5,7 +5,8 @@ Nothing here is imported by the rest of gpupool at import time: torch loads only
 `train`, `predict` or `data` command runs. Entry points: `trainer.train(config)`,
 `predict.predict_files(...)`, `digits.export_digits(...)`, `imagenet.extract_synsets(...)`.
 
-Owns: models, data loading, the training loop, checkpoints, export and prediction.
+Owns: models, data loading, the training loop, checkpoints, export and prediction, and
+`storage`, the one module that opens paths by URL (s3://, gs://, az://, file://; jobs/ calls it too).
 May import: core only (it knows the distributed env contract, nothing of the pool); torch and
 torchvision.
 """
