@@ -16,6 +16,20 @@ if TYPE_CHECKING:
 
 DEFAULT_SINCE = "24h"
 BY_HEADERS = {"queue": "QUEUE", "holder": "HOLDER", "label": "LABEL"}
+BY_LEASE = "lease"  # --by lease: the leases themselves, not a sum
+HISTORY_FIELDS = (
+    "lease",
+    "holder",
+    "label",
+    "queue",
+    "gpus",
+    "started_at",
+    "ended_at",
+    "elapsed_s",
+    "suspended_s",
+    "gpu_seconds",
+    "ended",
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,7 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"a duration back from now (90m, 24h, 7d, 3600 seconds) or an ISO date/time (default {DEFAULT_SINCE})",
     )
     # checked by the handler (a one-line error naming the value), not argparse's choices
-    p.add_argument("--by", default="queue", metavar="KEY", help="group by queue, holder or label (default queue)")
+    p.add_argument(
+        "--by",
+        default="queue",
+        metavar="KEY",
+        help="group by queue, holder or label (default queue); lease lists each lease that ended, as sacct does",
+    )
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help='one JSON object {"since", "until", "by", "usage": [...]}')
     shown.add_argument("--csv", action="store_true", help="CSV with a header: key,gpu_hours,gpu_seconds,leases")
@@ -44,9 +63,11 @@ def handle(args: argparse.Namespace) -> int:
     from ..client.resolve import connect_all
     from ..core.queues import check_usage_key
 
-    by = check_usage_key(args.by)
     now = time.time()
     since = parse_since(args.since, now)
+    if args.by == BY_LEASE:
+        return _history(args, since, now)
+    by = check_usage_key(args.by)
     clients = connect_all(**pool_kwargs(args))
     try:
         rows = merge([row for client in clients for row in client.usage(since, now, by)])
@@ -68,6 +89,55 @@ def handle(args: argparse.Namespace) -> int:
         total = sum(r.gpu_seconds for r in rows) / 3600
         print(f"total {total:.3f} GPU-hours since {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}")
     return 0
+
+
+def _history(args: argparse.Namespace, since: float, now: float) -> int:
+    """`usage --by lease`: each lease that ended since `since`, from every pool, in the order they ended."""
+    from ..client.resolve import connect_all
+
+    clients = connect_all(**pool_kwargs(args))
+    try:
+        records = sorted((r for client in clients for r in client.history(since, now)), key=lambda r: r.ended_at)
+    finally:
+        for c in clients:
+            c.close()
+    rows = [r.to_dict() for r in records]
+    if args.json:
+        print(json.dumps({"since": since, "until": now, "leases": rows}))
+        return 0
+    if args.csv:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(HISTORY_FIELDS)
+        for row in rows:
+            out.writerow([row[f] for f in HISTORY_FIELDS])
+        return 0
+    from .status import _table
+
+    table = [
+        [
+            r["lease"],
+            r["holder"] + (f" [{r['label']}]" if r["label"] else ""),
+            r["queue"] or "-",
+            f"{r['gpus']:g}",
+            _clock(r["started_at"]),
+            _clock(r["ended_at"]),
+            f"{r['elapsed_s']:.0f}s",
+            f"{r['suspended_s']:.0f}s",
+            f"{r['gpu_seconds'] / 3600:.3f}",
+            r["ended"],
+        ]
+        for r in rows
+    ]
+    print(
+        _table(
+            ["LEASE", "HOLDER", "QUEUE", "GPUS", "START", "END", "ELAPSED", "SUSPENDED", "GPU-HOURS", "ENDED"], table
+        )
+    )
+    return 0
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
 def merge(rows: List[UsageRow]) -> List[UsageRow]:

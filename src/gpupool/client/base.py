@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never nee
     from typing import List, Optional
 
     from ..core.attestation import AttestTicket
-    from ..core.queues import QueueSpec, QueueStatus, UsageRow
+    from ..core.queues import LeaseRecord, QueueSpec, QueueStatus, UsageRow
 
 
 class PoolClient(abc.ABC):
@@ -88,6 +88,10 @@ class PoolClient(abc.ABC):
     def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
         """GPU-seconds used between epoch seconds `since` and `until` (default now), per queue,
         holder or label (`core.queues.USAGE_KEYS`)."""
+
+    @abc.abstractmethod
+    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
+        """Each lease that ended between epoch seconds `since` and `until` (default now)."""
 
     def attest_ticket(self, lease_id: str) -> Optional[AttestTicket]:
         """The key and node socket to attest a lease this client claimed; None where no watchdog

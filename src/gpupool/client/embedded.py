@@ -19,7 +19,7 @@ from .base import PoolClient
 if TYPE_CHECKING:  # types only: the workload path never needs the queue classes
     from typing import List, Optional, Sequence
 
-    from ..core.queues import QueueSpec, QueueStatus, UsageRow
+    from ..core.queues import LeaseRecord, QueueSpec, QueueStatus, UsageRow
 
 log = get_logger(__name__)
 
@@ -114,6 +114,9 @@ class EmbeddedPoolClient(PoolClient):
 
     def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
         return self._pool.usage(since, until, by)
+
+    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
+        return self._pool.history(since, until)
 
     def close(self) -> None:
         self._pool.close()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import ssl
     from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
-    from ..core.queues import QueueSpec, QueueStatus, UsageRow
+    from ..core.queues import LeaseRecord, QueueSpec, QueueStatus, UsageRow
 
 log = get_logger(__name__)
 
@@ -152,6 +152,15 @@ class HttpPoolClient(PoolClient):
             params["until"] = repr(float(until))
         data = self.request("GET", "/v1/usage?" + urllib.parse.urlencode(params))
         return [UsageRow.from_dict(row) for row in data.get("usage", [])]
+
+    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
+        from ..core.queues import LeaseRecord
+
+        params = {"since": repr(float(since))}
+        if until is not None:
+            params["until"] = repr(float(until))
+        data = self.request("GET", "/v1/history?" + urllib.parse.urlencode(params))
+        return [LeaseRecord.from_dict(row) for row in data.get("leases", [])]
 
     def close(self) -> None:
         """Close both connections; a watch in flight in another thread ends at once (ServerUnreachable)."""

@@ -175,6 +175,54 @@ class UsageRow:
         return cls("" if key == "-" else key, float(data.get("gpu_seconds", 0.0)), int(data.get("leases", 0)))
 
 
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One lease that ended, as `gpupool usage --by lease` lists it (Slurm's sacct, for leases)."""
+
+    lease_id: str
+    holder: str
+    label: str
+    queue: str
+    gpus: float  # its share in GPUs (0.5 = half of one GPU's memory)
+    started_at: float
+    ended_at: float
+    reason: str  # how it ended: store.schema.HISTORY_REASONS
+    suspended_s: float = 0.0  # of its span, parked (not GPU time)
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.gpus * max(0.0, self.ended_at - self.started_at - self.suspended_s)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "lease": self.lease_id,
+            "holder": self.holder,
+            "label": self.label,
+            "queue": self.queue,
+            "gpus": round(self.gpus, 6),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "elapsed_s": round(self.ended_at - self.started_at, 3),
+            "suspended_s": round(self.suspended_s, 3),
+            "gpu_seconds": round(self.gpu_seconds, 3),
+            "ended": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LeaseRecord:
+        return cls(
+            str(data["lease"]),
+            str(data.get("holder", "")),
+            str(data.get("label", "")),
+            str(data.get("queue", "")),
+            float(data.get("gpus", 0.0)),
+            float(data["started_at"]),
+            float(data["ended_at"]),
+            str(data.get("ended", "")),
+            float(data.get("suspended_s", 0.0)),
+        )
+
+
 def check_usage_key(by: object) -> str:
     if by not in USAGE_KEYS:
         raise InvalidInput(f"usage by {by!r} is unknown: use one of {', '.join(USAGE_KEYS)}")

@@ -67,7 +67,7 @@ from . import accounting, suspend
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-    from ..core.queues import QueuedClaim, QueueSpec, QueueStatus, UsageRow
+    from ..core.queues import LeaseRecord, QueuedClaim, QueueSpec, QueueStatus, UsageRow
     from ..core.usage import UsageReport
     from .admission import Decision
 
@@ -705,6 +705,15 @@ class Pool:
         with self.store.read() as tx:
             memory_of = {d.uuid: d.memory_mib for d in self._devices(tx)}
             return accounting.usage(tx, memory_of, since, end, by, now)
+
+    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
+        """Each lease that ended in [since, until or now], in the order they ended."""
+        from ..core.queues import LeaseRecord  # lazily: a pool that is only claimed from never lists it
+
+        since = _check_time(since, "since")
+        end = self.clock() if until is None else _check_time(until, "until")
+        with self.store.read() as tx:
+            return [LeaseRecord(*row) for row in tx.lease_records(since, end)]
 
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
         """The lease as soon as its runner has a step to take (preempted, to park, to restore: see

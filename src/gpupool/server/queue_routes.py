@@ -65,6 +65,17 @@ async def usage(
     )
 
 
+@queue_routes.get("/history", summary="Each lease that ended since a time: holder, share, span, how it ended")
+async def history(api: Api, _identity: Caller, since: str = "86400", until: Optional[str] = None) -> Response:
+    now = time.time()
+    start = parse_since(since, now)
+    end = None if until is None else _finite("until", until)
+    if end is not None and end <= start:
+        raise InvalidInput(f"until {until!r} must be after since ({start:.0f}): give epoch seconds")
+    rows = await run_in_threadpool(api.pool.history, start, end)
+    return json_response({"since": start, "until": now if end is None else end, "leases": [r.to_dict() for r in rows]})
+
+
 def parse_queue(name: str, body: Dict[str, Any]) -> QueueSpec:
     """The QueueSpec of a PUT body (`QueueRequest`) for the queue of the path; QueueSpec checks
     the name and what spans fields (a limit below the quota)."""

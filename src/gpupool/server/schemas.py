@@ -147,6 +147,26 @@ class WaitingBody(BaseModel):
     reason: str = Field(description="why it waits, as the pool last told it")
 
 
+class LeaseRecordBody(BaseModel):
+    lease: str
+    holder: str
+    label: str
+    queue: str
+    gpus: float = Field(description="its share in GPUs")
+    started_at: float
+    ended_at: float
+    elapsed_s: float
+    suspended_s: float = Field(description="of its span, parked in host memory (not GPU time)")
+    gpu_seconds: float
+    ended: str = Field(description="released, expired or preempted")
+
+
+class HistoryBody(BaseModel):
+    since: float
+    until: float
+    leases: List[LeaseRecordBody]
+
+
 class PoolStatusBody(BaseModel):
     devices: List[DeviceBody]
     leases: List[LeaseBody]
@@ -241,6 +261,7 @@ ANSWERS: Tuple[Type[BaseModel], ...] = (
     QueueList,
     QueueDeleted,
     UsageBody,
+    HistoryBody,
     TokenBody,
     TokenList,
     Revoked,
@@ -299,6 +320,7 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/queues/{name}", "put"): (200, "QueueBody", (400, 401, 403, 413, 503)),
     ("/v1/queues/{name}", "delete"): (200, "QueueDeleted", (400, 401, 403, 404, 503)),
     ("/v1/usage", "get"): (200, "UsageBody", (400, 401, 503)),
+    ("/v1/history", "get"): (200, "HistoryBody", (400, 401, 503)),
     ("/healthz", "get"): (200, "Health", ()),
     ("/metrics", "get"): (200, TEXT, ()),
 }

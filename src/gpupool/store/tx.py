@@ -378,6 +378,17 @@ class Tx:
             (since, until),
         ).fetchall()
 
+    def lease_records(
+        self, since: float, until: float
+    ) -> List[Tuple[str, str, str, str, float, float, float, str, float]]:
+        """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s) of the leases
+        that ended in [since, until], in the order they ended."""
+        return self.conn.execute(
+            "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s "
+            "FROM lease_history WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at",
+            (since, until),
+        ).fetchall()
+
     def prune_history(self, before: float) -> int:
         """Delete the history of leases that ended before `before`; returns how many rows went."""
         return int(self.conn.execute("DELETE FROM lease_history WHERE ended_at < ?", (before,)).rowcount)

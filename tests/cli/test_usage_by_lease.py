@@ -1,0 +1,64 @@
+"""Issue 25: history like sacct: `gpupool usage --by lease` lists each lease that ended (holder,
+label, queue, share, start, end, elapsed, suspended, GPU-hours, how it ended), on the embedded pool
+and through a server (GET /v1/history)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import httpx
+
+
+def gpupool(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    env: Dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path / "home"), GPUPOOL_DEVICES="emulated:2x16GiB")
+    return subprocess.run([sys.executable, "-m", "gpupool", *argv], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_each_ended_lease_is_listed_with_its_span_and_end(tmp_path: Path) -> None:
+    state = ["--state", str(tmp_path / "s")]
+    run = gpupool(
+        tmp_path,
+        "run",
+        *state,
+        "-p",
+        "0.5",
+        "--label",
+        "exp-1",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(0.5)",
+    )
+    assert run.returncode == 0, run.stderr
+    listed = gpupool(tmp_path, "usage", "--by", "lease", "--json", *state)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)["leases"]
+    assert row["label"] == "exp-1" and row["gpus"] == 0.5 and row["ended"] == "released"
+    assert 0.5 <= row["elapsed_s"] < 30 and abs(row["gpu_seconds"] - 0.5 * row["elapsed_s"]) < 1e-3
+    table = gpupool(tmp_path, "usage", "--by", "lease", *state).stdout.splitlines()
+    assert table[0].split()[:3] == ["LEASE", "HOLDER", "QUEUE"] and "exp-1" in table[1] and "released" in table[1]
+    (parsed,) = list(csv.DictReader(io.StringIO(gpupool(tmp_path, "usage", "--by", "lease", "--csv", *state).stdout)))
+    assert parsed["lease"] == row["lease"] and parsed["ended"] == "released"
+
+
+def test_the_server_answers_the_history(running_server, tmp_path: Path) -> None:
+    s = running_server
+    lease = httpx.post(
+        f"{s.url}/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 0.25}]}}, headers=s.headers()
+    )
+    assert lease.status_code == 201
+    assert httpx.delete(f"{s.url}/v1/leases/{lease.json()['id']}", headers=s.headers()).status_code == 200
+    answer = httpx.get(f"{s.url}/v1/history", params={"since": "3600"}, headers=s.headers())
+    assert answer.status_code == 200
+    (row,) = answer.json()["leases"]
+    assert row["lease"] == lease.json()["id"] and row["gpus"] == 0.25 and row["ended"] == "released"
+    bad = httpx.get(f"{s.url}/v1/history", params={"since": "nan"}, headers=s.headers())
+    assert bad.status_code == 400
