@@ -128,6 +128,14 @@ def test_resume_skips_a_torn_checkpoint(s3_bucket: str, tmp_path: Path) -> None:
     assert ckpt is not None and ckpt["epoch"] == 4
 
 
+def test_a_run_started_over_drops_the_earlier_series(s3_bucket: str, tmp_path: Path) -> None:
+    place = RunPlace.for_out(s3_bucket + "/again", tmp_path, rank=0)
+    folder = storage.join(s3_bucket + "/again", CHECKPOINTS)
+    storage.write_bytes(storage.join(folder, series_name(7, 0)), b"an earlier run's epoch 7")
+    place.forget_checkpoints()
+    assert storage.listdir(folder) == []
+
+
 def test_no_checkpoint_in_an_empty_bucket_run(s3_bucket: str, tmp_path: Path) -> None:
     place = RunPlace.for_out(s3_bucket + "/fresh", tmp_path, rank=0)
     place.pull()

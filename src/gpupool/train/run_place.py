@@ -120,6 +120,13 @@ class RunPlace:
         if self.url is not None:
             storage.remove(storage.join(self.url, name))
 
+    def forget_checkpoints(self) -> None:
+        """Delete the bucket's checkpoint series (a run started over with --no-resume)."""
+        if self.url is not None:
+            folder = storage.join(self.url, CHECKPOINTS)
+            for name in storage.listdir(folder):
+                storage.remove(storage.join(folder, name))
+
     def push_results(self) -> None:
         """The report, plots and exported model: everything but the working checkpoint."""
         if self.url is None:

@@ -201,6 +201,7 @@ def _fit(
         if ckpt is None:  # a fresh start: a report from an earlier run here would be stale
             (out / report.REPORT_FILE).unlink(missing_ok=True)
             place.forget(report.REPORT_FILE)
+            place.forget_checkpoints()  # an earlier run's later epochs must never be resumed into this one
 
     ddp_model: torch.nn.Module = model
     if denv.enabled:
