@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Dict
 
+from waiting import wait_until
+
 
 def clean_env(tmp_path: Path) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
@@ -48,3 +50,37 @@ def test_doctor_on_a_folder_without_a_pool_says_not_found(tmp_path: Path) -> Non
     (line,) = done.stderr.strip().splitlines()
     assert str(typo) in line and "holds no pool" in line and "--state" in line
     assert not typo.exists(), "doctor only reads: it made no folder"
+
+
+def test_no_room_advice_is_given_once_and_not_to_a_claim_that_waits(tmp_path: Path) -> None:
+    env = dict(clean_env(tmp_path), GPUPOOL_DEVICES="emulated:1x16GiB")
+    state = ["--state", str(tmp_path / "s")]
+    marker = tmp_path / "held"
+    hold = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(30)"
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "run", *state, "-p", "1", "--", sys.executable, "-c", hold],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(marker.exists, 20, "the first run's command")
+        refused = subprocess.run(
+            [sys.executable, "-m", "gpupool", "run", *state, "-p", "1", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert refused.returncode == 3 and refused.stderr.count("--wait") == 1, refused.stderr
+        waiting = subprocess.run(
+            [sys.executable, "-m", "gpupool", "run", *state, "-p", "1", "--wait", "0.5", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        line = next(x for x in waiting.stderr.splitlines() if "Waiting up to" in x)
+        assert "wait for it" not in line and "--wait" not in line, line
+    finally:
+        holder.kill()
+        holder.wait()

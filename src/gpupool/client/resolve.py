@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.errors import GpupoolError, InvalidClaim, InvalidInput, ServerUnreachable, Unavailable, Unsatisfiable
+from ..core.errors import (
+    NO_ROOM_ADVICE,
+    GpupoolError,
+    InvalidClaim,
+    InvalidInput,
+    ServerUnreachable,
+    Unavailable,
+    Unsatisfiable,
+)
 from ..core.isolation_mode import IsolationMode
 from ..core.model import Claim, Device, Holder, Lease
 from ..core.outage import RETRY_MAX_S, backoff, new_key
@@ -200,8 +208,9 @@ def _claim_one(
         return client.claim(claim, holder, wait_s=0.0, ttl_s=ttl_s, key=key)
     except Unavailable as err:
         if wait_s <= 0:
-            raise Unavailable(f"{err.message} (pass --wait SECONDS to queue for it)") from None
-        progress(f"Waiting up to {wait_s:g}s in the queue of {client.address}: {err.message}")
+            raise
+        reason = err.message.replace(f"; {NO_ROOM_ADVICE}", "")  # it waits already: the advice does not fit
+        progress(f"Waiting up to {wait_s:g}s in the queue of {client.address}: {reason}")
     except ServerUnreachable as err:
         if wait_s <= 0:
             raise

@@ -57,6 +57,10 @@ class TooLarge(InvalidInput):
     http_status = 413
 
 
+# What a claim that found no room and may not wait is told; one that waits anyway drops it.
+NO_ROOM_ADVICE = "wait for it with a wait time (e.g. --wait 600) or ask for less"
+
+
 class Unavailable(GpupoolError):
     """The claim is valid but does not fit now (and the wait, if any, ran out)."""
 

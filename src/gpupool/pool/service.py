@@ -37,7 +37,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.errors import Forbidden, GpupoolError, InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
+from ..core.errors import (
+    NO_ROOM_ADVICE,
+    Forbidden,
+    GpupoolError,
+    InvalidClaim,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    Unsatisfiable,
+)
 from ..core.fragmentation import LearnedMix, ShapeHistogram, request_shape
 from ..core.isolation_mode import NodeIsolation
 from ..core.model import (
@@ -354,10 +363,7 @@ class Pool:
                 if not ever.fits:
                     outcome = Unsatisfiable(f"this pool can never grant {claim.describe()}: {ever.reason}")
                 elif wait_s <= 0:
-                    outcome = Unavailable(
-                        f"no room now for {claim.describe()}: {reason}; "
-                        "wait for it with a wait time (e.g. --wait 600) or ask for less"
-                    )
+                    outcome = Unavailable(f"no room now for {claim.describe()}: {reason}; {NO_ROOM_ADVICE}")
                 else:
                     ticket = self._take_ticket(tx, claim, holder, now, key)
                     view.tickets = None
@@ -436,10 +442,7 @@ class Pool:
         wait = max(wait_s, decision.wait_at_least_s)
         if wait <= 0:
             tx.delete_ticket(ticket)
-            return Unavailable(
-                f"no room now for {claim.describe()}: {decision.reason}; "
-                "wait for it with a wait time (e.g. --wait 600) or ask for less"
-            )
+            return Unavailable(f"no room now for {claim.describe()}: {decision.reason}; {NO_ROOM_ADVICE}")
         log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, decision.reason)
         return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now, key=key)
 
