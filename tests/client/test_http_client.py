@@ -120,6 +120,7 @@ def test_missing_or_wrong_token_says_how_to_fix_it(server, token, hint):
         HttpPoolClient(server.url, token=token).status()
     assert info.value.exit_code == 2
     assert "GPUPOOL_TOKEN" in info.value.message
+    assert info.value.message.count("gpupool token create") <= 1, "one piece of advice, said once"
 
 
 def test_server_closing_idle_connection_is_reconnected(server):

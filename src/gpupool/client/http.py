@@ -238,7 +238,7 @@ class HttpPoolClient(PoolClient):
             err = Unauthorized(
                 f"{err.message} (server {self.address}): "
                 + ("the token was refused; " if self._token else "no token was sent; ")
-                + "put a valid token in the client config (gpupool token create) or GPUPOOL_TOKEN"
+                + "a client sends the token of its bundle's client.yaml, or of $GPUPOOL_TOKEN"
             )
         raise err
 
