@@ -84,3 +84,21 @@ def test_no_room_advice_is_given_once_and_not_to_a_claim_that_waits(tmp_path: Pa
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_status_watch_redraws_until_interrupted(tmp_path: Path) -> None:
+    env = dict(clean_env(tmp_path), GPUPOOL_DEVICES="emulated:1x16GiB")
+    args = [sys.executable, "-m", "gpupool", "status", "--watch", "0.2", "--state", str(tmp_path / "s")]
+    watch = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    assert watch.stdout is not None
+    for line in watch.stdout:  # a frame starts with a '--- HH:MM:SS' line when stdout is no terminal
+        lines.append(line)
+        if sum(x.startswith("--- ") for x in lines) >= 3:
+            break
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    assert sum("GPU-emu" in x for x in lines) >= 2, "every frame shows the devices"
+    bad = subprocess.run([*args[:4], "--watch", "0", *args[6:]], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--watch 0 must be between" in bad.stderr

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from ..client.base import PoolClient
     from ..core.status import PoolStatus
 
+# `status --watch`: between redraws (watch(1)'s default), and its bounds.
+WATCH_DEFAULT_S = 2.0
+WATCH_MIN_S = 0.1
+WATCH_MAX_S = 3600.0
 # How long `gpupool suspend` and `resume` wait for the runner to take the step, by default.
 SUSPEND_WAIT_S = 60.0
 AWAIT_POLL_S = 0.1  # between looks while the runner is taking the step
@@ -26,6 +30,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add `status`, `list-gpus` and `release`."""
     p = subparsers.add_parser("status", help="devices, their allocation and the live leases")
     p.add_argument("--json", action="store_true", help='one JSON object {"devices": [...], "leases": [...]}')
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=WATCH_DEFAULT_S,
+        default=None,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C, as `watch` does",
+    )
     add_pool_arguments(p)
     p.set_defaults(func=handle_status)
 
@@ -85,6 +98,25 @@ def _status(args: argparse.Namespace) -> PoolStatus:
 
 
 def handle_status(args: argparse.Namespace) -> int:
+    if args.watch is None:
+        return _show_status(args)
+    from ..core.errors import InvalidInput
+
+    if not WATCH_MIN_S <= args.watch <= WATCH_MAX_S:  # also refuses nan
+        raise InvalidInput(f"--watch {args.watch:g} must be between {WATCH_MIN_S:g} and {WATCH_MAX_S:g} seconds")
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+    try:
+        while True:
+            stamp = time.strftime("%H:%M:%S")
+            print(f"{clear}every {args.watch:g}s: gpupool status    {stamp}" if clear else f"--- {stamp}")
+            _show_status(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:  # the way out of a watch: not an error
+        return 0
+
+
+def _show_status(args: argparse.Namespace) -> int:
     status = _status(args)
     if args.json:
         print(json.dumps(status.to_dict()))
