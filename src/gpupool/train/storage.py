@@ -125,8 +125,8 @@ def errors(url: PathLike, missing_ok: bool = False) -> Iterator[None]:
     except FileNotFoundError as err:
         if missing_ok:
             return
-        detail = _first_line(err)
-        if "bucket" in detail.lower() or "container" in detail.lower():
+        detail = _first_line(err).lower()
+        if "bucket" in detail or "container" in detail or _bucket_missing(text):
             raise StorageError(f"{text}: the bucket does not exist; create it or fix the URL") from None
         raise StorageError(f"{text} does not exist; check the URL") from None
     except PermissionError:
@@ -144,6 +144,18 @@ def errors(url: PathLike, missing_ok: bool = False) -> Iterator[None]:
                 f"{text}: {type(err).__name__}: {_first_line(err)}; check the endpoint and the credentials"
             ) from None
         raise
+
+
+def _bucket_missing(url: str) -> bool:
+    """Whether URL's bucket (container) is absent; asked only once a path was not found, since
+    not every store says which of the two was missing."""
+    if not is_remote(url):
+        return False
+    try:
+        fs, inner = filesystem(url)
+        return not fs.exists(inner.split("/", 1)[0])
+    except Exception:  # the question is only for a better message
+        return False
 
 
 def exists(path: PathLike) -> bool:
