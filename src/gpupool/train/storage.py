@@ -122,11 +122,11 @@ def errors(url: PathLike, missing_ok: bool = False) -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except FileNotFoundError as err:
+    except FileNotFoundError:
         if missing_ok:
             return
-        detail = _first_line(err).lower()
-        if "bucket" in detail or "container" in detail or _bucket_missing(text):
+        # The backends' messages differ (and may hold the bucket's own name): ask the store.
+        if _bucket_missing(text):
             raise StorageError(f"{text}: the bucket does not exist; create it or fix the URL") from None
         raise StorageError(f"{text} does not exist; check the URL") from None
     except PermissionError:
