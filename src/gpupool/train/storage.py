@@ -14,7 +14,7 @@ import os
 import posixpath
 import uuid
 from pathlib import Path
-from typing import IO, Any, Iterator, List, Tuple, Union
+from typing import IO, Any, Callable, Iterator, List, Tuple, Union
 
 from gpupool.core.errors import InvalidInput
 
@@ -219,44 +219,37 @@ def put_file(local: PathLike, path: PathLike) -> None:
     """Copy a local file to PATH atomically: written under a temporary name beside it, then
     renamed (a local rename, or the store's server-side copy), so a kill at any instant
     leaves the old file or the new one, never a torn one under PATH's name."""
+
+    def copy(dst: IO[bytes]) -> None:
+        with open(local, "rb") as src:
+            while chunk := src.read(1 << 22):
+                dst.write(chunk)
+
+    _atomic_write(path, copy, lambda fs, tmp: fs.put_file(str(local), tmp))
+
+
+def write_bytes(path: PathLike, data: bytes) -> None:
+    """Write DATA to PATH atomically (see put_file)."""
+    _atomic_write(path, lambda dst: dst.write(data), lambda fs, tmp: fs.pipe_file(tmp, data))
+
+
+def _atomic_write(
+    path: PathLike, write_local: Callable[[IO[bytes]], object], write_remote: Callable[[Any, str], object]
+) -> None:
+    """PATH's content written under a temporary name beside it, then renamed over PATH (put_file)."""
     fs, inner = filesystem(path)
     tmp = _tmp_name(inner)
     with errors(path):
         if _is_local(fs):
             os.makedirs(posixpath.dirname(inner), exist_ok=True)
-            with open(local, "rb") as src, open(tmp, "wb") as dst:
-                while chunk := src.read(1 << 22):
-                    dst.write(chunk)
+            with open(tmp, "wb") as dst:
+                write_local(dst)
                 dst.flush()
                 os.fsync(dst.fileno())
             os.replace(tmp, inner)
             return
         try:
-            fs.put_file(str(local), tmp)
-            fs.mv(tmp, inner)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                fs.rm_file(tmp)
-            raise
-        finally:
-            fs.invalidate_cache(posixpath.dirname(inner))
-
-
-def write_bytes(path: PathLike, data: bytes) -> None:
-    """Write DATA to PATH atomically (see put_file)."""
-    fs, inner = filesystem(path)
-    tmp = _tmp_name(inner)
-    with errors(path):
-        if _is_local(fs):
-            os.makedirs(posixpath.dirname(inner), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, inner)
-            return
-        try:
-            fs.pipe_file(tmp, data)
+            write_remote(fs, tmp)
             fs.mv(tmp, inner)
         except BaseException:
             with contextlib.suppress(Exception):
