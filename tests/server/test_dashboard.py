@@ -274,3 +274,73 @@ def test_the_cookie_is_secure_under_tls(pool):
     with TestClient(make_app(pool)) as c:
         assert "without TLS" in c.get("/").text
         assert "Secure" not in c.post("/login", data={"token": ADMIN}, follow_redirects=False).headers["set-cookie"]
+
+
+def lease_cells(html: str, lease_id: str) -> dict:
+    """The cells of one lease's row, by column header."""
+    table = html[html.index('<section id="leases"') :]
+    headers = [h.split("<")[0] for h in table.split("<thead>", 1)[1].split("</thead>", 1)[0].split("<th>")[1:]]
+    row = table.split(f'data-lease="{lease_id}">', 1)[1].split("</tr>", 1)[0]
+    cells = [c.split("</td>", 1)[0] for c in row.split("<td")[1:]]
+    return dict(zip(headers, [c.split(">", 1)[1] for c in cells]))
+
+
+def test_a_job_lease_shows_its_job_label_queue_share_used_and_age(client, pool):
+    from gpupool.core.model import GpuRequest
+    from gpupool.core.queues import QueueSpec
+
+    pool.set_queue(QueueSpec("team-a", 1.0))
+    job = pool.claim(Claim((GpuRequest(1, fraction=0.5),), queue="team-a"), Holder("alice", 24136, "vm", "job/mnist"))
+    plain = pool.claim(Claim.single(1, memory_mib=1024), Holder("bob", 7, "h", "notebook"))
+    uuid = job.slices[0].device_uuid
+    pool.record_usage(
+        UsageReport(time.time(), (DeviceUsage(uuid, 3072, 0.1),), (ProcessUsage(5, uuid, 3072, 0.1, job.id),))
+    )
+    html = client.get("/ui/live", headers=H).text
+    cells = lease_cells(html, job.id)
+    assert cells["holder"] == "alice" and "24136" not in cells["holder"]  # the job, not alice@vm:24136
+    assert cells["job"] == "mnist" and cells["label"] == "job/mnist" and cells["queue"] == "team-a"
+    assert cells["share"].startswith("node-a/GPU") and cells["share"].endswith(" 50% 8GiB")
+    assert (
+        "3GiB" in cells["used"] and cells["age"].endswith("s") and cells["state"].startswith('<span class="lease-state')
+    )
+    other = lease_cells(html, plain.id)
+    assert (
+        other["job"] == "–" and other["label"] == "notebook" and other["queue"] == "–" and other["holder"] == "bob@h:7"
+    )
+    assert "1GiB" in other["share"]
+    assert "1 of 2 match" in client.get("/ui/live?q=team-a", headers=H).text  # the filter reads queues too
+
+
+def test_lease_colours_are_never_the_red_of_trouble_and_each_row_has_its_key(client, pool):
+    import colorsys
+    import re
+    from pathlib import Path
+
+    from gpupool.server.dashboard import palette
+
+    css = (Path(draw.__file__).parent / "static" / "dashboard.css").read_text()
+
+    def hue(colour: str) -> float:
+        if colour.startswith("hsl("):
+            return float(colour[4:].split(",")[0])
+        r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        return 360.0 * colorsys.rgb_to_hls(r, g, b)[0]
+
+    reds = [hue(re.search(rf"--{name}: (#[0-9a-f]{{6}})", css).group(1)) for name in ("unleased", "bad")]
+    found = dict(re.findall(r"\.([lu]\d+) \{ fill: (hsl\([^)]*\)|#[0-9a-f]{6})", css))
+    assert {f"{k}{i}" for k in "lu" for i in range(palette.COLORS)} <= set(found)
+    for name, colour in found.items():
+        for red in reds:
+            apart = abs(hue(colour) - red) % 360
+            assert min(apart, 360 - apart) >= 40, f".{name} {colour} is too close to the red of trouble"
+        assert f"background: {colour}" in css.split(f".{name} {{", 1)[1].split("}", 1)[0]  # the legend's key shows it
+    hues = [hue(found[f"l{i}"]) for i in range(palette.COLORS)]
+    assert min(min(abs(a - b) % 360, 360 - abs(a - b) % 360) for a in hues for b in hues if a is not b) >= 20
+
+    lease = client.post("/v1/leases", json=HALF, headers=H).json()
+    html = client.get("/ui/live", headers=H).text
+    colour = palette.lease_color(lease["id"])
+    assert f'<span class="key l{colour}"></span>{lease["id"]}' in html  # the row's key ...
+    assert f'class="l{colour}" x="0.0"' in html  # ... is its slice's colour in the GPU bar
+    assert 'class="key unleased"></span>used by no lease' in html and 'class="key over"' in html

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from .history import Point
+from .palette import lease_color
 from .units import mib
 from .view import GpuRow
 
-COLORS = 8  # lease colours l0..l7 / u0..u7 in dashboard.css
 BAR_W = 1000.0  # the bars' viewBox width; CSS stretches it to the cell
 CHART_W, CHART_H = 300.0, 80.0  # the charts' viewBox
 HOUR_S = 3600.0
@@ -64,18 +64,13 @@ class Bar:
     unleased_width: str  # "": no process of no lease
 
 
-def color(lease_id: str) -> int:
-    """A lease's colour, the same on every GPU and every refresh."""
-    return sum(lease_id.encode()) % COLORS
-
-
 def bar(g: GpuRow) -> Bar:
     scale = BAR_W / (float(g.device.memory_mib) or 1.0)
     slabs = []
     x = 0.0
     for s in g.segments:
         width = s.allocated_mib * scale
-        c = color(s.lease_id)
+        c = lease_color(s.lease_id)
         used = s.used_mib or 0
         said = "not sampled" if s.used_mib is None else f"{mib(s.used_mib)} used"
         slabs.append(

@@ -13,12 +13,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...core.model import Device, Holder, Lease, pod_of_label
 from ...core.placement import place
+from ...core.quantity import format_mib
 from ...core.queues import QueuedClaim, QueueStatus
 from ...core.status import PoolStatus
 from ...core.suspension import RESUMING, RUNNING, SUSPENDED
 from ...core.usage import EnforcementAction, ProcessUsage
+from .palette import lease_color
 
 # A resuming lease's state stays in host memory until its runner restores it.
+JOB_LABEL_PREFIX = "job/"  # the local jobs floor labels its gang's lease "job/NAME" (jobs/executors/local)
 PARKED_STATES = (SUSPENDED, RESUMING)
 LEASE_LIMIT = 500  # lease rows on one page; the rest is counted, and found with the filter
 
@@ -56,7 +59,7 @@ class NodeRow:
 @dataclass(frozen=True)
 class LeaseRow:
     lease: Lease
-    holder: str  # "alice@host:123", or the pod's "namespace/name" on Kubernetes
+    holder: str  # "alice@host:123", the pod's "namespace/name" on Kubernetes, "alice" for a job's lease
     namespace: str
     pod: str
     share: str  # what it holds on each GPU
@@ -67,6 +70,10 @@ class LeaseRow:
     state: str = RUNNING  # core.suspension's words: running, suspending, suspended, resuming
     parked_bytes: Optional[int] = None  # host memory holding a suspended lease's GPU state; None: not parked
     error: str = ""  # its last suspend or restore that failed
+    label: str = ""
+    queue: str = ""  # "": the pool's default
+    job: str = ""  # the job of `gpupool submit` whose gang holds it; "" for any other lease
+    color: int = 0  # its slices' colour in the GPU bars (palette.lease_color), the table's legend
 
 
 @dataclass(frozen=True)
@@ -135,11 +142,18 @@ class DashboardView:
         return None if self.sampled_at is None else sum(n.used_mib or 0 for n in self.nodes)
 
 
+def job_of_label(label: str) -> str:
+    """The job name of a lease label "job/NAME" (the local jobs floor's); "" for any other label."""
+    return label[len(JOB_LABEL_PREFIX) :] if label.startswith(JOB_LABEL_PREFIX) else ""
+
+
 def holder_text(holder: Holder) -> str:
-    """How a holder reads in one cell: the pod on Kubernetes, else name@host:pid."""
+    """How a holder reads in one cell: the pod on Kubernetes, the user of a job, else name@host:pid."""
     namespace, pod = pod_of_label(holder.label)
     if pod:
         return f"{namespace}/{pod}"
+    if job_of_label(holder.label):
+        return holder.name or "?"  # the pid is the job's supervisor: the job column names what runs
     text = holder.name or "?"
     if holder.host or holder.pid:
         text += f"@{holder.host}:{holder.pid}"
@@ -242,7 +256,7 @@ def _matches(lease: Lease, query: str) -> bool:
         return True
     q = query.lower()
     h = lease.holder
-    return q in lease.id or q in h.name.lower() or q in h.label.lower() or q in h.host.lower()
+    return q in lease.id or q in h.name.lower() or q in h.label.lower() or q in h.host.lower() or q in lease.queue
 
 
 def _lease_rows(
@@ -266,6 +280,10 @@ def _lease_rows(
                 namespace=namespace,
                 pod=pod,
                 share=", ".join(_slice_text(s.device_uuid, s.memory_mib, devices) for s in lease.slices),
+                label=lease.holder.label,
+                queue=lease.queue,
+                job=job_of_label(lease.holder.label),
+                color=lease_color(lease.id),
                 allocated_mib=sum(s.memory_mib for s in lease.slices),
                 used_mib=None if used is None else used.get(lease.id, 0),
                 age_s=max(0.0, now - lease.created_at),
@@ -278,12 +296,13 @@ def _lease_rows(
     return tuple(rows)
 
 
-def _slice_text(uuid: str, mib: int, devices: Dict[str, Device]) -> str:
+def _slice_text(uuid: str, memory_mib: int, devices: Dict[str, Device]) -> str:
+    """One slice: where, the fraction of that GPU and its MiB ("node-a/GPU0 50% 8GiB")."""
     d = devices.get(uuid)
     if d is None:
-        return f"{uuid} {mib}MiB"
-    percent = 100.0 * mib / d.memory_mib if d.memory_mib else 0.0
-    return f"{d.node}/GPU{d.index} {percent:.0f}%"
+        return f"{uuid} {format_mib(memory_mib)}"
+    percent = 100.0 * memory_mib / d.memory_mib if d.memory_mib else 0.0
+    return f"{d.node}/GPU{d.index} {percent:.0f}% {format_mib(memory_mib)}"
 
 
 def _queue_rows(
