@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "server": ("server", "serve this machine's GPUs to clients over HTTP(S)"),
     "token": ("token", "create client tokens and bundles"),
+    "config": ("config", "the pool, token and CA a client uses, and where each comes from"),
     "run": ("run", "run a command on N GPUs, each a fraction or a memory size"),
     "status": ("status", "devices, their allocation and the live leases"),
     "list-gpus": ("status", "the pool's GPUs"),

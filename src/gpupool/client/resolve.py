@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
 
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..core.queues import QueueStatus
     from ..core.usage import UsageReport
@@ -67,50 +68,93 @@ def _check_address(text: str) -> str:
     return normalize_url(text)
 
 
-def connect_all(
-    servers: Optional[Sequence[str]] = None,
-    state_dir: Optional[Path] = None,
-    devices_spec: Optional[str] = None,
-    isolation: Optional[IsolationMode] = None,
-) -> List[PoolClient]:
-    """One client per pool to use (at least one: the embedded pool when no server is named).
-    `state_dir` is the --state flag: alone, it chooses that embedded pool over env and config.
+@dataclass(frozen=True)
+class PoolChoice:
+    """One pool the flags, env and config choose, and where each part of it came from."""
 
-    `isolation` sets the embedded pool's mode; a server's mode is its own (`gpupool server --isolation`).
-    """
+    address: str  # a URL, or "embedded:<state dir>"
+    source: str  # "--state", "--server", "$GPUPOOL_SERVER", the config file's path, or "default"
+    token: str = field(default="", repr=False)  # never shown: `config show` gives its source only
+    token_source: str = "none"
+    ca: str = ""
+    ca_source: str = ""
+
+    def to_dict(self) -> Dict[str, str]:
+        return {
+            "pool": self.address,
+            "from": self.source,
+            "token_from": self.token_source,
+            "ca": self.ca,
+            "ca_from": self.ca_source,
+        }
+
+
+def choose_pools(servers: Optional[Sequence[str]] = None, state_dir: Optional[Path] = None) -> List[PoolChoice]:
+    """The pools to use, by the one rule: flags (--server, --state), then env, then the config file,
+    then the embedded pool of $GPUPOOL_STATE or its default."""
     if state_dir is not None and not servers:
         # An explicit --state names the pool: it beats $GPUPOOL_SERVER and client.yaml, which it
-        # silently lost to once a bundle was installed (flags, then env, then config).
-        return [_embedded(state_dir, devices_spec, isolation)]
+        # silently lost to once a bundle was installed.
+        return [PoolChoice(f"{EMBEDDED}{state_dir}", "--state")]
+    env = os.environ.get(SERVER_ENV, "").strip()
     config: Optional[ClientConfig] = None
-    if not servers and not os.environ.get(SERVER_ENV, "").strip():
+    if not servers and not env:
         config = load_client_config()
     addresses = server_addresses(servers, config)
     if not addresses:
-        return [_embedded(state_dir, devices_spec, isolation)]
-    if isolation is not None and not all(a.lower().startswith(EMBEDDED) for a in addresses):
-        raise InvalidInput(
-            f"--isolation {isolation.value} applies to the embedded pool only: a server keeps the mode it was "
-            "started with (gpupool server --isolation); drop the flag or the --server"
-        )
+        from .embedded import STATE_ENV, default_state_dir  # only here: a run against a server never loads it
+
+        source = f"${STATE_ENV}" if os.environ.get(STATE_ENV) else "default"
+        return [PoolChoice(f"{EMBEDDED}{default_state_dir()}", source)]
+    source = "--server" if servers else (f"${SERVER_ENV}" if env else (config.path if config else ""))
     if config is None:
         try:
             config = load_client_config()
         except InvalidInput as err:  # a broken config must not block an explicit --server
             log.warning("ignoring client config: %s", err.message)
             config = ClientConfig()
-    clients: List[PoolClient] = []
+    choices: List[PoolChoice] = []
     for address in addresses:
         if address.lower().startswith(EMBEDDED):
+            from .embedded import default_state_dir
+
             path = address[len(EMBEDDED) :]
-            clients.append(_embedded(Path(path) if path else state_dir, devices_spec, isolation))
+            where = Path(path) if path else (state_dir or default_state_dir())
+            choices.append(PoolChoice(f"{EMBEDDED}{where}", source))
+            continue
+        entry = config.entry_for(address)
+        token, token_source = os.environ.get(TOKEN_ENV, ""), f"${TOKEN_ENV}"
+        if not token:
+            token, token_source = (entry.token, config.path) if entry and entry.token else ("", "none")
+        ca, ca_source = (entry.ca, config.path) if entry and entry.ca else (os.environ.get(CA_ENV, ""), f"${CA_ENV}")
+        choices.append(PoolChoice(address, source, token, token_source, ca, ca_source if ca else "system CAs"))
+    return choices
+
+
+def connect_all(
+    servers: Optional[Sequence[str]] = None,
+    state_dir: Optional[Path] = None,
+    devices_spec: Optional[str] = None,
+    isolation: Optional[IsolationMode] = None,
+) -> List[PoolClient]:
+    """One client per pool to use (at least one: the embedded pool when no server is named), as
+    `choose_pools` chooses them. `isolation` sets the embedded pool's mode; a server's mode is its
+    own (`gpupool server --isolation`)."""
+    choices = choose_pools(servers, state_dir)
+    embedded = [c.address.lower().startswith(EMBEDDED) for c in choices]
+    if isolation is not None and not all(embedded):
+        raise InvalidInput(
+            f"--isolation {isolation.value} applies to the embedded pool only: a server keeps the mode it was "
+            "started with (gpupool server --isolation); drop the flag or the --server"
+        )
+    clients: List[PoolClient] = []
+    for choice, local in zip(choices, embedded):
+        if local:
+            clients.append(_embedded(Path(choice.address[len(EMBEDDED) :]), devices_spec, isolation))
             continue
         from .http import HttpPoolClient
 
-        entry = config.entry_for(address)
-        token = os.environ.get(TOKEN_ENV) or (entry.token if entry else "")
-        ca = (entry.ca if entry and entry.ca else "") or os.environ.get(CA_ENV, "")
-        clients.append(HttpPoolClient(address, token=token, ca=ca))
+        clients.append(HttpPoolClient(choice.address, token=choice.token, ca=choice.ca))
     return clients
 
 

@@ -1,0 +1,48 @@
+"""Issue 25, item 1: `gpupool config show` says which pool the verbs use, and where the pool, its
+token and its CA come from (flags, then env, then the config file); it never prints the token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+
+def show(tmp_path: Path, *argv: str, **env_extra: str) -> List[Dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path / "home"), **env_extra)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "config", "show", "--json", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "s3cret-token" not in done.stdout + done.stderr
+    return list(json.loads(done.stdout)["pools"])
+
+
+def test_each_source_in_its_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (default,) = show(tmp_path)
+    assert default["from"] == "default" and default["pool"] == f"embedded:{home}/.local/state/gpupool"
+    (from_env,) = show(tmp_path, GPUPOOL_STATE=str(tmp_path / "st"))
+    assert from_env == {**from_env, "pool": f"embedded:{tmp_path / 'st'}", "from": "$GPUPOOL_STATE"}
+
+    (home / ".gpupool").mkdir(parents=True)
+    config = home / ".gpupool" / "client.yaml"
+    (home / ".gpupool" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    config.write_text(json.dumps({"servers": [{"url": "https://gpu1:56001", "token": "s3cret-token", "ca": "ca.crt"}]}))
+    (bundle,) = show(tmp_path)
+    assert bundle["pool"] == "https://gpu1:56001" and bundle["from"] == str(config)
+    assert bundle["token_from"] == str(config) and bundle["ca_from"] == str(config)
+    (env_server,) = show(tmp_path, GPUPOOL_SERVER="http://h:2", GPUPOOL_TOKEN="s3cret-token")
+    assert env_server["from"] == "$GPUPOOL_SERVER" and env_server["token_from"] == "$GPUPOOL_TOKEN"
+    (flag,) = show(tmp_path, "--state", str(tmp_path / "mine"), GPUPOOL_SERVER="http://h:2")
+    assert flag["pool"] == f"embedded:{tmp_path / 'mine'}" and flag["from"] == "--state"
+    two = show(tmp_path, "--server", "http://a:1", "--server", "http://b:2")
+    assert [p["pool"] for p in two] == ["http://a:1", "http://b:2"] and {p["from"] for p in two} == {"--server"}
