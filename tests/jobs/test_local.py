@@ -120,6 +120,8 @@ def test_gang_that_does_not_fit_is_queued_whole(shell):
     shell.run("submit", shell.write_spec(small))
     st = shell.wait_for("small", lambda s: s["status"] == "Queued")
     assert "needs" in st["message"]
+    logs = shell.run("logs", "small")  # issue 25: a queued job's logs say it is queued, and why
+    assert logs.stdout == "" and "job small is queued: " in logs.stderr and "needs" in logs.stderr
     time.sleep(0.5)
     assert len(shell.leases()) == 1 and shell.queued() == 1  # nothing held by the queued job
     assert shell.state_of("small")["replicas"]["worker-0"]["pid"] == 0

@@ -87,7 +87,13 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    from ..jobs.phase import Phase
+
     executor = _executor(args)
+    job = executor.describe(args.name)
+    if job.status in (Phase.QUEUED, Phase.PENDING):  # no replica has written yet: say why, not nothing
+        why = f": {job.message}" if job.message else ""
+        print(f"gpupool: job {args.name} is {job.status.value.lower()}{why}", file=sys.stderr, flush=True)
     for line in executor.log_lines(args.name, args.replica, args.follow):
         print(line, flush=True)
     return 0
