@@ -344,3 +344,77 @@ def test_lease_colours_are_never_the_red_of_trouble_and_each_row_has_its_key(cli
     assert f'<span class="key l{colour}"></span>{lease["id"]}' in html  # the row's key ...
     assert f'class="l{colour}" x="0.0"' in html  # ... is its slice's colour in the GPU bar
     assert 'class="key unleased"></span>used by no lease' in html and 'class="key over"' in html
+
+
+def polyline(html: str, css: str, chart: int = 0) -> list:
+    """The (x, y) points of the `css` line in chart number `chart` of the page."""
+    figure = html.split('<figure class="chart">')[1 + chart].split("</figure>", 1)[0]
+    points = figure.split(f'<polyline class="{css}" points="', 1)[1].split('"', 1)[0]
+    return [tuple(float(v) for v in p.split(",")) for p in points.split()]
+
+
+def axis(page: str) -> list:
+    """The time axis' labels of the first chart."""
+    import re
+
+    return re.findall(r"<span>([^<]*)</span>", page.split('class="axis-labels time-axis">', 1)[1].split("</div>", 1)[0])
+
+
+def test_a_range_draws_the_lease_history_with_a_time_axis_and_gpu_hours(tmp_path):
+    import re
+
+    from gpupool.core.model import GpuRequest
+    from gpupool.core.queues import QueueSpec
+
+    now = time.time()
+    clock = [now - 20 * 3600]
+    pool = Pool(tmp_path / "pool", devices=emulated_devices("2x16GiB", "node-a"), clock=lambda: clock[0])
+    try:
+        pool.set_queue(QueueSpec("team-a", 1.0))
+        a = pool.claim(Claim((GpuRequest(1, fraction=1.0),), queue="team-a"), Holder("alice", 1, "h"), ttl_s=86400)
+        clock[0] = now - 18 * 3600
+        pool.release(a.id)  # one GPU from 20 h to 18 h ago: 2 GPU-hours in team-a
+        clock[0] = now - 3 * 3600
+        b = pool.claim(Claim.single(1, fraction=0.5), Holder("bob", 2, "h"), ttl_s=86400)
+        clock[0] = now - 1.5 * 3600
+        pool.release(b.id)  # half a GPU from 3 h to 1.5 h ago: 0.75 GPU-hours in the default queue
+        clock[0] = now
+        with TestClient(make_app(pool, auth=False)) as c:
+            pages = {name: c.get(f"/ui/live?range={name}").text for name in ("15m", "1h", "24h", "7d", "bogus")}
+    finally:
+        pool.close()
+
+    day = pages["24h"]
+    assert 'class="range on" data-range="24h"' in day and "Over the last <span" in day and "24 hours" in day
+    queues = day.split('class="usage-by-queue"', 1)[1].split("</table>", 1)[0]
+    holders = day.split('class="usage-by-holder"', 1)[1].split("</table>", 1)[0]
+    assert '<td>team-a</td><td class="gpu-hours">2.00</td><td>1</td>' in queues
+    assert '<td>–</td><td class="gpu-hours">0.75</td><td>1</td>' in queues
+    assert (
+        '<td>alice</td><td class="gpu-hours">2.00</td>' in holders
+        and '<td>bob</td><td class="gpu-hours">0.75</td>' in holders
+    )
+    # x runs over the 24 hours (0 to 300): one GPU of two (50 %, y 40 of 80) from 20 h to 18 h ago
+    held = [x for x, y in polyline(day, "line-alloc") if y == 40.0]
+    assert held and 50.0 <= min(held) <= 56.0 and 69.0 <= max(held) <= 75.0
+    bob = [y for x, y in polyline(day, "line-alloc") if 262.5 < x <= 280.0]  # 3 h to 1.6 h ago: a quarter
+    late = [y for x, y in polyline(day, "line-alloc") if x >= 285.0]  # the last 1.2 hours: nothing held
+    assert bob == [60.0] * len(bob) and len(bob) == 7 and late == [80.0] * len(late) and late
+    assert len(axis(day)) == 5 and all(re.fullmatch(r"\d\d:\d\d", t) for t in axis(day))
+    assert all(re.fullmatch(r"\w{3} \d\d:\d\d", t) for t in axis(pages["7d"]))
+    assert all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in axis(pages["15m"]))
+    # the last hour spans the chart (it squeezed minutes of live samples to the right edge), and held nothing
+    hour = polyline(pages["1h"], "line-alloc")
+    assert min(x for x, _ in hour) < 10.0 and all(y == 80.0 for _, y in hour)
+    assert "no use in this range" in pages["1h"].split('id="usage"', 1)[1]
+    assert 'class="range on" data-range="1h"' in pages["bogus"]  # an unknown range is the default
+    assert pages["7d"].count('class="gpu-hours">2.00<') == 2  # queue and holder: the 7 days hold the same
+
+
+def test_buckets_average_each_span_over_the_buckets_it_covers():
+    from gpupool.server.dashboard.period import buckets
+
+    gpus, leases = buckets([(10.0, 35.0, 2.0), (0.0, 100.0, 0.5), (-50.0, -10.0, 9.0)], 0.0, 100.0, 4)
+    assert [t for t, _ in gpus] == [25.0, 50.0, 75.0, 100.0]
+    assert [v for _, v in gpus] == pytest.approx([0.5 + 2.0 * 15 / 25, 0.5 + 2.0 * 10 / 25, 0.5, 0.5])
+    assert [v for _, v in leases] == pytest.approx([1.0 + 15 / 25, 1.0 + 10 / 25, 1.0, 1.0])

@@ -73,6 +73,7 @@ def text_fields(tp: Any, seen: Set[Any]) -> int:
 def drawn() -> Dict[str, str]:
     view = hostile(DashboardView)
     assert len(view.nodes) > 1 and view.teams and view.jobs and view.queue and view.actions and view.unleased
+    assert view.period.by_queue and view.period.by_holder and view.period.allocated
     return {
         "page.html": render.page(view, (), auth=True),
         "live.html": render.live(view, ()),
@@ -94,7 +95,18 @@ def test_a_hostile_string_in_every_text_field_comes_out_escaped(drawn):
 def test_every_template_is_drawn(drawn):
     # each section template draws <section id="NAME">: all of them show on a page with every part present
     sections = {p.stem for p in (TEMPLATES / "sections").glob("*.html")}
-    assert sections == {"summary", "charts", "nodes", "gpus", "leases", "teams", "queue", "jobs", "enforcement"}
+    assert sections == {
+        "summary",
+        "charts",
+        "usage",
+        "nodes",
+        "gpus",
+        "leases",
+        "teams",
+        "queue",
+        "jobs",
+        "enforcement",
+    }
     for section in sections:
         assert f'<section id="{section}"' in drawn["page.html"], section
     assert {p.name for p in TEMPLATES.glob("*.html")} == set(drawn)

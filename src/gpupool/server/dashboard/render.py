@@ -14,6 +14,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from . import shapes
 from .history import Point
+from .period import RANGE_NAMES
 from .units import clock, duration, gib, mib, percent
 from .view import DashboardView
 
@@ -33,6 +34,7 @@ def _environment() -> Environment:
     env.filters.update(mib=mib, gib=gib, duration=duration, percent=percent, clock=clock, num=format)
     env.globals.update(STATIC=STATIC, REFRESH_MS=REFRESH_MS, BAR_W=shapes.BAR_W, bar=shapes.bar)
     env.globals.update(CHART_W=shapes.CHART_W, CHART_H=shapes.CHART_H, charts=shapes.charts)
+    env.globals.update(RANGE_NAMES=RANGE_NAMES)
     return env
 
 
@@ -45,7 +47,7 @@ def page(view: DashboardView, history: Sequence[Point], auth: bool) -> str:
 
 
 def live(view: DashboardView, history: Sequence[Point]) -> str:
-    """The refreshed part of the page: summary, charts, nodes, GPUs, leases, queue, enforcement."""
+    """The refreshed part of the page: summary, charts, usage, nodes, GPUs, leases, queue, enforcement."""
     return ENV.get_template("live.html").render(view=view, history=history)
 
 

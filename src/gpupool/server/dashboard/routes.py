@@ -30,8 +30,9 @@ from ...core.status import PoolStatus
 from ...pool import Pool
 from ..auth import Identity
 from ..handlers import LeaseApi
-from . import render
+from . import period, render
 from .history import History, point_of
+from .period import Period
 from .view import JobRow, build
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
 MAX_QUERY = 200
 MAX_FORM = 4096  # a token is ~50 bytes
+PERIOD_MAX_AGE_S = 10.0
 # No inline script or style, nothing from elsewhere; the page talks to this origin only.
 SECURITY_HEADERS = {
     "content-security-policy": (
@@ -72,6 +74,8 @@ class DashboardState:
         self.status_max_age_s = status_max_age_s
         self._read: Optional[Tuple[float, PoolStatus, Tuple[QueuedClaim, ...]]] = None
         self._lock = threading.Lock()
+        self.period_max_age_s = PERIOD_MAX_AGE_S
+        self._periods: Dict[str, Tuple[float, Period]] = {}
 
     def wait_idle(self) -> None:
         """Return once no pool read of this dashboard is running."""
@@ -98,6 +102,21 @@ class DashboardState:
             queue = tuple(self.queue(pool))
             self._read = (time.monotonic(), status, queue)
             return status, queue
+
+    def period(self, pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
+        """The range `name` from the lease history, shared by every viewer for up to `period_max_age_s`.
+
+        Its usage sums read every lease held, twice: at 10,000 leases that is
+        too much for each two-second refresh, and GPU-hours over an hour or a
+        week barely move in a few seconds.
+        """
+        with self._lock:
+            cached = self._periods.get(name)
+            if cached is not None and time.monotonic() - cached[0] < self.period_max_age_s:
+                return cached[1]
+            fresh = period.read(pool, status, name, now)
+            self._periods[name] = (time.monotonic(), fresh)
+            return fresh
 
 
 @asynccontextmanager
@@ -188,7 +207,10 @@ def _render(request: Request, whole_page: bool) -> str:
     now = time.time()
     if state.history.due(now):
         state.history.record(status, now)
-    view = build(status, now, queue, _query(request), jobs=_jobs(state))
+    chosen = period.range_of(request.query_params.get("range", ""))
+    # The lease history is in the pool's time (its clock); the live samples in this server's.
+    span = state.period(api.pool, status, chosen, api.pool.clock())
+    view = build(status, now, queue, _query(request), jobs=_jobs(state), period=span)
     points = (*state.history.points(now), point_of(status, now))  # the charts end at this very status
     return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)
 

@@ -7,19 +7,21 @@ templates' autoescaping escapes all of it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 from .history import Point
 from .palette import lease_color
+from .period import Period
 from .units import mib
 from .view import GpuRow
 
 BAR_W = 1000.0  # the bars' viewBox width; CSS stretches it to the cell
 CHART_W, CHART_H = 300.0, 80.0  # the charts' viewBox
-HOUR_S = 3600.0
+TICKS = 4  # time-axis intervals: a label at each end and at each quarter
 
-Values = List[Tuple[float, float]]  # (time, value)
+Values = Sequence[Tuple[float, float]]  # (time, value)
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,19 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Tick:
+    """One mark of the time axis: where (viewBox x) and the time of day it stands for."""
+
+    x: str
+    label: str
+
+
+@dataclass(frozen=True)
 class Chart:
     title: str
     top: float  # the y axis' maximum
     lines: Tuple[Line, ...]
+    ticks: Tuple[Tick, ...] = ()
 
 
 class Slab(NamedTuple):
@@ -91,21 +102,63 @@ def bar(g: GpuRow) -> Bar:
     return Bar(tuple(slabs), f"{leased:.1f}", unleased)
 
 
-def charts(history: Sequence[Point], now: float) -> Tuple[Chart, ...]:
-    """The last hour: memory (% of the pool), leases and queue length."""
-    alloc = [(p.at, 100.0 * p.allocated_mib / p.total_mib if p.total_mib else 0.0) for p in history]
-    used = [(p.at, 100.0 * p.used_mib / p.total_mib) for p in history if p.used_mib is not None and p.total_mib]
+def charts(history: Sequence[Point], now: float, period: Period = Period()) -> Tuple[Chart, ...]:
+    """Memory (% of the pool), leases and queue length over `period`, oldest at the left, `now` at the right.
+
+    Allocation and leases come from the lease history when the period has it
+    (any range, kept across restarts); use and queue length only from the live
+    samples, which span the last hour.
+    """
+    since = now - period.span_s
+    live = [p for p in history if p.at >= since]
+    alloc = list(period.allocated) or [
+        (p.at, 100.0 * p.allocated_mib / p.total_mib if p.total_mib else 0.0) for p in live
+    ]
+    used = [(p.at, 100.0 * p.used_mib / p.total_mib) for p in live if p.used_mib is not None and p.total_mib]
+    leases = list(period.leases) or [(p.at, float(p.leases)) for p in live]
+    if period.leases and live:
+        leases.append((live[-1].at, float(live[-1].leases)))  # the line ends at the count now, not a bucket's mean
+    if period.allocated and live and live[-1].total_mib:
+        alloc.append((live[-1].at, 100.0 * live[-1].allocated_mib / live[-1].total_mib))
+    ticks = time_ticks(now, period.span_s)
     return (
-        chart("memory, % of the pool", (("allocated", "line-alloc", alloc), ("used", "line-used", used)), now, 100.0),
-        chart("leases", (("leases", "line-leases", [(p.at, float(p.leases)) for p in history]),), now),
-        chart("queue length", (("queued", "line-queue", [(p.at, float(p.queued)) for p in history]),), now),
+        chart(
+            "memory, % of the pool",
+            (("allocated", "line-alloc", alloc), ("used", "line-used", used)),
+            now,
+            period.span_s,
+            ticks,
+            100.0,
+        ),
+        chart("leases", (("leases", "line-leases", leases),), now, period.span_s, ticks),
+        chart(
+            "queue length",
+            (("queued", "line-queue", [(p.at, float(p.queued)) for p in live]),),
+            now,
+            period.span_s,
+            ticks,
+        ),
+    )
+
+
+def time_ticks(now: float, span_s: float) -> Tuple[Tick, ...]:
+    """The time axis: times of day (with the weekday past a day) at each quarter of the span."""
+    fmt = "%a %H:%M" if span_s > 86400 else "%H:%M:%S" if span_s < 3600 else "%H:%M"
+    return tuple(
+        Tick(f"{CHART_W * k / TICKS:.1f}", time.strftime(fmt, time.localtime(now - span_s * (1 - k / TICKS))))
+        for k in range(TICKS + 1)
     )
 
 
 def chart(
-    title: str, series: Sequence[Tuple[str, str, Values]], now: float, fixed_max: Optional[float] = None
+    title: str,
+    series: Sequence[Tuple[str, str, Values]],
+    now: float,
+    span_s: float,
+    ticks: Tuple[Tick, ...] = (),
+    fixed_max: Optional[float] = None,
 ) -> Chart:
-    """A line chart of the last hour: x from now-3600 s to now, y from 0 to the series' max (or `fixed_max`)."""
+    """A line chart: x from now-span_s to now, y from 0 to the series' max (or `fixed_max`)."""
     values = [v for _, _, points in series for _, v in points]
     top = fixed_max if fixed_max is not None else max([1.0, *values])
     lines = tuple(
@@ -113,11 +166,11 @@ def chart(
             name,
             css,
             " ".join(
-                f"{CHART_W * (1 - min(HOUR_S, max(0.0, now - at)) / HOUR_S):.1f},{CHART_H - CHART_H * min(v, top) / top:.1f}"
+                f"{CHART_W * (1 - min(span_s, max(0.0, now - at)) / span_s):.1f},{CHART_H - CHART_H * min(v, top) / top:.1f}"
                 for at, v in points
             ),
             points[-1][1] if points else None,
         )
         for name, css, points in series
     )
-    return Chart(title, top, lines)
+    return Chart(title, top, lines, ticks)

@@ -19,6 +19,7 @@ from ...core.status import PoolStatus
 from ...core.suspension import RESUMING, RUNNING, SUSPENDED
 from ...core.usage import EnforcementAction, ProcessUsage
 from .palette import lease_color
+from .period import Period
 
 # A resuming lease's state stays in host memory until its runner restores it.
 JOB_LABEL_PREFIX = "job/"  # the local jobs floor labels its gang's lease "job/NAME" (jobs/executors/local)
@@ -128,6 +129,7 @@ class DashboardView:
     query: str
     jobs: Tuple[JobRow, ...] = ()  # newest first
     teams: Tuple[QueueStatus, ...] = ()  # the team queues (gpupool queue set), by name
+    period: Period = Period()  # the charts' and usage panel's range, from the lease history
 
     @property
     def total_mib(self) -> int:
@@ -167,6 +169,7 @@ def build(
     query: str = "",
     lease_limit: int = LEASE_LIMIT,
     jobs: Sequence[JobRow] = (),
+    period: Period = Period(),
 ) -> DashboardView:
     """The dashboard of `status` at wall-clock time `now`; `query` filters leases by id, holder or label."""
     usage = status.usage
@@ -231,6 +234,7 @@ def build(
         query=query,
         jobs=tuple(sorted(jobs, key=lambda j: j.submitted_at, reverse=True)),
         teams=tuple(sorted(status.queues, key=lambda q: q.spec.name)),
+        period=period,
     )
 
 

@@ -14,9 +14,19 @@
   var busy = false;
   var typing = null;
 
+  // The filter as typed, and the charts' range as the page's address holds it (?range=, chosen by its links).
   function query() {
     var q = form && form.elements.q ? form.elements.q.value.trim() : "";
-    return q ? "?q=" + encodeURIComponent(q) : "";
+    var range = new URLSearchParams(window.location.search).get("range");
+    var params = new URLSearchParams();
+    if (q) {
+      params.set("q", q);
+    }
+    if (range) {
+      params.set("range", range);
+    }
+    var text = params.toString();
+    return text ? "?" + text : "";
   }
 
   function show(text, bad) {

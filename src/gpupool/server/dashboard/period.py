@@ -1,0 +1,124 @@
+"""The range the charts and the usage panel cover (15 min, 1 h, 24 h, 7 d), read from the pool's lease history.
+
+The live samples (history.py) cover the last hour in memory only; the lease
+history (Pool.history) and live leases cover any range and survive restarts.
+Allocation and lease counts over the range are averaged into buckets in one
+pass over the leases (a difference array), so 7 days of leases cost
+O(leases + buckets), never leases x buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterable, List, Sequence, Tuple
+
+from ...core.queues import UsageRow, slices_gpus
+from ...core.status import PoolStatus
+
+if TYPE_CHECKING:
+    from ...pool import Pool
+
+RANGES: Dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+RANGE_NAMES = {"15m": "15 min", "1h": "1 hour", "24h": "24 hours", "7d": "7 days"}
+DEFAULT_RANGE = "1h"
+BUCKETS = 120  # points per chart line from the history: 30 s at 1 h, 84 min at 7 d
+USAGE_ROWS = 10  # per table of the usage panel; the rest summed as "others"
+
+Series = Tuple[Tuple[float, float], ...]  # (time, value)
+Span = Tuple[float, float, float]  # (start, end, GPUs held)
+
+
+@dataclass(frozen=True)
+class Period:
+    """The chosen range and what the lease history says about it."""
+
+    name: str = DEFAULT_RANGE
+    span_s: float = RANGES[DEFAULT_RANGE]
+    allocated: Series = ()  # % of the pool's GPUs allocated, per bucket; (): draw from the live samples
+    leases: Series = ()  # leases held, per bucket
+    by_queue: Tuple[UsageRow, ...] = ()  # GPU-seconds over the range, most used first
+    by_holder: Tuple[UsageRow, ...] = ()
+
+
+def range_of(text: str) -> str:
+    """The range a `?range=` asks for; the default for anything else."""
+    return text if text in RANGES else DEFAULT_RANGE
+
+
+def read(pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
+    """The period `name` ending at `now`: allocation and leases over time, GPU-hours by queue and holder."""
+    span_s = RANGES[range_of(name)]
+    since = now - span_s
+    memory_of = {d.uuid: d.memory_mib for d in status.devices}
+    spans: List[Span] = [
+        (r.started_at, r.ended_at, _held(r.gpu_seconds, r.started_at, r.ended_at)) for r in pool.history(since, now)
+    ]
+    spans += [(x.created_at, min(now, x.expires_at), slices_gpus(x.slices, memory_of)) for x in status.leases]
+    gpus = float(len(status.devices)) or 1.0
+    allocated, leases = buckets(spans, since, now, BUCKETS)
+    return Period(
+        range_of(name),
+        span_s,
+        tuple((t, 100.0 * v / gpus) for t, v in allocated),
+        leases,
+        _top(pool.usage(since, now, "queue")),
+        _top(pool.usage(since, now, "holder")),
+    )
+
+
+def _held(gpu_seconds: float, start: float, end: float) -> float:
+    """GPUs held on average over a lease's span (its suspended time spread over it)."""
+    return gpu_seconds / (end - start) if end > start else 0.0
+
+
+def _top(rows: Sequence[UsageRow]) -> Tuple[UsageRow, ...]:
+    """The most used rows, the rest summed into one "others" row."""
+    if len(rows) <= USAGE_ROWS:
+        return tuple(rows)
+    rest = rows[USAGE_ROWS - 1 :]
+    others = UsageRow(f"{len(rest)} others", sum(r.gpu_seconds for r in rest), sum(r.leases for r in rest))
+    return (*rows[: USAGE_ROWS - 1], others)
+
+
+def buckets(spans: Iterable[Span], since: float, until: float, n: int) -> Tuple[Series, Series]:
+    """GPUs held and leases held, each averaged over `n` equal buckets of [since, until], at each bucket's end."""
+    width = (until - since) / n
+    if width <= 0:
+        return (), ()
+    gpu = _Accumulator(n)
+    count = _Accumulator(n)
+    for start, end, held in spans:
+        start, end = max(start, since), min(end, until)
+        if end <= start:
+            continue
+        first = min(n - 1, int((start - since) / width))
+        last = min(n - 1, int(math.ceil((end - since) / width)) - 1)
+        gpu.add(first, last, start, end, since, width, held)
+        count.add(first, last, start, end, since, width, 1.0)
+    ends = [since + width * (i + 1) for i in range(n)]
+    return tuple(zip(ends, gpu.averages(width))), tuple(zip(ends, count.averages(width)))
+
+
+class _Accumulator:
+    """Value-seconds per bucket: partial buckets added directly, whole ones through a difference array."""
+
+    def __init__(self, n: int) -> None:
+        self.edge = [0.0] * n
+        self.whole = [0.0] * (n + 1)
+
+    def add(self, first: int, last: int, start: float, end: float, since: float, width: float, value: float) -> None:
+        if first == last:
+            self.edge[first] += value * (end - start)
+            return
+        self.edge[first] += value * (since + width * (first + 1) - start)
+        self.edge[last] += value * (end - (since + width * last))
+        self.whole[first + 1] += value * width
+        self.whole[last] -= value * width
+
+    def averages(self, width: float) -> List[float]:
+        out, running = [], 0.0
+        for i, edge in enumerate(self.edge):
+            running += self.whole[i]
+            out.append((edge + running) / width)
+        return out
