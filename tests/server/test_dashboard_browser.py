@@ -117,6 +117,20 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
         if os.environ.get("GPUPOOL_DASHBOARD_SCREENSHOT"):  # how docs/dashboard.png is made
             shutil.copyfile(shot, Path(os.environ["GPUPOOL_DASHBOARD_SCREENSHOT"]))
         print(f"lease appeared after {appeared_s:.2f} s; screenshot {shot}")
+
+        # The lease's row names its label and queue; the charts' range is chosen by a link and kept by the refresh.
+        cells = texts(browser, "tr.lease td.label, tr.lease td.queue, tr.lease td.job")
+        assert cells == ["–", "–", "–"], cells  # a plain `gpupool run`: no job, no label, the default queue
+        assert texts(browser, "#charts .range-name") == ["1 hour"]
+        assert len(texts(browser, "#charts .time-axis span")) == 15  # five times of day under each of the 3 charts
+        browser.find_element(By.CSS_SELECTOR, 'a.range[data-range="24h"]').click()
+        wait_until(lambda: texts(browser, "#charts .range-name") == ["24 hours"], 10.0, "the 24-hour range shows")
+        browser.execute_script("window.__sameDay = true; document.getElementById('state').textContent = '';")
+        wait_until(lambda: texts(browser, "#state")[0].startswith("live ·"), 10.0, "a live refresh comes")
+        assert browser.execute_script("return window.__sameDay === true;"), "the page was reloaded"
+        assert texts(browser, "#charts .range-name") == ["24 hours"], "the refresh kept the range"
+        hours = texts(browser, "#usage table.usage-by-holder td.gpu-hours")
+        assert len(hours) == 1 and float(hours[0]) >= 0.0  # the live lease's holder, counted up to now
     finally:
         stop_process(run, signal.SIGTERM)
     wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, "tr.lease"), 5.0, "the released lease goes")
