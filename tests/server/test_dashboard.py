@@ -418,3 +418,29 @@ def test_buckets_average_each_span_over_the_buckets_it_covers():
     assert [t for t, _ in gpus] == [25.0, 50.0, 75.0, 100.0]
     assert [v for _, v in gpus] == pytest.approx([0.5 + 2.0 * 15 / 25, 0.5 + 2.0 * 10 / 25, 0.5, 0.5])
     assert [v for _, v in leases] == pytest.approx([1.0 + 15 / 25, 1.0 + 10 / 25, 1.0, 1.0])
+
+
+def test_the_usage_panel_sums_as_pool_usage_does(tmp_path):
+    from gpupool.server.dashboard import period
+
+    now = time.time()
+    clock = [now - 7200]
+    pool = Pool(tmp_path / "pool", devices=emulated_devices("2x16GiB", "node-a"), clock=lambda: clock[0])
+    try:
+        ended = pool.claim(Claim.single(1, fraction=0.25), Holder("carol", 3, "h", "nb"), ttl_s=86400)
+        pool.claim(Claim.single(2, fraction=0.5), Holder("dave", 4, "h"), ttl_s=86400)
+        clock[0] = now - 1800
+        pool.release(ended.id)
+        parked = pool.claim(Claim.single(1, fraction=0.25), Holder("erin", 5, "h"), ttl_s=86400)
+        clock[0] = now - 600
+        pool.suspend(parked.id)
+        clock[0] = now
+        for name, span in period.RANGES.items():
+            got = period.read(pool, pool.status(), name, now)
+            for rows, by in ((got.by_queue, "queue"), (got.by_holder, "holder")):
+                want = pool.usage(now - span, now, by)
+                assert [(r.key, r.leases) for r in rows] == [(r.key, r.leases) for r in want], (name, by)
+                assert [r.gpu_seconds for r in rows] == pytest.approx([r.gpu_seconds for r in want]), (name, by)
+            assert [r.key for r in got.by_holder] == (["dave", "carol", "erin"] if span > 1800 else ["dave", "erin"])
+    finally:
+        pool.close()

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterable, List, Sequence, Tuple
 
-from ...core.queues import UsageRow, slices_gpus
+from ...core.queues import LeaseRecord, UsageRow, UsageSpan, usage_rows, used_gpus
 from ...core.status import PoolStatus
 
 if TYPE_CHECKING:
@@ -47,29 +47,46 @@ def range_of(text: str) -> str:
 
 
 def read(pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
-    """The period `name` ending at `now`: allocation and leases over time, GPU-hours by queue and holder."""
+    """The period `name` ending at `now`: allocation and leases over time, GPU-hours by queue and holder.
+
+    The GPU-hours are Pool.usage's sums (pool/accounting.usage: ended leases
+    from the history, live ones up to now), taken from the live leases of the
+    status already read: Pool.usage would read all 10,000 of them again, once
+    per key.
+    """
     span_s = RANGES[range_of(name)]
     since = now - span_s
-    memory_of = {d.uuid: d.memory_mib for d in status.devices}
-    spans: List[Span] = [
-        (r.started_at, r.ended_at, _held(r.gpu_seconds, r.started_at, r.ended_at)) for r in pool.history(since, now)
-    ]
-    spans += [(x.created_at, min(now, x.expires_at), slices_gpus(x.slices, memory_of)) for x in status.leases]
+    spans = usage_spans(pool.history(since, now), status, now)
     gpus = float(len(status.devices)) or 1.0
-    allocated, leases = buckets(spans, since, now, BUCKETS)
+    allocated, leases = buckets(((s.start, s.end or now, _held(s)) for s in spans), since, now, BUCKETS)
     return Period(
         range_of(name),
         span_s,
         tuple((t, 100.0 * v / gpus) for t, v in allocated),
         leases,
-        _top(pool.usage(since, now, "queue")),
-        _top(pool.usage(since, now, "holder")),
+        _top(usage_rows(spans, since, now, "queue")),
+        _top(usage_rows(spans, since, now, "holder")),
     )
 
 
-def _held(gpu_seconds: float, start: float, end: float) -> float:
+def usage_spans(records: Iterable[LeaseRecord], status: PoolStatus, now: float) -> List[UsageSpan]:
+    """Every lease of the range as accounting.usage counts it: those that ended, and the live ones up to now."""
+    memory_of = {d.uuid: d.memory_mib for d in status.devices}
+    spans = [UsageSpan(r.queue, r.holder, r.label, r.gpus, r.started_at, r.ended_at, r.suspended_s) for r in records]
+    for lease in status.leases:
+        end = min(now, lease.expires_at)  # one past its expiry that nobody reclaimed yet: until then
+        suspended_s = 0.0 if lease.suspension is None else lease.suspension.suspended_seconds(end)
+        gpus = used_gpus(lease, memory_of)
+        spans.append(
+            UsageSpan(lease.queue, lease.holder.name, lease.holder.label, gpus, lease.created_at, end, suspended_s)
+        )
+    return spans
+
+
+def _held(span: UsageSpan) -> float:
     """GPUs held on average over a lease's span (its suspended time spread over it)."""
-    return gpu_seconds / (end - start) if end > start else 0.0
+    elapsed = (span.end or span.start) - span.start
+    return span.gpus * max(0.0, 1.0 - span.suspended_s / elapsed) if elapsed > 0 else 0.0
 
 
 def _top(rows: Sequence[UsageRow]) -> Tuple[UsageRow, ...]:

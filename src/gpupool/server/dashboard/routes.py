@@ -106,9 +106,9 @@ class DashboardState:
     def period(self, pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
         """The range `name` from the lease history, shared by every viewer for up to `period_max_age_s`.
 
-        Its usage sums read every lease held, twice: at 10,000 leases that is
-        too much for each two-second refresh, and GPU-hours over an hour or a
-        week barely move in a few seconds.
+        A week of lease history and sums over every live lease are too much
+        for each two-second refresh at 10,000 leases, and GPU-hours over an
+        hour or a week barely move in a few seconds.
         """
         with self._lock:
             cached = self._periods.get(name)
