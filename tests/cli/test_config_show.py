@@ -46,3 +46,25 @@ def test_each_source_in_its_order(tmp_path: Path) -> None:
     assert flag["pool"] == f"embedded:{tmp_path / 'mine'}" and flag["from"] == "--state"
     two = show(tmp_path, "--server", "http://a:1", "--server", "http://b:2")
     assert [p["pool"] for p in two] == ["http://a:1", "http://b:2"] and {p["from"] for p in two} == {"--server"}
+
+
+def test_a_token_file_beats_the_env_and_works_against_a_server(running_server, tmp_path: Path) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text((running_server.token or "") + "\n")
+    (choice,) = show(
+        tmp_path, "--server", running_server.url, "--token-file", str(token_file), GPUPOOL_TOKEN="s3cret-token"
+    )
+    assert choice["token_from"] == "--token-file"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path / "home"), GPUPOOL_TOKEN="wrong-token")
+    args = [sys.executable, "-m", "gpupool", "status", "--json", "--server", running_server.url]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2
+    accepted = subprocess.run(
+        [*args, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    (tmp_path / "empty").write_text("")
+    for bad, says in ((tmp_path / "missing", "No such file"), (tmp_path / "empty", "one token on one line")):
+        done = subprocess.run([*args, "--token-file", str(bad)], capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 2 and says in done.stderr and str(bad) in done.stderr, done.stderr

@@ -39,7 +39,7 @@ def handle_show(args: argparse.Namespace) -> int:
     from ..client.resolve import choose_pools
 
     kwargs = pool_kwargs(args)
-    choices = [c.to_dict() for c in choose_pools(kwargs["servers"], kwargs["state_dir"])]
+    choices = [c.to_dict() for c in choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"])]
     if args.json:
         print(json.dumps({"pools": choices}))
         return 0

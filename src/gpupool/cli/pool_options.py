@@ -1,4 +1,4 @@
-"""The flags that choose a pool, shared by `run`, `status`, `list-gpus` and `release`."""
+"""The flags that choose a pool and its token, shared by the client verbs (`run`, `status`, `list-gpus`, ...)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool 
         servers: Optional[List[str]]
         state_dir: Optional[Path]
         devices_spec: Optional[str]
+        token_file: Optional[Path]
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
-    """--server (repeatable), --state and --devices."""
+    """--server (repeatable), --state, --token-file and --devices."""
     group = parser.add_argument_group("pool selection")
     group.add_argument(
         "--server",
@@ -36,6 +37,11 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         "client.yaml (default: $GPUPOOL_STATE or ~/.local/state/gpupool)",
     )
     group.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="send the token in FILE (an admin's: the server's --token-file) instead of $GPUPOOL_TOKEN or the bundle's",
+    )
+    group.add_argument(
         "--devices",
         metavar="SPEC",
         help="devices of the embedded pool, e.g. emulated:2x16GiB (default: $GPUPOOL_DEVICES, else NVML)",
@@ -49,6 +55,7 @@ def pool_kwargs(args: argparse.Namespace) -> PoolKwargs:
         "servers": servers,
         "state_dir": Path(args.state).expanduser() if args.state else None,
         "devices_spec": args.devices,
+        "token_file": Path(args.token_file).expanduser() if args.token_file else None,
     }
 
 

@@ -89,9 +89,12 @@ class PoolChoice:
         }
 
 
-def choose_pools(servers: Optional[Sequence[str]] = None, state_dir: Optional[Path] = None) -> List[PoolChoice]:
+def choose_pools(
+    servers: Optional[Sequence[str]] = None, state_dir: Optional[Path] = None, token_file: Optional[Path] = None
+) -> List[PoolChoice]:
     """The pools to use, by the one rule: flags (--server, --state), then env, then the config file,
-    then the embedded pool of $GPUPOOL_STATE or its default."""
+    then the embedded pool of $GPUPOOL_STATE or its default. A server's token likewise: --token-file,
+    then $GPUPOOL_TOKEN, then the config entry's."""
     if state_dir is not None and not servers:
         # An explicit --state names the pool: it beats $GPUPOOL_SERVER and client.yaml, which it
         # silently lost to once a bundle was installed.
@@ -123,7 +126,10 @@ def choose_pools(servers: Optional[Sequence[str]] = None, state_dir: Optional[Pa
             choices.append(PoolChoice(f"{EMBEDDED}{where}", source))
             continue
         entry = config.entry_for(address)
-        token, token_source = os.environ.get(TOKEN_ENV, ""), f"${TOKEN_ENV}"
+        if token_file is not None:
+            token, token_source = read_token_file(token_file), "--token-file"
+        else:
+            token, token_source = os.environ.get(TOKEN_ENV, ""), f"${TOKEN_ENV}"
         if not token:
             token, token_source = (entry.token, config.path) if entry and entry.token else ("", "none")
         ca, ca_source = (entry.ca, config.path) if entry and entry.ca else (os.environ.get(CA_ENV, ""), f"${CA_ENV}")
@@ -131,16 +137,29 @@ def choose_pools(servers: Optional[Sequence[str]] = None, state_dir: Optional[Pa
     return choices
 
 
+def read_token_file(path: Path) -> str:
+    """The token in `path` (its first line); InvalidInput naming the file when it cannot be used."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise InvalidInput(f"--token-file {path}: {reason}; give the file that holds the token") from None
+    if not token or "\n" in token:
+        raise InvalidInput(f"--token-file {path} must hold one token on one line")
+    return token
+
+
 def connect_all(
     servers: Optional[Sequence[str]] = None,
     state_dir: Optional[Path] = None,
     devices_spec: Optional[str] = None,
     isolation: Optional[IsolationMode] = None,
+    token_file: Optional[Path] = None,
 ) -> List[PoolClient]:
     """One client per pool to use (at least one: the embedded pool when no server is named), as
     `choose_pools` chooses them. `isolation` sets the embedded pool's mode; a server's mode is its
     own (`gpupool server --isolation`)."""
-    choices = choose_pools(servers, state_dir)
+    choices = choose_pools(servers, state_dir, token_file)
     embedded = [c.address.lower().startswith(EMBEDDED) for c in choices]
     if isolation is not None and not all(embedded):
         raise InvalidInput(

@@ -51,6 +51,7 @@ class RunOptions:
     servers: Optional[List[str]] = None
     state_dir: Optional[Path] = None
     devices_spec: Optional[str] = None
+    token_file: Optional[Path] = None  # --token-file: the token to send, over $GPUPOOL_TOKEN and the bundle's
     isolation: Optional[IsolationMode] = None  # set the embedded pool's mode; None keeps the stored one
     quiet: bool = False
     say: Callable[[str], None] = field(default=lambda line: None)
@@ -101,7 +102,9 @@ def run(command: Sequence[str], options: RunOptions) -> int:
     terminal = Terminal()
     clients: List[PoolClient] = []
     try:
-        clients = connect_all(options.servers, options.state_dir, options.devices_spec, options.isolation)
+        clients = connect_all(
+            options.servers, options.state_dir, options.devices_spec, options.isolation, options.token_file
+        )
         attempt = 1
         while True:
             outcome = _run_once(clients, command, options, relay, terminal, attempt)
