@@ -11,12 +11,24 @@ from pathlib import Path
 import pytest
 
 from gpupool.isolation.env import EMULATED_USAGE_ENV
-from tests.test_queues_e2e import CLI, events
+from tests.test_queues_e2e import CLI, cli, events
 from tests.test_suspend_e2e import Pool, continuous, proc_state
 
 pytestmark = pytest.mark.slow
 INTERVAL_S = 0.5
 IDLE_S = 3.0
+
+
+def test_an_idle_queue_lease_is_suspended_by_the_queues_limit(server_factory, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(EMULATED_USAGE_ENV, str(tmp_path / "usage.json"))
+    pool = Pool(server_factory("--usage-interval", f"{INTERVAL_S:g}"), tmp_path)
+    cli(pool.env, "queue", "set", "b", "--quota", "1", "--idle-suspend", "3s")
+    idle, log, stop = pool.job("idle", "b", utilization=0.0)  # no limit of its own: its queue's
+    lease_id = str(events(log)[0]["lease"])
+    pool.wait_state(lease_id, "suspended", timeout=IDLE_S + 10)
+    assert pool.lease(lease_id)["suspension"]["by"] == "idle"  # type: ignore[index]
+    idle.proc.kill()
+    idle.wait()
 
 
 def test_an_idle_lease_is_suspended_and_resumes_on_request(server_factory, tmp_path: Path, monkeypatch) -> None:

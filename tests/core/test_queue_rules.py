@@ -70,6 +70,9 @@ def test_spec_status_and_usage_round_trip():
     spec = QueueSpec("a", 1.5, 2, 3)
     assert QueueSpec.from_dict(spec.to_dict()) == spec
     assert QueueSpec.from_dict(QueueSpec("b", 1, preempt="kill").to_dict()).preempt == "kill"
+    assert QueueSpec.from_dict({"name": "c", "quota": 1, "idle_suspend_s": 600}).idle_suspend_s == 600.0
+    with pytest.raises(InvalidInput, match="idle_suspend_s 0.5 must be"):
+        QueueSpec("d", 1, idle_suspend_s=0.5)
     assert QueueSpec.from_dict({"name": "a", "quota": 1}) == QueueSpec("a", 1.0)
     with pytest.raises(InvalidInput, match="unknown queue field"):
         QueueSpec.from_dict({"name": "a", "quota": 1, "quote": 2})
@@ -79,6 +82,7 @@ def test_spec_status_and_usage_round_trip():
     assert status.to_dict() == {
         "name": "a",
         "preempt": "",
+        "idle_suspend_s": None,
         "quota": 1.5,
         "weight": 2.0,
         "limit": 3.0,

@@ -35,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="what preempting its borrowing leases does: suspend (park the GPU state, resume when there is room), "
         "requeue (stop and run again) or kill (stop); default: the pool's (gpupool server --preempt)",
     )
+    s.add_argument(
+        "--idle-suspend",
+        default=None,
+        metavar="DURATION",
+        help="suspend its leases once their GPUs were 0%% busy this long (e.g. 30m; a run's own --idle-suspend "
+        "wins); default: the server's",
+    )
     add_pool_arguments(s)
     s.set_defaults(func=handle_set)
 
@@ -55,6 +62,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=handle_bare)
 
 
+def _idle(text: str) -> float:
+    from ..core.model import MAX_IDLE_SUSPEND_S, MIN_IDLE_SUSPEND_S
+    from ..core.quantity import parse_duration
+
+    return parse_duration(text, "--idle-suspend", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S)
+
+
 def handle_set(args: argparse.Namespace) -> int:
     from ..core.queues import QueueSpec
 
@@ -65,12 +79,15 @@ def handle_set(args: argparse.Namespace) -> int:
             "weight": gpus_flag("--weight", args.weight),
             "limit": None if args.limit is None else gpus_flag("--limit", args.limit),
             "preempt": args.preempt,
+            "idle_suspend_s": None if args.idle_suspend is None else _idle(args.idle_suspend),
         }
     )
     with connect_one(args, "gpupool queue set") as client:
         status = client.set_queue(spec)
     limit = "" if status.spec.limit is None else f", limit {status.spec.limit:g}"
     preempt = f", preempt {status.spec.preempt}" if status.spec.preempt else ""
+    if status.spec.idle_suspend_s is not None:
+        preempt += f", idle-suspend {status.spec.idle_suspend_s:g}s"
     print(
         f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit}{preempt} "
         f"on {client.address}",

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidClaim
+from .errors import GpupoolError, InvalidClaim
 from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of the states
 from .suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Suspension
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
 
     from .filters import Filter
 
@@ -86,8 +86,10 @@ def check_pid(pid: object) -> int:
     return pid
 
 
-def _optional_seconds(value: object, what: str, low: float, high: float, example: int) -> Optional[float]:
-    """`value` as seconds in [low, high], None for None; InvalidClaim naming `what` otherwise."""
+def _optional_seconds(
+    value: object, what: str, low: float, high: float, example: int, error: Type[GpupoolError] = InvalidClaim
+) -> Optional[float]:
+    """`value` as seconds in [low, high], None for None; `error` naming `what` otherwise."""
     if value is None:
         return None
     if (
@@ -96,14 +98,13 @@ def _optional_seconds(value: object, what: str, low: float, high: float, example
         or not math.isfinite(value)
         or not low <= value <= high
     ):
-        raise InvalidClaim(
-            f"{what} {value!r} must be a number of seconds between {low:g} and {high:g} (e.g. {example})"
-        )
+        raise error(f"{what} {value!r} must be a number of seconds between {low:g} and {high:g} (e.g. {example})")
     return float(value)
 
 
-def _check_idle(seconds: object) -> Optional[float]:
-    return _optional_seconds(seconds, "idle_suspend_s", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S, 600)
+def check_idle(seconds: object, error: Type[GpupoolError] = InvalidClaim) -> Optional[float]:
+    """An idle limit (--idle-suspend) in seconds, or None."""
+    return _optional_seconds(seconds, "idle_suspend_s", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S, 600, error)
 
 
 def _check_grace(grace: object) -> Optional[float]:
@@ -269,7 +270,7 @@ class Claim:
             check_queue_name(self.queue)
         _check_priority(self.priority)
         _check_grace(self.preempt_grace_s)
-        _check_idle(self.idle_suspend_s)
+        check_idle(self.idle_suspend_s)
 
     @classmethod
     def single(
@@ -321,7 +322,7 @@ class Claim:
             queue=queue,
             priority=data.get("priority", 0),
             preempt_grace_s=float(grace) if isinstance(grace, int) and not isinstance(grace, bool) else grace,
-            idle_suspend_s=_check_idle(data.get("idle_suspend_s")),
+            idle_suspend_s=check_idle(data.get("idle_suspend_s")),
         )
 
 
@@ -466,7 +467,7 @@ class Lease:
             preempt_grace_s=float(data.get("preempt_grace_s", DEFAULT_PREEMPT_GRACE_S)),
             preempted_at=float(preempted_at) if preempted_at is not None else None,
             suspension=suspension,
-            idle_suspend_s=_check_idle(data.get("idle_suspend_s")),
+            idle_suspend_s=check_idle(data.get("idle_suspend_s")),
         )
 
 
@@ -511,6 +512,7 @@ __all__: List[str] = [
     "MAX_GPUS_PER_REQUEST",
     "PID_MAX",
     "check_pid",
+    "check_idle",
     "PREEMPT_REAP_MARGIN_S",
     "MIN_IDLE_SUSPEND_S",
     "MAX_IDLE_SUSPEND_S",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
 from .model import PREEMPT_REAP_MARGIN_S as PREEMPT_REAP_MARGIN_S  # with reap_at, beside Lease: the run path reads it
-from .model import Claim, Device, Holder, Lease, Slice, check_queue_name
+from .model import Claim, Device, Holder, Lease, Slice, check_idle, check_queue_name
 from .model import reap_at as reap_at
 from .suspension import check_preempt_mode
 
@@ -61,6 +61,9 @@ class QueuedClaim:
     queued_at: float
 
 
+QUEUE_FIELDS = ("name", "quota", "weight", "limit", "preempt", "idle_suspend_s")
+
+
 @dataclass(frozen=True)
 class QueueSpec:
     """A queue: `quota` GPUs guaranteed, idle ones borrowed by `weight`, at most `limit` held."""
@@ -70,11 +73,16 @@ class QueueSpec:
     weight: float = 1.0
     limit: Optional[float] = None  # None: no cap on what it may borrow
     preempt: str = ""  # what preempting its borrowing leases does (core.suspension.PREEMPT_MODES); '' = the pool's
+    idle_suspend_s: Optional[float] = (
+        None  # suspend its leases idle this long (a claim's own limit wins); None: the node's
+    )
 
     def __post_init__(self) -> None:
         check_queue_name(self.name, InvalidInput)
         if self.preempt:
             check_preempt_mode(self.preempt, f"queue {self.name!r}: preempt")
+        if self.idle_suspend_s is not None:
+            object.__setattr__(self, "idle_suspend_s", check_idle(self.idle_suspend_s, InvalidInput))
         object.__setattr__(self, "quota", _gpus(self.quota, "quota", self.name, "give GPUs, e.g. --quota 1.5"))
         weight = _gpus(self.weight, "weight", self.name, "give a positive number, e.g. --weight 2")
         if not 0 < weight <= MAX_WEIGHT:
@@ -99,17 +107,16 @@ class QueueSpec:
             "weight": self.weight,
             "limit": self.limit,
             "preempt": self.preempt,
+            "idle_suspend_s": self.idle_suspend_s,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueSpec:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"a queue must be an object with name and quota, got {data!r}")
-        unknown = set(data) - {"name", "quota", "weight", "limit", "preempt"}
+        unknown = set(data) - set(QUEUE_FIELDS)
         if unknown:
-            raise InvalidInput(
-                f"unknown queue field(s) {sorted(unknown)}: a queue has name, quota, weight, limit, preempt"
-            )
+            raise InvalidInput(f"unknown queue field(s) {sorted(unknown)}: a queue has {', '.join(QUEUE_FIELDS)}")
         if "quota" not in data:
             raise InvalidInput(f"queue {data.get('name')!r} has no quota: give GPUs, e.g. --quota 1")
         weight = data.get("weight")
@@ -119,6 +126,7 @@ class QueueSpec:
             weight=1.0 if weight is None else weight,
             limit=data.get("limit"),
             preempt=str(data.get("preempt") or ""),
+            idle_suspend_s=data.get("idle_suspend_s"),
         )
 
 
@@ -143,7 +151,7 @@ class QueueStatus:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueStatus:
-        spec = QueueSpec.from_dict({k: data[k] for k in ("name", "quota", "weight", "limit", "preempt") if k in data})
+        spec = QueueSpec.from_dict({k: data[k] for k in QUEUE_FIELDS if k in data})
         return cls(
             spec,
             float(data.get("allocated", 0.0)),

@@ -4,7 +4,8 @@ The watchdog feeds every sample's attributed processes here. A lease is idle in 
 processes of it are on its GPUs and every one reports 0 % (NVML's per-process SM share, the
 emulated usage file's `utilization`); a sample that shows none of its processes, or one whose
 driver gives no share, says nothing and restarts the count. Its limit is its claim's
-`idle_suspend_s`, else the node's (`--idle-suspend`). The suspension is the pool's (by: idle),
+`idle_suspend_s`, else its queue's (`gpupool queue set --idle-suspend`), else the node's
+(`--idle-suspend`). The suspension is the pool's (by: idle),
 so the lease's runner parks it like any other and `gpupool resume` brings it back.
 """
 
@@ -39,8 +40,9 @@ class IdleReclaim:
         """Take one sample into account; returns the ids of the leases suspended for it."""
         suspended: List[str] = []
         watched = set()
+        by_queue = {spec.name: spec.idle_suspend_s for spec in self.pool.queue_specs()} if leases else {}
         for lease in leases:
-            limit = lease.idle_suspend_s if lease.idle_suspend_s is not None else self.default_s
+            limit = _first(lease.idle_suspend_s, by_queue.get(lease.queue), self.default_s)
             if limit is None or lease.state != RUNNING or lease.preempted_at is not None:
                 continue
             mine = [r for r in rows if r.lease_id == lease.id]
@@ -63,3 +65,8 @@ class IdleReclaim:
             return False
         log.warning("lease %s of %s suspended: idle for %g s", lease.id, lease.holder.describe(), limit)
         return True
+
+
+def _first(*limits: Optional[float]) -> Optional[float]:
+    """The first limit that is set."""
+    return next((limit for limit in limits if limit is not None), None)

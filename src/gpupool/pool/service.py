@@ -662,6 +662,11 @@ class Pool:
         with self.store.read() as tx:
             return accounting.statuses(tx, self._devices(tx), now)
 
+    def queue_specs(self) -> List[QueueSpec]:
+        """The queues' definitions alone (no load read): what the watchdog's idle reclaim needs."""
+        with self.store.read() as tx:
+            return tx.queue_specs()
+
     def set_queue(self, spec: QueueSpec) -> QueueStatus:
         """Create or update a queue; InvalidInput when the quotas would sum above the pool's GPUs."""
         from ..core.queues import QueueSpec, check_quotas_fit  # lazily: a pool without queues never loads core.queues

@@ -260,6 +260,13 @@ class QueueRequest(_Body):
     limit: Optional[float] = Field(
         None, ge=0, le=MAX_QUEUE_GPUS, description="GPUs at most, borrowing included", json_schema_extra=example(4)
     )
+    idle_suspend_s: Optional[float] = Field(
+        None,
+        ge=MIN_IDLE_SUSPEND_S,
+        le=MAX_IDLE_SUSPEND_S,
+        description="suspend its leases once idle this long (a claim's own limit wins); null: the server's",
+        json_schema_extra=example(1800),
+    )
     preempt: Literal[PREEMPT_MODES_OR_DEFAULT] = Field(  # type: ignore[valid-type]
         "",
         description="what preempting its borrowers does; '' = the pool's --preempt",

@@ -129,6 +129,7 @@ class QueueBody(BaseModel):
     weight: float
     limit: Optional[float]
     preempt: str = Field("", description="what preempting its borrowers does; '' = the pool's --preempt")
+    idle_suspend_s: Optional[float] = Field(None, description="its leases' idle limit; null: the server's")
     allocated: float
     borrowed: float
     waiting: int

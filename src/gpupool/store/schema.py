@@ -82,7 +82,8 @@ CREATE TABLE IF NOT EXISTS queues (
     quota      REAL NOT NULL,       -- GPUs guaranteed
     weight     REAL NOT NULL,       -- share of idle GPUs lent
     limit_gpus REAL,                -- NULL: no cap
-    preempt    TEXT NOT NULL DEFAULT ''  -- what preempting its borrowers does; '' = the pool's default
+    preempt    TEXT NOT NULL DEFAULT '',  -- what preempting its borrowers does; '' = the pool's default
+    idle_suspend_s REAL                  -- its leases' idle limit; NULL: the node's
 );
 -- one row per lease that ended, written in the transaction that ended it: usage accounting.
 -- No index: one would cost every release another page written; `gpupool usage` scans instead.
@@ -120,7 +121,7 @@ ADDED_COLUMNS = {
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
         ("idle_suspend_s", "REAL"),
     ),
-    "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"),),
+    "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"), ("idle_suspend_s", "REAL")),
     "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"),),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),

@@ -315,19 +315,21 @@ class Tx:
 
     # --- queues ---------------------------------------------------------------
     def queue_specs(self) -> List[QueueSpec]:
-        rows = self.conn.execute("SELECT name, quota, weight, limit_gpus, preempt FROM queues ORDER BY name").fetchall()
+        rows = self.conn.execute(
+            "SELECT name, quota, weight, limit_gpus, preempt, idle_suspend_s FROM queues ORDER BY name"
+        ).fetchall()
         if not rows:  # the common pool has no queues: core.queues (and placement under it) stays unloaded
             return []
         from ..core.queues import QueueSpec
 
-        return [QueueSpec(name, quota, weight, limit, preempt) for name, quota, weight, limit, preempt in rows]
+        return [QueueSpec(*row) for row in rows]
 
     def put_queue(self, spec: QueueSpec) -> None:
         self.conn.execute(
-            "INSERT INTO queues (name, quota, weight, limit_gpus, preempt) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) "
-            "DO UPDATE SET quota = excluded.quota, weight = excluded.weight, limit_gpus = excluded.limit_gpus, "
-            "preempt = excluded.preempt",
-            (spec.name, spec.quota, spec.weight, spec.limit, spec.preempt),
+            "INSERT INTO queues (name, quota, weight, limit_gpus, preempt, idle_suspend_s) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET quota = excluded.quota, weight = excluded.weight, "
+            "limit_gpus = excluded.limit_gpus, preempt = excluded.preempt, idle_suspend_s = excluded.idle_suspend_s",
+            (spec.name, spec.quota, spec.weight, spec.limit, spec.preempt, spec.idle_suspend_s),
         )
 
     def delete_queue(self, name: str) -> bool:
