@@ -819,11 +819,9 @@ class Pool:
 
         now = self.clock()
         with self.store.read() as tx:
-            rows = tx.queued_claims()
+            rows = sorted(tx.waiting_rows(now))  # live tickets only: a dead waiter's goes at the next write
         waiting: List[QueuedClaim] = []
-        for ticket, claim, holder, created_at, expires_at in rows:
-            if expires_at < now:
-                continue  # a dead waiter's ticket, dropped by the next write
+        for ticket, claim, holder, created_at, *_ in rows:
             try:
                 waiting.append(
                     QueuedClaim(

@@ -297,10 +297,6 @@ class Tx:
         """(id, host, pid, expires_at) of every waiting claim, in queue order."""
         return self.conn.execute("SELECT id, host, pid, expires_at FROM tickets ORDER BY id").fetchall()
 
-    def queued_claims(self) -> List[Tuple[int, str, str, float, float]]:
-        """(id, claim JSON, holder JSON, created_at, expires_at) of every waiting claim, in queue order."""
-        return self.conn.execute("SELECT id, claim, holder, created_at, expires_at FROM tickets ORDER BY id").fetchall()
-
     def waiting_rows(self, now: float) -> List[Tuple[int, str, str, float, str, int, str]]:
         """(id, claim JSON, holder JSON, created_at, queue, priority, reason) of the live tickets,
         highest priority first, then the oldest."""
