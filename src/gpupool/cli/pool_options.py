@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
-    from typing import List, Optional, TypedDict
+    from typing import IO, Iterable, List, Optional, TypedDict, Union
 
     from ..client.base import PoolClient
+
+    # What names a pool for `print_pool`: its address ("embedded:DIR" or a URL), or a client.
+    PoolRef = Union[str, PoolClient]
 
     class PoolKwargs(TypedDict):
         """What `pool_kwargs` returns: the pool-choosing keywords of `connect_all` and `RunOptions`."""
@@ -57,6 +60,21 @@ def pool_kwargs(args: argparse.Namespace) -> PoolKwargs:
         "devices_spec": args.devices,
         "token_file": Path(args.token_file).expanduser() if args.token_file else None,
     }
+
+
+def print_pool(where: Union[PoolRef, Iterable[PoolRef]], file: Optional[IO[str]] = None) -> None:
+    """Print the line naming the pool(s) read (`pool: embedded /dir`, `pool: https://host:port`,
+    `pools: a, b`): the first line of every client verb's human output, on the stream that output
+    goes to (`file`, default stdout). Machine output (--json, --csv) does not call it.
+
+    `where`: a client, an address, or several of either (e.g. the list `connect_all` returns)."""
+    import sys
+
+    from ..client.resolve import pool_line
+
+    refs = [where] if isinstance(where, str) or hasattr(where, "address") else list(where)
+    addresses = [r if isinstance(r, str) else r.address for r in refs]
+    print(pool_line(addresses), file=file if file is not None else sys.stdout)
 
 
 def connect_one(args: argparse.Namespace, verb: str) -> PoolClient:

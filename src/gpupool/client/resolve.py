@@ -56,6 +56,15 @@ def server_addresses(servers: Optional[Sequence[str]] = None, config: Optional[C
     return [entry.url for entry in config.servers]
 
 
+def pool_line(addresses: Sequence[str]) -> str:
+    """The line that names the pool(s) a verb reads, first in its human output: `pool: embedded
+    /abs/state-dir`, `pool: https://host:port`, or for several `pools: a, b`."""
+    names = [
+        f"embedded {os.path.abspath(a[len(EMBEDDED) :])}" if a.lower().startswith(EMBEDDED) else a for a in addresses
+    ]
+    return ("pool: " if len(names) == 1 else "pools: ") + ", ".join(names)
+
+
 def _check_address(text: str) -> str:
     text = str(text).strip()
     if text.lower().startswith(EMBEDDED):
