@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo demo-sharing lint test test-fast gpu-check bench deploy undeploy clean
+.PHONY: all install pyz demo demo-sharing lint docs test test-fast gpu-check bench deploy undeploy clean
 
 all: install pyz
 
@@ -39,7 +39,12 @@ lint: install
 	$(BIN)/ruff format --check src tests benchmarks tools examples
 	$(BIN)/mypy
 
-test: install pyz lint
+# The documentation site into site/ (not committed); --strict fails on a broken link or anchor, a
+# page missing from the nav, or a reference page or figure that cannot be generated (tools/docs/).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: install pyz lint docs
 	$(BIN)/python -m pytest -q
 
 test-fast: install pyz
@@ -61,4 +66,4 @@ undeploy:
 	kubectl delete -k deploy/ --ignore-not-found
 
 clean:
-	rm -rf dist build .pytest_cache .hypothesis src/*.egg-info
+	rm -rf dist build site .pytest_cache .hypothesis src/*.egg-info
