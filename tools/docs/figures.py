@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -70,6 +70,8 @@ def fmt(value: Any) -> str:
         return f"{value:,.0f}" if value.is_integer() and abs(value) >= 10000 else repr(value)
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 10000 else str(value)
+    if isinstance(value, dict):  # a record inside a list (a machine's devices): its name, else its fields
+        return str(value["name"]) if "name" in value else ", ".join(f"{k} {fmt(v)}" for k, v in value.items())
     if isinstance(value, list):
         shown = ", ".join(fmt(v) for v in value[:MAX_LIST])
         return f"{shown}, … ({len(value)} in all)" if len(value) > MAX_LIST else shown
@@ -232,8 +234,3 @@ def result_files() -> List[str]:
 def tabled(markdown: str) -> List[str]:
     """The files `markdown` has a bench_table of."""
     return [m.group(1) for m in TABLE_MARKER.finditer(markdown)]
-
-
-def first_problem(markdown: str) -> Optional[str]:
-    problems = check(markdown)
-    return problems[0] if problems else None
