@@ -176,8 +176,21 @@ def tables(name: str, only: Sequence[str] = ()) -> str:
     return "".join(lines)
 
 
+COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+
+
 def render(markdown: str) -> str:
-    """`markdown` with its fig and bench_table markers replaced (a bad one raises FigureError)."""
+    """`markdown` with its fig and bench_table markers replaced (a bad one raises FigureError);
+    inside an HTML comment (the convention's own examples) they stay as written."""
+    parts = []
+    at = 0
+    for m in COMMENT.finditer(markdown):
+        parts += [_render(markdown[at : m.start()]), m.group(0)]
+        at = m.end()
+    return "".join([*parts, _render(markdown[at:])])
+
+
+def _render(markdown: str) -> str:
     markdown = TABLE_MARKER.sub(
         lambda m: tables(m.group(1), re.findall(r"\"([^\"]+)\"", m.group(2) or "")).rstrip("\n"), markdown
     )
