@@ -201,7 +201,11 @@ def test_bind_records_the_choice_before_binding(api, extender):
     choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
     # binpack: the fuller GPU that holds 30 %, as core placement decides on the agent's state.
     assert choice == Choice("node-a", {"train": (NODE_A[0].uuid,)})
-    assert pod["metadata"]["annotations"][ann.chosen_gpu_key(0)] == NODE_A[0].uuid  # the runner's filter
+    # the runner's claim: the container's ask on that GPU
+    assert json.loads(pod["metadata"]["annotations"][ann.chosen_gpu_key(0)]) == {
+        "requests": [{"count": 1, "fraction": 0.3, "memory_mib": None, "filters": [f"device.uuid={NODE_A[0].uuid}"]}],
+        "policy": "binpack",
+    }
     assert [m for m, _ in api.calls] == ["GET", "PATCH", "POST"]  # recorded, then bound
     assert api.calls[-1][1] == "/api/v1/namespaces/team-a/pods/p1/binding"
 
@@ -211,7 +215,11 @@ def test_two_gpus_each_with_the_share_are_two_distinct_gpus(api, extender):
     assert extender(binding_args(pod, "node-a")) == {"Error": ""}
     choice = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
     assert choice is not None and sorted(choice.gpus["train"]) == sorted(d.uuid for d in NODE_A)
-    assert pod["metadata"]["annotations"][ann.chosen_gpu_key(0)] == "*"  # a glob names no set: not pinned
+    # the runner's claim names the same two GPUs, one request each, 40 % on each
+    runner = json.loads(pod["metadata"]["annotations"][ann.chosen_gpu_key(0)])
+    assert [(r["count"], r["fraction"], r["filters"]) for r in runner["requests"]] == [
+        (1, 0.4, [f"device.uuid={u}"]) for u in choice.gpus["train"]
+    ]
 
 
 @pytest.mark.parametrize(
@@ -258,11 +266,19 @@ def test_bind_without_the_api_server_says_so():
     )
 
 
-def test_scheduler_config_with_bind_names_the_verb_and_is_not_ignorable():
-    (plain,) = scheduler_config("10.96.0.200")["extenders"]
-    assert "bindVerb" not in plain and plain["ignorable"] is True
-    (binder,) = scheduler_config("10.96.0.200", bind=True)["extenders"]
+def test_scheduler_config_binds_by_default_and_is_then_not_ignorable(capsys):
+    import yaml
+
+    from gpupool.cli.main import main
+
+    (binder,) = scheduler_config("10.96.0.200")["extenders"]
     assert binder["bindVerb"] == "bind" and binder["ignorable"] is False
+    (plain,) = scheduler_config("10.96.0.200", bind=False)["extenders"]
+    assert "bindVerb" not in plain and plain["ignorable"] is True
+    for flags, verb in (([], "bind"), (["--bind"], "bind"), (["--no-bind"], None)):
+        assert main(["kube", "scheduler-config", "--cluster-ip", "10.96.0.200", *flags]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["extenders"][0].get("bindVerb") == verb
+    assert MutateConfig().pin_choice is True  # the webhook's default follows
 
 
 def test_the_device_plugin_gives_the_recorded_gpus_units(api, extender, tmp_path, caplog):
@@ -427,71 +443,213 @@ def kubelet_expands(pod: Dict[str, Any], index: int, server: str) -> Tuple[List[
     return command[command.index("run") + 1 : command.index("--")], env
 
 
-def test_the_runner_claims_the_gpu_the_bind_recorded(api, server_factory, tmp_path):
+def run_in_pod(node_pool: Any, args: List[str], env: Dict[str, str], home: Path) -> Tuple[List[str], str]:
+    """`gpupool run ARGS -- print CUDA_VISIBLE_DEVICES` with a container's env: (its GPUs, its stderr)."""
     import os
     import subprocess
     import sys
 
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    full = dict(base, **env, GPUPOOL_TOKEN=node_pool.token or "", HOME=str(home), GPUPOOL_STATE=str(home / "x"))
+    child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "run", *args, "--", sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(","), done.stderr
+
+
+def node_devices(node_pool: Any) -> Tuple[Any, ...]:
     from gpupool.client.http import HttpPoolClient
 
-    node_pool = server_factory()
     status = HttpPoolClient(node_pool.url, node_pool.token or "").request("GET", "/v1/status")
-    devices = NodeState.from_status(status).devices
-    # The extender saw GPU 1 60 % used (the node's pool has both free): binpack records GPU 1,
-    # where the node's pool alone would put the share on GPU 0.
-    cluster = ClusterState(dict)
-    cluster.set_states({"node-a": NodeState(devices, {devices[1].uuid: 9830})})
+    return NodeState.from_status(status).devices
+
+
+def gpu_pod(name: str, limits: Dict[str, str], config: MutateConfig) -> Dict[str, Any]:
+    """A binpack pod through the mutating webhook (`config`), shaped as the API documents a Pod."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": "pinned",
-            "namespace": "team-a",
-            "uid": "uid-pinned",
-            "annotations": {ann.POLICY: "binpack"},
-        },
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "annotations": {ann.POLICY: "binpack"}},
         "spec": {
             "containers": [
                 {
                     "name": "train",
                     "image": "python:3.11",
                     "command": ["python", "t.py"],
-                    "resources": {"limits": {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}},
+                    "resources": {"limits": limits},
                 }
             ]
         },
         "status": {"phase": "Pending"},
     }
-    pod = api.add(apply_patch(pod, mutate(pod, MutateConfig(pin_choice=True)).patch))
+    pod = apply_patch(pod, mutate(pod, config).patch)
     to_v1pod(pod)
-    app = WebhookApp(MutateConfig(pin_choice=True), cluster, KubeApi.at(api.url))
+    return pod
+
+
+class NodePlugin:
+    """The node's device plugin on a kubelet stand-in, asked over its real gRPC socket."""
+
+    def __init__(self, devices: Any, directory: Path, lookup: Any = None) -> None:
+        directory.mkdir()
+        self.plugin = DevicePlugin(
+            devices, PluginConfig(kubelet_dir=str(directory), watch_interval_s=0.1, recorded=lookup)
+        )
+        self.kubelet = Kubelet(str(directory))
+        self.plugin.start()
+        self.kubelet.requests.get(timeout=5)
+
+    def units_of(self, uuid: str) -> List[str]:
+        return [u for u, d in self.plugin.units if d.uuid == uuid]
+
+    def allocate(self, available: List[str], size: int) -> Tuple[List[str], Dict[str, str]]:
+        """What the kubelet does for a container of `size` units: GetPreferredAllocation, then
+        Allocate of the preferred IDs: (the IDs, the env Allocate gives the container)."""
+        with grpc.insecure_channel(f"unix://{self.plugin.socket_path}") as channel:
+            stub = rpc.DevicePluginStub(channel)
+            preferred = stub.GetPreferredAllocation(
+                pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+                    ]
+                ),
+                timeout=5,
+            )
+            ids = list(preferred.container_responses[0].deviceIDs)
+            answer = stub.Allocate(
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=5
+            )
+        return ids, dict(answer.container_responses[0].envs)
+
+    def close(self) -> None:
+        self.kubelet.stop()
+        self.plugin.stop()
+
+
+def pending_lookup(api: ApiServer, node: str) -> Any:
+    """The agent's read of the recorded choices (kube_recorded), through the API stand-in."""
+    client = KubeApi.at(api.url)
+
+    def lookup(units: int) -> List[Tuple[str, ...]]:
+        query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={node},status.phase=Pending"})
+        return gpus_for_units(client.request("GET", f"/api/v1/pods?{query}")["items"], node, units)
+
+    return lookup
+
+
+def test_the_runner_claims_the_gpu_the_bind_recorded(api, server_factory, tmp_path):
+    node_pool = server_factory()
+    devices = node_devices(node_pool)
+    # The extender saw GPU 1 60 % used (the node's pool has both free): binpack records GPU 1,
+    # where the node's pool alone would put the share on GPU 0.
+    cluster = ClusterState(dict)
+    cluster.set_states({"node-a": NodeState(devices, {devices[1].uuid: 9830})})
+    pod = api.add(gpu_pod("pinned", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}, MutateConfig()))
+    app = WebhookApp(MutateConfig(), cluster, KubeApi.at(api.url))
     assert app.handle("POST", "/extender/bind", json.dumps(binding_args(pod, "node-a")).encode())[1] == {"Error": ""}
 
-    def run(args: List[str]) -> str:
-        env = dict(
-            os.environ, GPUPOOL_TOKEN=node_pool.token or "", HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "x")
-        )
-        child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
-        done = subprocess.run(
-            [sys.executable, "-m", "gpupool", "run", *args, "--", sys.executable, "-c", child],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    args, _ = kubelet_expands(pod, 0, node_pool.url)
-    assert f"device.uuid={devices[1].uuid}" in args and "--wait" in args
-    assert run(args) == devices[1].uuid  # the recorded GPU
-    unpinned = [a for a in args if not a.startswith("device.uuid=")]
-    unpinned.remove("--filter")
-    assert run(unpinned) == devices[0].uuid  # what the node's pool chooses alone
+    args, env = kubelet_expands(pod, 0, node_pool.url)
+    assert "--wait" in args and not {"-n", "-p", "-m", "--filter"} & set(args)  # the share is not repeated
+    assert json.loads(env["GPUPOOL_CLAIM"]) == json.loads(pod["metadata"]["annotations"][ann.chosen_gpu_key(0)])
+    assert run_in_pod(node_pool, args, {"GPUPOOL_CLAIM": env["GPUPOOL_CLAIM"]}, tmp_path)[0] == [devices[1].uuid]
+    # what the node's pool chooses alone, for the same share from flags
+    assert run_in_pod(node_pool, ["-n", "1", "-p", "0.3", *args], {}, tmp_path)[0] == [devices[0].uuid]
 
 
-def test_without_pinning_the_webhook_adds_no_filter():
-    plain = user_pod("plain", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"})
-    (container,) = plain["spec"]["containers"]
-    assert "--filter" not in container["command"]
-    assert all(e["name"] != "GPUPOOL_CHOSEN_GPU" for e in container["env"])
+@pytest.mark.parametrize(
+    "limits, used, chosen",
+    [
+        # 2 x 50 %: GPU 0 full and GPUs 2 and 3 30 % used in the extender's view: binpack records 2 and 3
+        ({"gpupool.io/gpu-amount": "2", "gpupool.io/gpu-percent": "50"}, {0: 16384, 2: 4915, 3: 4915}, [2, 3]),
+        # 2 whole GPUs: GPU 0 30 % used: the first two empty ones, 1 and 2
+        ({"gpupool.io/gpu-amount": "2", "gpupool.io/gpu-percent": "100"}, {0: 4915}, [1, 2]),
+    ],
+    ids=["2x50%", "2x100%"],
+)
+def test_a_multi_gpu_choice_is_followed_by_the_plugin_and_the_agent(
+    api, server_factory, tmp_path, limits, used, chosen
+):
+    """A container of two GPUs: the bind records both, GetPreferredAllocation and Allocate (over
+    gRPC) give those GPUs' units, and the runner claims exactly those two from the node's pool,
+    which alone would take GPUs 0 and 1 (all four are free there)."""
+    node_pool = server_factory("--devices", "emulated:4x16GiB")
+    devices = node_devices(node_pool)
+    cluster = ClusterState(dict)
+    cluster.set_states({"node-a": NodeState(devices, {devices[i].uuid: mib for i, mib in used.items()})})
+    pod = api.add(gpu_pod("multi", limits, MutateConfig()))
+    app = WebhookApp(MutateConfig(), cluster, KubeApi.at(api.url))
+    assert app.handle("POST", "/extender/bind", json.dumps(binding_args(pod, "node-a")).encode())[1] == {"Error": ""}
+    recorded = Choice.decode(pod["metadata"]["annotations"][ann.CHOICE])
+    assert recorded is not None and recorded.gpus["train"] == tuple(devices[i].uuid for i in chosen)
+
+    plugin = NodePlugin(devices, tmp_path / "dp", pending_lookup(api, "node-a"))
+    try:
+        everything = [u for u, _ in plugin.plugin.units]  # the kubelet's view: every unit free
+        size = int(pod["spec"]["containers"][0]["resources"]["limits"]["gpupool.io/gpu"])
+        ids, allocated = plugin.allocate(everything, size)
+    finally:
+        plugin.close()
+    per_gpu = size // 2
+    assert sorted(ids) == sorted(u for i in chosen for u in plugin.units_of(devices[i].uuid)[:per_gpu])
+    assert allocated["GPUPOOL_ALLOCATED_GPUS"] == ",".join(devices[i].uuid for i in chosen)
+    assert allocated["GPUPOOL_UNITS"] == str(size)
+
+    args, env = kubelet_expands(pod, 0, node_pool.url)
+    container_env = {"GPUPOOL_CLAIM": env["GPUPOOL_CLAIM"], **allocated}
+    container_env.pop("GPUPOOL_SERVER", None)
+    visible, stderr = run_in_pod(node_pool, args, container_env, tmp_path)
+    assert visible == [devices[i].uuid for i in chosen]
+    assert "warning" not in stderr  # the kubelet's units and the claim name the same GPUs
+    # the node's pool alone, for the same share given as flags
+    share = ["-n", "2", "-p", "0.5" if limits["gpupool.io/gpu-percent"] == "50" else "1"]
+    assert run_in_pod(node_pool, [*share, *args], {}, tmp_path)[0] == [devices[0].uuid, devices[1].uuid]
+
+
+def test_without_binding_the_runner_pins_its_ask_to_the_gpus_the_plugin_allocated(server_factory, tmp_path):
+    """`gpupool kube webhook --no-bind` (a scheduler that cannot call the extender): the container
+    gets its ask as $GPUPOOL_CLAIM, the device plugin chooses the GPU (no recorded choice) and the
+    runner claims there, where the node's pool alone would choose another."""
+    node_pool = server_factory()
+    devices = node_devices(node_pool)
+    config = MutateConfig(pin_choice=False)
+    pod = gpu_pod("unbound", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "30"}, config)
+    (claim_env,) = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "GPUPOOL_CLAIM"]
+    assert json.loads(claim_env["value"]) == {
+        "requests": [{"count": 1, "fraction": 0.3, "memory_mib": None, "filters": []}],
+        "policy": "binpack",
+    }
+    plugin = NodePlugin(devices, tmp_path / "dp")
+    try:
+        # the kubelet's view: GPU 0 all free, GPU 1 half taken; the plugin takes the fuller GPU 1
+        available = plugin.units_of(devices[0].uuid) + plugin.units_of(devices[1].uuid)[50:]
+        ids, allocated = plugin.allocate(available, 30)
+    finally:
+        plugin.close()
+    assert {plugin.plugin.table[u].uuid for u in ids} == {devices[1].uuid}
+    assert allocated["GPUPOOL_ALLOCATED_GPUS"] == devices[1].uuid
+    args, env = kubelet_expands(pod, 0, node_pool.url)
+    assert not {"-n", "-p", "-m"} & set(args)
+    container_env = {"GPUPOOL_CLAIM": env["GPUPOOL_CLAIM"], "GPUPOOL_ALLOCATED_GPUS": devices[1].uuid}
+    assert run_in_pod(node_pool, args, container_env, tmp_path)[0] == [devices[1].uuid]
+    assert run_in_pod(node_pool, args, {"GPUPOOL_CLAIM": env["GPUPOOL_CLAIM"]}, tmp_path)[0] == [devices[0].uuid]
+
+
+def test_a_pod_the_extender_did_not_bind_is_told_so(server_factory, tmp_path):
+    """The downward API gives an absent annotation as "": the runner names the variable and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GPUPOOL_CLAIM="", HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "s"))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", "run", "--", "true"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "$GPUPOOL_CLAIM is empty" in line and "--no-bind" in line and "scheduler-config" in line

@@ -23,6 +23,18 @@ TAIL = [
 ]
 
 
+def share(out, index):
+    """The ask container `index`'s runner claims: $GPUPOOL_CLAIM is the downward API's copy of the
+    claim the extender's bind records for it (gpupool.io/choice.N), placed from the pod's
+    gpupool.io/claim; the command carries no share of its own."""
+    c = out["spec"]["containers"][index]
+    (claim_env,) = [e for e in c["env"] if e["name"] == "GPUPOOL_CLAIM"]
+    path = claim_env["valueFrom"]["fieldRef"]["fieldPath"]
+    assert path == f"metadata.annotations['{ann.chosen_gpu_key(index)}']"
+    assert not {"-n", "-p", "-m"} & set(c.get("command") or [])
+    return json.loads(out["metadata"]["annotations"][ann.CLAIM])[c["name"]]
+
+
 def pod(containers, annotations=None, init=None, volumes=None, name="p"):
     meta = {"name": name, "namespace": "team-a"}
     if annotations is not None:
@@ -93,11 +105,12 @@ def test_bitfusion_demo_pod(client):
     out, resp = mutated(client, p)
     c = out["spec"]["containers"][0]
     assert c["resources"] == {"limits": {"gpupool.io/gpu": "100"}, "requests": {"gpupool.io/gpu": "100"}}
-    assert c["command"] == RUNNER + ["-n", "1", "-p", "1"] + TAIL + [
+    assert c["command"] == RUNNER + TAIL + [
         "/bin/sh",
         "-c",
         p["spec"]["containers"][0]["command"][0],
     ]
+    assert share(out, 0) == {"amount": 1, "percent": 100, "memory_mib": None}
     assert any("bitfusion-client/os" in w for w in resp["warnings"])
     assert out["metadata"]["annotations"]["bitfusion-client/os"] == "ubuntu18"  # kept
     assert out["spec"]["initContainers"][0]["name"] == "gpupool-runner-install"
@@ -118,7 +131,8 @@ def test_gpupool_pod_half_gpu_preserves_argv(client):
     )
     out, _ = mutated(client, p)
     c = out["spec"]["containers"][0]
-    assert c["command"] == RUNNER + ["-n", "1", "-p", "0.5"] + TAIL + argv[:2]
+    assert c["command"] == RUNNER + TAIL + argv[:2]
+    assert share(out, 0) == {"amount": 1, "percent": 50, "memory_mib": None}
     assert c["args"] == argv[2:]
     assert c["resources"]["requests"] == {"gpupool.io/gpu": "50"}
     env = {e["name"]: e for e in c["env"]}
@@ -144,7 +158,7 @@ def test_memory_rounded_against_gpu_size(client):
     out, _ = mutated(client, p)
     c = out["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"gpupool.io/gpu": "100"}
-    assert c["command"][3:7] == ["-n", "2", "-m", "8192"]
+    assert share(out, 0) == {"amount": 2, "percent": None, "memory_mib": 8192}
 
 
 def test_multi_container_and_existing_init_containers(client):
@@ -188,7 +202,8 @@ def test_comma_list_wraps_only_named_containers(client):
 def test_args_only_and_injection_only(client):
     out, resp = mutated(client, pod([gpu(args=["python", "t.py"], limits={"gpupool.io/gpu-percent": 30})]))
     c = out["spec"]["containers"][0]
-    assert c["command"] == RUNNER + ["-n", "1", "-p", "0.3"] + TAIL and c["args"] == ["python", "t.py"]
+    assert c["command"] == RUNNER + TAIL and c["args"] == ["python", "t.py"]
+    assert share(out, 0) == {"amount": 1, "percent": 30, "memory_mib": None}
     assert any("ENTRYPOINT" in w for w in resp["warnings"])
     out, _ = mutated(
         client, pod([gpu(limits={"gpupool.io/gpu-percent": 30})], annotations={"gpupool.io/inject": "injection-only"})

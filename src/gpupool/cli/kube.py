@@ -53,9 +53,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--refresh", type=float, default=2.0, help="seconds between agent polls (default 2)")
     p.add_argument(
         "--bind",
-        action="store_true",
-        help="the scheduler runs with `gpupool kube scheduler-config --bind`: each GPU container's runner "
-        "claims the GPU the extender's bind recorded (gpupool.io/choice.N) instead of the node choosing again",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the scheduler binds GPU pods through the extender (`gpupool kube scheduler-config`, the default): "
+        "each GPU container's runner claims what the bind recorded for it (gpupool.io/choice.N); --no-bind "
+        "where the scheduler cannot call the extender: the runner then pins its ask to the GPUs the device "
+        "plugin allocated",
     )
     p.add_argument(
         "--isolation",
@@ -138,9 +141,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--bind",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="the extender also binds GPU pods, recording the GPUs it chose (gpupool.io/choice) for the "
-        "device plugin; GPU pods then wait while the webhook is down",
+        "device plugin and the runners (default); GPU pods then wait while the webhook is down. --no-bind: "
+        "filter and prioritize only (then run the webhook with --no-bind too)",
     )
     p.add_argument(
         "--weight",

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .pool_options import add_pool_arguments, pool_kwargs
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from ..core.model import Claim
 
 EXAMPLES = """examples:
   gpupool run -n 1 -p 0.5 -- python train.py
@@ -29,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--num-gpus", type=int, default=1, metavar="N", help="number of GPUs (default 1)")
+    p.add_argument("-n", "--num-gpus", type=int, default=None, metavar="N", help="number of GPUs (default 1)")
     share = p.add_mutually_exclusive_group()
     share.add_argument("-p", "--partial", metavar="FRACTION", help="share of each GPU's memory in (0, 1], e.g. 0.5")
     share.add_argument("-m", "--memory", metavar="MiB", help="memory per GPU: MiB or a size such as 8GiB")
@@ -42,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--policy",
-        default="fragaware",
+        default=None,
         help="fragaware (default: where the GPUs' fragmentation grows least against the claims seen; "
         "binpack until there are some), binpack (keep whole GPUs free) or spread",
     )
@@ -101,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.isolation_mode import IsolationMode
-    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, Policy, check_queue_name
+    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, GpuRequest, Policy, check_queue_name
     from ..core.quantity import parse_fraction, parse_memory_mib
     from ..runner import RunOptions, progress, run
 
@@ -114,27 +120,33 @@ def handle(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--wait {args.wait:g} must be between 0 and {MAX_WAIT_S:g} seconds (7 days)")
     if not MIN_TTL_S <= args.ttl <= MAX_TTL_S:
         raise InvalidInput(f"--ttl {args.ttl:g} must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds, e.g. --ttl 30")
-    fraction = parse_fraction(args.partial, what="-p") if args.partial is not None else None
-    memory = parse_memory_mib(args.memory, what="-m") if args.memory is not None else None
-    if fraction is None and memory is None:
-        fraction = 1.0  # a whole GPU, as Bitfusion's default
+    say = progress(args.quiet)
     filters = []
     if args.filter:  # only then: a run without --filter never loads core.filters
         from ..core.filters import Filter
 
         filters = [Filter.parse(f) for f in args.filter]
-    claim = Claim.single(
-        args.num_gpus,
-        fraction=fraction,
-        memory_mib=memory,
-        filters=filters,
-        policy=Policy.parse(args.policy),
+    decided = _decided_claim(args, say)
+    if decided is not None:  # in a pod: the claim decided for the container, not flags read again
+        requests = tuple(
+            GpuRequest(r.count, r.fraction, r.memory_mib, (*r.filters, *filters)) for r in decided.requests
+        )
+        policy = decided.policy if args.policy is None else Policy.parse(args.policy)
+    else:
+        fraction = parse_fraction(args.partial, what="-p") if args.partial is not None else None
+        memory = parse_memory_mib(args.memory, what="-m") if args.memory is not None else None
+        if fraction is None and memory is None:
+            fraction = 1.0  # a whole GPU, as Bitfusion's default
+        requests = (GpuRequest(1 if args.num_gpus is None else args.num_gpus, fraction, memory, tuple(filters)),)
+        policy = Policy.parse(args.policy or Policy.FRAGAWARE.value)
+    claim = Claim(
+        requests,
+        policy,
         queue=check_queue_name(args.queue, InvalidInput) if args.queue else "",
         priority=_priority(args.priority),
         preempt_grace_s=_grace(args.preempt_grace),
         idle_suspend_s=_idle(args.idle_suspend),
     )
-    say = progress(args.quiet)
     options = RunOptions(
         claim=claim,
         wait_s=args.wait,
@@ -149,6 +161,22 @@ def handle(args: argparse.Namespace) -> int:
         **pool_kwargs(args),
     )
     return run(command, options)
+
+
+def _decided_claim(args: argparse.Namespace, say: Callable[[str], None]) -> Claim | None:
+    """$GPUPOOL_CLAIM's claim (runner.podclaim) when no -n/-p/-m flag gives the share: inside a pod,
+    the one the webhook and the extender's bind decided for the container. None elsewhere."""
+    import os
+
+    from ..isolation.env import CLAIM_ENV
+
+    if args.num_gpus is not None or args.partial is not None or args.memory is not None:
+        return None  # the user's own share, parsed once
+    if CLAIM_ENV not in os.environ:
+        return None
+    from ..runner.podclaim import decided_claim
+
+    return decided_claim(os.environ, say)
 
 
 def _priority(text: str) -> int:

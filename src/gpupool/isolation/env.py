@@ -50,6 +50,16 @@ MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
 # The devices a pool serves where no --devices flag names them (devices/inventory.py reads it).
 DEVICES_ENV = "GPUPOOL_DEVICES"
+# Inside a pod: the container's decided claim (JSON, core.model.Claim.to_dict), which the runner
+# sends as it is instead of its -n/-p/-m flags. The mutating webhook sets it: from the extender
+# bind's `gpupool.io/choice.N` (pinned to the chosen GPUs), or, where the scheduler does not bind
+# through the extender, the container's ask itself (kube/mutate.py).
+CLAIM_ENV = "GPUPOOL_CLAIM"
+# Set by the device plugin's Allocate (kube/deviceplugin): the GPUs the kubelet allocated the
+# container's units on (UUIDs, comma separated) and how many units; the runner pins an unpinned
+# claim to those GPUs and checks a pinned one against them (runner/podclaim.py).
+ALLOCATED_GPUS_ENV = "GPUPOOL_ALLOCATED_GPUS"
+UNITS_ENV = "GPUPOOL_UNITS"
 
 # Device memory each process pays for its CUDA context (kernels, handles, workspaces)
 # outside the framework's caching allocator. Measured by `make gpu-check`

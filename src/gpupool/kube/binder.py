@@ -3,8 +3,9 @@
 kube-scheduler hands binding to an extender configured with `bindVerb` (ExtenderBindingArgs:
 PodName, PodNamespace, PodUID, Node). The extender reads the pod, places its claim on that
 node (kube.choice.choose: core placement with the extender's learned mix), writes the choice to
-the pod's `gpupool.io/choice` annotation, and creates the pod's Binding, as the scheduler's own
-binder would. Errors go back in ExtenderBindingResult.Error; the scheduler then retries the pod.
+the pod's `gpupool.io/choice` annotation (and each GPU container's pinned claim, `choice.N`, for
+its runner), and creates the pod's Binding, as the scheduler's own binder would. Errors go back
+in ExtenderBindingResult.Error; the scheduler then retries the pod.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..core.errors import GpupoolError
 from ..core.fragmentation import Fragmentation
 from . import annotations as ann
 from .apiclient import ApiError, KubeApi
-from .choice import choose, runner_filters
+from .choice import choose, runner_claims
 from .extender import NodeState, message_field
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,7 @@ def handle_bind(
         elif ann.CLAIM in ((pod.get("metadata") or {}).get("annotations") or {}):
             return {"Error": f"gpupool extender: no GPU state of node {node} (its gpupool agent is not answering)"}
         if choice is not None:
-            containers = (pod.get("spec") or {}).get("containers") or []
-            written = {ann.CHOICE: choice.encode(), **runner_filters(choice, containers)}
+            written = {ann.CHOICE: choice.encode(), **runner_claims(choice, pod)}
             patch = {"metadata": {"annotations": written}}
             api.request("PATCH", where, patch, content_type="application/merge-patch+json")
         binding = {

@@ -3,7 +3,9 @@
 The extender's bind verb places the pod's claim (the webhook's `gpupool.io/claim`) on the node
 the scheduler picked, with core placement and the extender's learned shape mix, and writes the
 answer to `gpupool.io/choice` before it binds the pod. The later steps read that annotation and
-check it still holds instead of choosing again (pure functions here, no I/O).
+check it still holds instead of choosing again (pure functions here, no I/O): the device plugin
+gives the chosen GPUs' units, and each container's runner sends the claim recorded for it in
+`gpupool.io/choice.N`, pinned to those GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..core.fragmentation import Fragmentation
 from ..core.model import Claim, Device, GpuRequest, Policy
 from ..core.placement import place
 from . import annotations as ann
-from .resources import UNITS, UNITS_PER_GPU, claim_of
+from .resources import UNITS, UNITS_PER_GPU, GpuAsk, claim_of
 
 PENDING = "Pending"  # the pod phase between binding and the start of its containers
 
@@ -49,15 +51,27 @@ class Choice:
             return None
 
 
-def runner_filters(choice: Choice, containers: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+def pinned_requests(ask: GpuAsk, uuids: Sequence[str], filters: Sequence[Filter] = ()) -> List[GpuRequest]:
+    """One request of one GPU per recorded GPU, `device.uuid` set to it (escaped: a UUID is not a
+    glob) besides the pod's own `filters`: placing them verifies the choice instead of choosing."""
+    one = replace(ask, amount=1)
+    return [one.request([*filters, Filter("device.uuid", "=", glob.escape(u))]) for u in uuids]
+
+
+def runner_claims(choice: Choice, pod: Mapping[str, Any]) -> Dict[str, str]:
     """The `gpupool.io/choice.N` annotations of `choice`: per GPU container (by its index in the
-    pod), the `device.uuid` glob its runner claims with: its one GPU, escaped; `*` for several
-    (a glob cannot name a set of GPUs: the node's pool then chooses among all)."""
+    pod), the claim its runner sends (JSON, `Claim.to_dict`): the container's ask, one request per
+    chosen GPU, each pinned to it. The webhook hands it to the runner as $GPUPOOL_CLAIM."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    asks = ann.decode_claim(annotations.get(ann.CLAIM)) or {}
+    filters = ann.read_filters(annotations)
     out: Dict[str, str] = {}
-    for index, container in enumerate(containers):
-        uuids = choice.gpus.get(str(container.get("name")))
-        if uuids:
-            out[ann.chosen_gpu_key(index)] = glob.escape(uuids[0]) if len(uuids) == 1 else "*"
+    for index, container in enumerate((pod.get("spec") or {}).get("containers") or []):
+        name = str(container.get("name"))
+        uuids, ask = choice.gpus.get(name), asks.get(name)
+        if uuids and ask is not None:
+            claim = Claim(tuple(pinned_requests(ask, uuids, filters)), ann.read_policy(annotations))
+            out[ann.chosen_gpu_key(index)] = json.dumps(claim.to_dict(), sort_keys=True, separators=(",", ":"))
     return out
 
 
@@ -110,8 +124,7 @@ def pinned_claim(pod: Mapping[str, Any]) -> Optional[Claim]:
         uuids = choice.gpus.get(name, ())
         if len(uuids) != ask.amount:
             return None
-        one = replace(ask, amount=1)
-        requests += [one.request([Filter("device.uuid", "=", glob.escape(u))]) for u in uuids]
+        requests += pinned_requests(ask, uuids)
     return Claim(tuple(requests), Policy.BINPACK) if requests else None
 
 

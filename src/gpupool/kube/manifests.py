@@ -103,7 +103,7 @@ def scheduler_config(
     port: int = 443,
     kubeconfig: str = "/etc/kubernetes/scheduler.conf",
     ca_file: str = f"{SCHEDULER_DIR}/ca.crt",
-    bind: bool = False,
+    bind: bool = True,
     weight: int = DEFAULT_EXTENDER_WEIGHT,
 ) -> Dict[str, Any]:
     """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with gpupool's extender,

@@ -11,12 +11,14 @@ A pod carrying the marker annotation is left alone, so a second pass is a no-op.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..core.errors import InvalidInput
 from ..core.filters import Filter
-from ..isolation.env import MPS_PIPE_ENV
+from ..core.model import Claim, Policy
+from ..isolation.env import CLAIM_ENV, MPS_PIPE_ENV
 from . import annotations as ann
 from .resources import ALIASES, UNITS, USER_KEYS, GpuAsk, asks_for_gpu, read_ask
 
@@ -29,7 +31,6 @@ MPS_SHM_VOLUME = "gpupool-mps-shm"
 # MPS clients and their server exchange shared memory through /dev/shm, so the
 # container's must be the agent's (NVIDIA's device plugin mounts it the same way).
 SHM_PATH = "/dev/shm"
-CHOSEN_GPU_ENV = "GPUPOOL_CHOSEN_GPU"  # the container's gpupool.io/choice.N, when the webhook pins
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,11 @@ class MutateConfig:
     # MPS mode: the agent's pipe folder (its --state + /mps/pipe), mounted at the same path; "" = not MPS.
     mps_pipe_dir: str = ""
     mps_shm_dir: str = "/run/gpupool/mps/shm"  # host folder the agent mounts as its /dev/shm
-    # The extender binds (scheduler-config --bind): each runner claims the GPU the bind recorded
-    # (`gpupool.io/choice.N`, through the downward API) instead of the node's pool choosing again.
-    pin_choice: bool = False
+    # The extender binds (scheduler-config's default): each runner sends the claim the bind recorded
+    # for its container (`gpupool.io/choice.N`, pinned to the chosen GPUs; through the downward API).
+    # Off (--no-bind) for a scheduler that does not bind through the extender: the runner then gets
+    # its container's ask and pins it to the GPUs the device plugin allocated.
+    pin_choice: bool = True
 
     def __post_init__(self) -> None:
         for flag, path in (("--mps-pipe-dir", self.mps_pipe_dir), ("--mps-shm-dir", self.mps_shm_dir)):
@@ -100,9 +103,10 @@ def mutate(
         if ask is not None:
             asks[container["name"]] = ask
     filters: Tuple[Filter, ...] = ()
+    policy = Policy.FRAGAWARE
     try:
         filters = ann.read_filters(annotations)
-        ann.read_policy(annotations)
+        policy = ann.read_policy(annotations)
     except InvalidInput as err:
         errors.append(err.message)
     if not asks and not errors:
@@ -115,7 +119,14 @@ def mutate(
             continue
         try:
             new = _container(
-                container, ask, config, gpu_size, injection.wraps(container["name"]), filters, out.warnings, index
+                container,
+                ask,
+                config,
+                gpu_size,
+                injection.wraps(container["name"]),
+                (filters, policy),
+                out.warnings,
+                index,
             )
         except InvalidInput as err:
             errors.append(err.message)
@@ -137,7 +148,7 @@ def _container(
     config: MutateConfig,
     gpu_size: Callable[[int], Optional[int]],
     wrap: bool,
-    filters: Tuple[Filter, ...],
+    rules: Tuple[Tuple[Filter, ...], Policy],
     warnings: List[str],
     index: int,
 ) -> Dict[str, Any]:
@@ -152,9 +163,8 @@ def _container(
         values[UNITS] = str(units)
         resources[section] = values
     new["env"] = _env(container.get("env") or [], config, name, warnings)
-    if config.pin_choice and not any(e.get("name") == CHOSEN_GPU_ENV for e in new["env"]):
-        path = f"metadata.annotations['{ann.chosen_gpu_key(index)}']"
-        new["env"].append({"name": CHOSEN_GPU_ENV, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}})
+    if not any(e.get("name") == CLAIM_ENV for e in new["env"]):
+        new["env"].append(_claim_env(ask, rules, config, index))
     mounts = list(container.get("volumeMounts") or [])
     taken = {m.get("mountPath") for m in mounts} | {m.get("name") for m in mounts}
     for volume, path in ((RUNNER_VOLUME, config.mount_path), (TOKEN_VOLUME, config.token_path)):
@@ -164,8 +174,21 @@ def _container(
         _add_mps_mounts(mounts, taken, config, name, warnings)
     new["volumeMounts"] = mounts
     if wrap:
-        new["command"] = _wrapped_command(container, ask, config, filters, warnings)
+        new["command"] = _wrapped_command(container, config, warnings)
     return new
+
+
+def _claim_env(
+    ask: GpuAsk, rules: Tuple[Tuple[Filter, ...], Policy], config: MutateConfig, index: int
+) -> Dict[str, Any]:
+    """$GPUPOOL_CLAIM, the claim the container's runner sends: the one the extender's bind records
+    for it (`gpupool.io/choice.N`, through the downward API), or without binding its ask as is."""
+    if config.pin_choice:
+        path = f"metadata.annotations['{ann.chosen_gpu_key(index)}']"
+        return {"name": CLAIM_ENV, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+    filters, policy = rules
+    text = json.dumps(Claim((ask.request(filters),), policy).to_dict(), sort_keys=True, separators=(",", ":"))
+    return {"name": CLAIM_ENV, "value": text.replace("$", "$$")}  # the kubelet expands $(VAR) in values
 
 
 def _add_mps_mounts(
@@ -199,10 +222,9 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _wrapped_command(
-    container: Mapping[str, Any], ask: GpuAsk, config: MutateConfig, filters: Tuple[Filter, ...], warnings: List[str]
-) -> List[str]:
-    """`python3 gpupool-run.pyz run -n A -p F ... -- <the original command>`; args stay as they are."""
+def _wrapped_command(container: Mapping[str, Any], config: MutateConfig, warnings: List[str]) -> List[str]:
+    """`python3 gpupool-run.pyz run --wait W ... -- <the original command>`; args stay as they are.
+    The share is not repeated here: the runner sends $GPUPOOL_CLAIM."""
     name = container["name"]
     command: Sequence[str] = container.get("command") or []
     args: Sequence[str] = container.get("args") or []
@@ -212,11 +234,7 @@ def _wrapped_command(
             f'the image\'s entrypoint; set command (e.g. command: ["python", "train.py"]), or set the '
             f"annotation {ann.INJECT}: injection-only and call {config.runner_path} yourself"
         )
-    runner = [config.python, config.runner_path, "run", *ask.runner_args()]
-    for f in filters:
-        runner += ["--filter", f.to_text()]
-    if config.pin_choice:
-        runner += ["--filter", f"device.uuid=$({CHOSEN_GPU_ENV})"]
+    runner = [config.python, config.runner_path, "run"]
     runner += ["--wait", f"{config.wait_s:g}", "--server", "$(GPUPOOL_SERVER)", "--label", POD_LABEL, "--"]
     if not command:
         warnings.append(

@@ -63,11 +63,6 @@ class GpuAsk:
             return GpuRequest(self.amount, fraction=self.percent / 100, filters=tuple(filters))
         return GpuRequest(self.amount, memory_mib=self.memory_mib, filters=tuple(filters))
 
-    def runner_args(self) -> List[str]:
-        """`-n A -p F` or `-n A -m MiB` for gpupool-run."""
-        share = ["-p", f"{self.percent / 100:g}"] if self.percent is not None else ["-m", str(self.memory_mib)]
-        return ["-n", str(self.amount)] + share
-
     def limits(self) -> Dict[str, str]:
         """The container `resources.limits` a user (or a job manifest) writes for this ask."""
         share = {PERCENT: str(self.percent)} if self.percent is not None else {MEMORY: f"{self.memory_mib}Mi"}

@@ -1,9 +1,9 @@
 """The device plugin: gRPC on a unix socket, registration with the kubelet, re-registration
 when the kubelet restarts, health-driven ListAndWatch.
 
-Allocate binds nothing: it hands the container the node agent's address, and
-the runner in the container claims the real GPU share by pod identity when the
-container starts (no Allocate-time binding, so no allocation races).
+Allocate binds nothing: it hands the container the node agent's address and the GPUs its units
+are on, and the runner in the container claims the real GPU share by pod identity when the
+container starts (no Allocate-time binding, so no allocation races), on the GPUs decided for it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import grpc
 
 from ...core.fragmentation import LearnedMix, TaskShape
 from ...core.model import Device
+from ...isolation.env import ALLOCATED_GPUS_ENV, UNITS_ENV
 from ..resources import UNITS, UNITS_PER_GPU
 from . import api_pb2 as pb
 from . import api_pb2_grpc as rpc
@@ -98,7 +99,7 @@ class _Service(rpc.DevicePluginServicer):  # type: ignore[misc]
                     f"unknown {self.plugin.config.resource} device IDs {unknown[:3]}; "
                     "the plugin restarted with other GPUs: recreate the pod",
                 )
-            responses.append(self.plugin.container_response(len(creq.devices_ids)))
+            responses.append(self.plugin.container_response(list(creq.devices_ids)))
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
@@ -181,12 +182,16 @@ class DevicePlugin:
             ]
         )
 
-    def container_response(self, units: int) -> pb.ContainerAllocateResponse:
+    def container_response(self, unit_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        """The container's env and mounts: the agent's address, its units, and the GPUs they are on
+        (in GPU order), which the runner pins an unpinned claim to and checks a pinned one against."""
         envs = dict(self.config.envs)
         if self.config.agent_url:
             envs.setdefault("GPUPOOL_SERVER", self.config.agent_url)
             envs.setdefault("GPUPOOL_NODE_AGENT", self.config.agent_url)
-        envs["GPUPOOL_UNITS"] = str(units)
+        envs[UNITS_ENV] = str(len(unit_ids))
+        gpus = sorted({self.table[u] for u in unit_ids}, key=lambda d: d.index)
+        envs[ALLOCATED_GPUS_ENV] = ",".join(d.uuid for d in gpus)
         mounts = [
             pb.Mount(container_path=c, host_path=h, read_only=ro)
             for c, h, ro in self.config.mounts
