@@ -1,8 +1,11 @@
-"""deploy/ rendered by kubectl's own kustomize: `images:` is the one place to name the image,
-and the runner that the webhook injects into GPU pods follows it."""
+"""deploy/ rendered by kubectl's own kustomize: on a fresh checkout (no deploy/tls) and after
+deploy/certs.sh; `images:` is the one place to name the image, and the runner that the webhook
+injects into GPU pods follows it."""
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from gpupool.cli.main import build_parser, main
+from gpupool.cli.main import build_parser
 from gpupool.kube.mutate import MutateConfig, mutate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -46,13 +49,75 @@ def expand(text: str, env: Dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
 
 
+def fresh_copy(target: Path) -> Path:
+    """deploy/ as a fresh checkout has it (deploy/tls is what deploy/certs.sh writes, git ignores it)."""
+    shutil.copytree(DEPLOY, target, ignore=shutil.ignore_patterns("tls"))
+    return target
+
+
+def certs_sh(deploy: Path) -> str:
+    """Run `deploy/certs.sh` of a copy with this interpreter's gpupool; its stderr."""
+    done = subprocess.run(
+        ["sh", str(deploy / "certs.sh")],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def with_certs(target: Path) -> Path:
+    """A fresh copy of deploy/ after `deploy/certs.sh`, as `make deploy` applies it."""
+    certs_sh(fresh_copy(target))
+    return target
+
+
+def components(deploy: Path) -> List[str]:
+    return list(yaml.safe_load((deploy / "kustomization.yaml").read_text())["components"] or [])
+
+
 @pytest.fixture(scope="module")
 def deploy_copy(tmp_path_factory) -> Path:
-    """deploy/ with its TLS component written, as `deploy/certs.sh` leaves it."""
-    target = tmp_path_factory.mktemp("render") / "deploy"
-    shutil.copytree(DEPLOY, target, ignore=shutil.ignore_patterns("tls"))
-    assert main(["kube", "certs", "--out", str(target / "tls")]) == 0
-    return target
+    """deploy/ with its TLS component written and added, as `deploy/certs.sh` leaves it."""
+    return with_certs(tmp_path_factory.mktemp("render") / "deploy")
+
+
+def named(objects: List[Dict[str, Any]], kind: str, name: str) -> List[Dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+
+
+def test_a_fresh_checkout_renders_without_the_tls_component(tmp_path_factory):
+    """`kubectl kustomize deploy` before deploy/certs.sh: everything but the TLS Secrets and caBundles."""
+    assert components(DEPLOY) == [], "deploy/ must not name a component a fresh checkout lacks"
+    objects = rendered_fresh(tmp_path_factory)
+    for secret in ("gpupool-webhook-tls", "gpupool-agent-ca", "gpupool-agent-token"):
+        assert not named(objects, "Secret", secret), secret
+    for kind, name in (
+        ("MutatingWebhookConfiguration", "gpupool-mutate"),
+        ("ValidatingWebhookConfiguration", "gpupool-validate"),
+    ):
+        (config,) = named(objects, kind, name)
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    assert named(objects, "Deployment", "gpupool-webhook") and named(objects, "DaemonSet", "gpupool-agent")
+
+
+def test_certs_sh_adds_the_tls_component_once_and_keeps_the_others(tmp_path):
+    deploy = fresh_copy(tmp_path / "deploy")
+    path = deploy / "kustomization.yaml"
+    # a user's components, written as a list at column 0 (valid YAML the edit must keep valid)
+    path.write_text(path.read_text().replace("components: []", "components:\n- mps"))
+    assert "added '- tls'" in certs_sh(deploy)
+    assert components(deploy) == ["tls", "mps"]
+    assert certs_sh(deploy) == ""  # the second run: nothing to write, nothing to add
+    assert components(deploy) == ["tls", "mps"]
+    objects = render(deploy)
+    assert named(objects, "Secret", "gpupool-webhook-tls") and named(objects, "Secret", "gpupool-agent-token")
+    (mutate_config,) = named(objects, "MutatingWebhookConfiguration", "gpupool-mutate")
+    ca = (deploy / "tls" / "ca.crt").read_bytes()
+    assert base64.b64decode(mutate_config["webhooks"][0]["clientConfig"]["caBundle"]) == ca
+    assert "--isolation=mps" in webhook_container(objects)["args"]
 
 
 def set_image(deploy: Path, new_name: str, new_tag: str) -> None:
@@ -113,11 +178,8 @@ def test_changed_image_moves_webhook_agent_and_injected_runner(deploy_copy):
     assert "ghcr.io/gpupool/gpupool" not in yaml.safe_dump_all(objects)
 
 
-def test_default_render_injects_the_released_image(deploy_copy, tmp_path):
-    fresh = tmp_path / "deploy"
-    shutil.copytree(DEPLOY, fresh, ignore=shutil.ignore_patterns("tls"))
-    shutil.copytree(deploy_copy / "tls", fresh / "tls")
-    objects = render(fresh)
+def test_default_render_injects_the_released_image(tmp_path):
+    objects = render(with_certs(tmp_path / "deploy"))
     tag = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"][0]["newTag"]
     assert injected_runner_image(webhook_container(objects)) == f"ghcr.io/gpupool/gpupool:{tag}"
 
@@ -139,10 +201,13 @@ def test_expand_follows_the_kubelet():
 
 
 @pytest.mark.parametrize("version", [f"1.{minor}" for minor in range(28, 38)])
-def test_rendered_deploy_passes_each_releases_schema(deploy_copy, version):
-    """Every object `kubectl apply -k deploy/` sends, against the API schema of 1.28 to 1.37."""
+@pytest.mark.parametrize("stage", ["fresh", "certs"])
+def test_rendered_deploy_passes_each_releases_schema(tmp_path_factory, stage, version):
+    """Every object `kubectl apply -k deploy/` sends, on a fresh checkout and after deploy/certs.sh,
+    against the API schema of 1.28 to 1.37."""
     kv = pytest.importorskip("kubernetes_validate")
-    for obj in rendered_default(deploy_copy):
+    objects = rendered_fresh(tmp_path_factory) if stage == "fresh" else rendered_default(tmp_path_factory)
+    for obj in objects:
         try:
             kv.validate(obj, version, strict=True)
         except kv.ValidationError as err:
@@ -154,12 +219,15 @@ def test_rendered_deploy_passes_each_releases_schema(deploy_copy, version):
 _RENDERED: Dict[str, List[Dict[str, Any]]] = {}
 
 
-def rendered_default(deploy_copy: Path) -> List[Dict[str, Any]]:
-    """deploy/ as released (with its TLS component), rendered once for the module."""
+def rendered_default(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """deploy/ as released after deploy/certs.sh, rendered once for the module."""
     if "default" not in _RENDERED:
-        fresh = deploy_copy.parent / "default"
-        if not fresh.exists():
-            shutil.copytree(DEPLOY, fresh, ignore=shutil.ignore_patterns("tls"))
-            shutil.copytree(deploy_copy / "tls", fresh / "tls")
-        _RENDERED["default"] = render(fresh)
+        _RENDERED["default"] = render(with_certs(tmp_path_factory.mktemp("default") / "deploy"))
     return _RENDERED["default"]
+
+
+def rendered_fresh(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """deploy/ as a fresh checkout has it, rendered once for the module."""
+    if "fresh" not in _RENDERED:
+        _RENDERED["fresh"] = render(fresh_copy(tmp_path_factory.mktemp("fresh") / "deploy"))
+    return _RENDERED["fresh"]

@@ -4,13 +4,13 @@ checked against the API schemas of Kubernetes 1.34 to 1.37 (resource.k8s.io/v1 i
 from __future__ import annotations
 
 import re
-import shutil
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
 import yaml
 
-from gpupool.cli.main import build_parser, main
+from gpupool.cli.main import build_parser
 from gpupool.core.model import Device
 from gpupool.kube.dra import DEFAULT_DRIVER as DRIVER
 from gpupool.kube.dra.allocation import MEMORY
@@ -18,27 +18,37 @@ from gpupool.kube.dra.cdi import DEFAULT_CDI_DIR
 from gpupool.kube.dra.registration import kubelet_root, registration_socket, service_socket
 from gpupool.kube.dra.slices import SHARE_STEP_MIB, device_entry
 
-from .test_deploy_render import DEPLOY, render
+from .test_deploy_render import DEPLOY, fresh_copy, render, with_certs
 
 EXAMPLES = DEPLOY / "examples" / "dra"
 VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 KUBELET_ROOT = "/var/lib/kubelet"
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> List[Dict[str, Any]]:
-    """deploy/ with `- dra` under its components and its TLS component written (deploy/certs.sh)."""
-    target = tmp_path_factory.mktemp("dra") / "deploy"
-    shutil.copytree(DEPLOY, target, ignore=shutil.ignore_patterns("tls"))
-    assert main(["kube", "certs", "--out", str(target / "tls")]) == 0
-    path = target / "kustomization.yaml"
+def add_dra(deploy: Path) -> Path:
+    """`- dra` added to the components of a copy of deploy/."""
+    path = deploy / "kustomization.yaml"
     kust = yaml.safe_load(path.read_text())
-    assert "dra" not in kust["components"], (
+    assert "dra" not in (kust["components"] or []), (
         "deploy/ enables dra by default: the device-plugin path must stay the default"
     )
-    kust["components"].append("dra")
+    kust["components"] = [*(kust["components"] or []), "dra"]
     path.write_text(yaml.safe_dump(kust, sort_keys=False))
-    return render(target)
+    return deploy
+
+
+@pytest.fixture(scope="module")
+def rendered_fresh(tmp_path_factory) -> List[Dict[str, Any]]:
+    """deploy/ of a fresh checkout (no deploy/certs.sh yet) with `- dra` added."""
+    return render(add_dra(fresh_copy(tmp_path_factory.mktemp("dra-fresh") / "deploy")))
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> List[Dict[str, Any]]:
+    """deploy/ after deploy/certs.sh (its TLS component written and added), with `- dra` added."""
+    target = with_certs(tmp_path_factory.mktemp("dra") / "deploy")
+    assert yaml.safe_load((target / "kustomization.yaml").read_text())["components"] == ["tls"]
+    return render(add_dra(target))
 
 
 def one(objects: List[Dict[str, Any]], kind: str, name: str) -> Dict[str, Any]:
@@ -164,10 +174,7 @@ def test_rbac_lets_the_agent_publish_slices_and_read_claims(rendered):
 
 def test_the_device_plugin_path_is_untouched(rendered, tmp_path):
     """The component only adds: every object of plain deploy/ renders the same, but the agent."""
-    plain_dir = tmp_path / "deploy"
-    shutil.copytree(DEPLOY, plain_dir, ignore=shutil.ignore_patterns("tls"))
-    assert main(["kube", "certs", "--out", str(plain_dir / "tls")]) == 0
-    plain = {(o["kind"], o["metadata"]["name"]) for o in render(plain_dir)}
+    plain = {(o["kind"], o["metadata"]["name"]) for o in render(with_certs(tmp_path / "deploy"))}
     with_dra = {(o["kind"], o["metadata"]["name"]) for o in rendered}
     assert with_dra - plain == {
         ("ClusterRole", "gpupool-agent-dra"),
@@ -180,6 +187,21 @@ def test_the_device_plugin_path_is_untouched(rendered, tmp_path):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_rendered_objects_pass_each_releases_schema(rendered, version):
     for obj in rendered:
+        validate(obj, version)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_fresh_checkout_renders_the_component_too(rendered, rendered_fresh, version):
+    """Before deploy/certs.sh: the same objects less the TLS Secrets, each valid."""
+    fresh = {(o["kind"], o["metadata"]["name"]) for o in rendered_fresh}
+    with_tls = {(o["kind"], o["metadata"]["name"]) for o in rendered}
+    assert with_tls - fresh == {
+        ("Secret", "gpupool-webhook-tls"),
+        ("Secret", "gpupool-agent-ca"),
+        ("Secret", "gpupool-agent-token"),
+    }
+    assert fresh <= with_tls
+    for obj in rendered_fresh:
         validate(obj, version)
 
 
