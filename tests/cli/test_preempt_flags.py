@@ -56,9 +56,10 @@ def test_queue_set_preempt_is_listed_and_kept(tmp_path):
     listed = json.loads(gpupool("queue", "list", "--json", env=env).stdout)["queues"]
     assert [(q["name"], q["preempt"]) for q in listed] == [("team-a", PREEMPT_KILL), ("team-b", "")]
     lines = gpupool("queue", "list", env=env).stdout.splitlines()
-    header = lines[0].split()
+    assert lines[0] == f"pool: embedded {env['GPUPOOL_STATE']}"
+    header = lines[1].split()
     at = header.index("PREEMPT")
-    assert [line.split()[at] for line in lines[1:]] == [PREEMPT_KILL, "-"]  # '-': the pool's --preempt
+    assert [line.split()[at] for line in lines[2:]] == [PREEMPT_KILL, "-"]  # '-': the pool's --preempt
     # `set` replaces the queue: without --preempt it follows the pool's mode again.
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
     assert json.loads(gpupool("queue", "list", "--json", env=env).stdout)["queues"][0]["preempt"] == ""

@@ -39,7 +39,7 @@ def one_line_exit_2(done: subprocess.CompletedProcess, *words: str) -> None:
 
 def test_queues_on_the_embedded_pool(tmp_path):
     env = embedded_env(tmp_path)
-    assert gpupool("queue", "list", env=env).stdout.startswith("no queues")
+    assert gpupool("queue", "list", env=env).stdout.startswith(f"pool: embedded {env['GPUPOOL_STATE']}\nno queues")
     done = gpupool("queue", "set", "team-a", "--quota", "1.5", "--weight", "2", env=env)
     assert done.returncode == 0, done.stderr
     assert gpupool("queue", "set", "team-b", "--quota", "0.5", "--limit", "2", env=env).returncode == 0
@@ -49,7 +49,8 @@ def test_queues_on_the_embedded_pool(tmp_path):
         ("team-b", 0.5, 1, 2),
     ]
     table = gpupool("queue", "list", env=env).stdout
-    assert table.splitlines()[0].split()[:8] == [
+    assert table.splitlines()[0] == f"pool: embedded {env['GPUPOOL_STATE']}"
+    assert table.splitlines()[1].split()[:8] == [
         "QUEUE",
         "QUOTA",
         "WEIGHT",
@@ -108,7 +109,8 @@ def test_usage_on_the_embedded_pool_as_table_json_and_csv(tmp_path):
     # half a GPU for about a second
     assert 0.4 <= rows["team-a"]["gpu_seconds"] <= 5 and rows["team-a"]["leases"] == 1
     table = gpupool("usage", env=env).stdout
-    assert table.splitlines()[0].split() == ["QUEUE", "GPU-HOURS", "LEASES"] and "team-a" in table
+    assert table.splitlines()[0] == f"pool: embedded {env['GPUPOOL_STATE']}"
+    assert table.splitlines()[1].split() == ["QUEUE", "GPU-HOURS", "LEASES"] and "team-a" in table
     assert "GPU-hours since" in table
     parsed = list(csv.DictReader(io.StringIO(gpupool("usage", "--csv", "--by", "holder", env=env).stdout)))
     assert parsed and set(parsed[0]) == {"key", "gpu_hours", "gpu_seconds", "leases"}

@@ -52,7 +52,8 @@ def test_list_revoke_rotate_and_replace_through_the_server(server_factory, tmp_p
     (row,) = names(tmp_path, *remote)
     assert row["name"] == "alice" and row["last_used"] is not None and row["origin"] == "api"
     table = gpupool(tmp_path, "token", "list", *remote)
-    assert table.stdout.splitlines()[0].split()[:3] == ["NAME", "ADMIN", "QUEUE"] and "alice" in table.stdout
+    assert table.stdout.splitlines()[0] == f"pool: {server.url}"
+    assert table.stdout.splitlines()[1].split()[:3] == ["NAME", "ADMIN", "QUEUE"] and "alice" in table.stdout
 
     rotated = gpupool(tmp_path, "token", "rotate", "alice", "--out", str(tmp_path / "r.tar"), *remote)
     assert rotated.returncode == 0, rotated.stderr

@@ -44,7 +44,8 @@ def test_each_ended_lease_is_listed_with_its_span_and_end(tmp_path: Path) -> Non
     assert row["label"] == "exp-1" and row["gpus"] == 0.5 and row["ended"] == "released"
     assert 0.5 <= row["elapsed_s"] < 30 and abs(row["gpu_seconds"] - 0.5 * row["elapsed_s"]) < 1e-3
     table = gpupool(tmp_path, "usage", "--by", "lease", *state).stdout.splitlines()
-    assert table[0].split()[:3] == ["LEASE", "HOLDER", "QUEUE"] and "exp-1" in table[1] and "released" in table[1]
+    assert table[0] == f"pool: embedded {tmp_path / 's'}"
+    assert table[1].split()[:3] == ["LEASE", "HOLDER", "QUEUE"] and "exp-1" in table[2] and "released" in table[2]
     (parsed,) = list(csv.DictReader(io.StringIO(gpupool(tmp_path, "usage", "--by", "lease", "--csv", *state).stdout)))
     assert parsed["lease"] == row["lease"] and parsed["ended"] == "released"
 

@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
+
+from .pool_options import print_pool
 
 EXAMPLES = """exit codes: 0 healthy, 1 a broken invariant (each one named), 7 the database is damaged.
 
@@ -62,14 +64,16 @@ def _state(args: argparse.Namespace) -> Path:
 
 def handle_doctor(args: argparse.Namespace) -> int:
     if args.server:
-        report = _remote_report(args.server)
+        pool, report = _remote_report(args.server)
     else:
         from ..pool.doctor import check_state
 
-        report = check_state(_existing_pool(_state(args))).to_dict()
+        state = _existing_pool(_state(args))
+        pool, report = f"embedded:{state}", check_state(state).to_dict()
     if args.json:
         print(json.dumps(report))
     else:
+        print_pool(pool)
         print(report["verdict"])
         for problem in report["problems"]:
             print(f"  {problem['kind']}: {problem['message']}")
@@ -90,7 +94,8 @@ def _existing_pool(state: Path) -> Path:
     return state
 
 
-def _remote_report(url: str) -> Dict[str, Any]:
+def _remote_report(url: str) -> Tuple[str, Dict[str, Any]]:
+    """The pool --server names (its address) and its doctor report."""
     from ..client.http import HttpPoolClient
     from ..client.resolve import connect_all
 
@@ -100,8 +105,8 @@ def _remote_report(url: str) -> Dict[str, Any]:
         if not isinstance(client, HttpPoolClient):  # embedded:DIR
             from ..pool.doctor import check_state
 
-            return check_state(Path(client.address.split(":", 1)[1])).to_dict()
-        return client.request("GET", "/v1/doctor")
+            return client.address, check_state(Path(client.address.split(":", 1)[1])).to_dict()
+        return client.address, client.request("GET", "/v1/doctor")
     finally:
         for c in clients:
             c.close()
@@ -111,6 +116,7 @@ def handle_backup(args: argparse.Namespace) -> int:
     from ..store.maintenance import backup
 
     target = backup(_state(args), args.file)
+    print_pool(f"embedded:{_state(args)}", sys.stderr)
     print(f"gpupool: backed up {_state(args)} to {target}", file=sys.stderr)
     return 0
 
@@ -119,6 +125,7 @@ def handle_restore(args: argparse.Namespace) -> int:
     from ..store.maintenance import restore
 
     aside = restore(_state(args), args.file)
+    print_pool(f"embedded:{_state(args)}", sys.stderr)
     print(f"gpupool: restored {_state(args)} from {args.file}; the previous database is {aside}", file=sys.stderr)
     return 0
 

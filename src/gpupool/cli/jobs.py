@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs.executors import TARGETS, Executor
+from .pool_options import print_pool
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,6 +54,15 @@ def _executor(args: argparse.Namespace) -> Executor:
     )
 
 
+def _print_pool(executor: Executor, file: Any = None) -> None:
+    """The pool line of a local job verb: the state dir whose jobs it read (a Kubernetes target's
+    jobs live in the cluster, which names no pool)."""
+    from ..jobs.executors.local import LocalExecutor
+
+    if isinstance(executor, LocalExecutor):
+        print_pool(f"embedded:{executor.store.state_dir}", file)
+
+
 def _ago(ts: Any) -> str:
     if not ts:
         return "-"
@@ -66,6 +76,7 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([d.to_dict() for d in found], indent=2))
         return 0
+    _print_pool(executor)
     if not found:
         print("no jobs", file=sys.stderr)
         return 0
@@ -91,6 +102,7 @@ def _logs(args: argparse.Namespace) -> int:
 
     executor = _executor(args)
     job = executor.describe(args.name)
+    _print_pool(executor, sys.stderr)  # stdout is the job's own output
     if job.status in (Phase.QUEUED, Phase.PENDING):  # no replica has written yet: say why, not nothing
         why = f": {job.message}" if job.message else ""
         print(f"gpupool: job {args.name} is {job.status.value.lower()}{why}", file=sys.stderr, flush=True)
@@ -100,7 +112,10 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    print(_executor(args).cancel(args.name), file=sys.stderr)
+    executor = _executor(args)
+    message = executor.cancel(args.name)
+    _print_pool(executor, sys.stderr)
+    print(message, file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 from typing import Optional
 
 from ..core.suspension import PREEMPT_MODES
-from .pool_options import add_pool_arguments, connect_one
+from .pool_options import add_pool_arguments, connect_one, print_pool
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,9 +88,9 @@ def handle_set(args: argparse.Namespace) -> int:
     preempt = f", preempt {status.spec.preempt}" if status.spec.preempt else ""
     if status.spec.idle_suspend_s is not None:
         preempt += f", idle-suspend {status.spec.idle_suspend_s:g}s"
+    print_pool(client, sys.stderr)
     print(
-        f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit}{preempt} "
-        f"on {client.address}",
+        f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit}{preempt}",
         file=sys.stderr,
     )
     return 0
@@ -103,7 +103,9 @@ def handle_list(args: argparse.Namespace) -> int:
         queues = [q.to_dict() for q in client.queues()]
     if args.json:
         print(json.dumps({"queues": queues}))
-    elif queues:
+        return 0
+    print_pool(client)
+    if queues:
         print(queue_table(queues))
     else:
         print("no queues: every claim is first come, first served (gpupool queue set NAME --quota GPUS)")
@@ -113,7 +115,8 @@ def handle_list(args: argparse.Namespace) -> int:
 def handle_delete(args: argparse.Namespace) -> int:
     with connect_one(args, "gpupool queue delete") as client:
         client.delete_queue(args.name)
-    print(f"queue {args.name} deleted on {client.address}", file=sys.stderr)
+    print_pool(client, sys.stderr)
+    print(f"queue {args.name} deleted", file=sys.stderr)
     return 0
 
 

@@ -9,10 +9,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..core.suspension import RESUMING, RUNNING, SUSPENDED
-from .pool_options import add_pool_arguments, pool_kwargs
+from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..client.base import PoolClient
     from ..core.status import PoolStatus
@@ -85,13 +85,14 @@ def _lease_step_arguments(p: argparse.ArgumentParser, awaited: str, handler: Cal
     p.set_defaults(func=handler)
 
 
-def _status(args: argparse.Namespace) -> PoolStatus:
+def _status(args: argparse.Namespace) -> Tuple[PoolStatus, List[str]]:
+    """The (merged) status of the pools the flags choose, and their addresses."""
     from ..client.resolve import connect_all, merged_status
     from ..runner import progress
 
     clients = connect_all(**pool_kwargs(args))
     try:
-        return merged_status(clients, progress(False))
+        return merged_status(clients, progress(False)), [c.address for c in clients]
     finally:
         for c in clients:
             c.close()
@@ -117,10 +118,11 @@ def handle_status(args: argparse.Namespace) -> int:
 
 
 def _show_status(args: argparse.Namespace) -> int:
-    status = _status(args)
+    status, pools = _status(args)
     if args.json:
         print(json.dumps(status.to_dict()))
         return 0
+    print_pool(pools)
     data = status.to_dict()
     usage = data.get("usage") or {}
     print(_device_table(data["devices"], usage))
@@ -203,10 +205,12 @@ def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None
 
 
 def handle_list_gpus(args: argparse.Namespace) -> int:
-    data = _status(args).to_dict()
+    status, pools = _status(args)
+    data = status.to_dict()
     if args.json:
         print(json.dumps({"devices": data["devices"]}))
         return 0
+    print_pool(pools)
     print(_device_table(data["devices"]))
     return 0
 
@@ -233,7 +237,8 @@ def _on_lease(args: argparse.Namespace, act: Callable[[PoolClient], int]) -> int
 def handle_release(args: argparse.Namespace) -> int:
     def release(client: PoolClient) -> int:
         client.release(args.lease_id)
-        print(f"gpupool: released lease {args.lease_id} on {client.address}", file=sys.stderr)
+        print_pool(client, sys.stderr)
+        print(f"gpupool: released lease {args.lease_id}", file=sys.stderr)
         return 0
 
     return _on_lease(args, release)
@@ -242,6 +247,7 @@ def handle_release(args: argparse.Namespace) -> int:
 def handle_suspend(args: argparse.Namespace) -> int:
     def suspend(client: PoolClient) -> int:
         client.suspend(args.lease_id, args.reason)
+        print_pool(client, sys.stderr)
         return _await_state(client, args.lease_id, SUSPENDED, args.wait)
 
     return _on_lease(args, suspend)
@@ -250,6 +256,7 @@ def handle_suspend(args: argparse.Namespace) -> int:
 def handle_resume(args: argparse.Namespace) -> int:
     def resume(client: PoolClient) -> int:
         client.resume(args.lease_id)
+        print_pool(client, sys.stderr)
         return _await_state(client, args.lease_id, RUNNING, args.wait)
 
     return _on_lease(args, resume)
@@ -275,7 +282,7 @@ def _await_state(client: PoolClient, lease_id: str, state: str, wait_s: float) -
         error = lease.suspension.error if lease.suspension is not None else ""
         if lease.state == state:
             took = time.monotonic() - started
-            print(f"gpupool: lease {lease_id} is {state} ({took:.1f} s) on {client.address}", file=sys.stderr)
+            print(f"gpupool: lease {lease_id} is {state} ({took:.1f} s)", file=sys.stderr)
             return 0
         if error and not lease.needs_runner:  # the step failed: the runner said why
             print(f"gpupool: lease {lease_id} is {lease.state}: {error}", file=sys.stderr)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..core.errors import GpupoolError, InvalidInput, Unauthorized
+from .pool_options import print_pool
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,6 +97,7 @@ def handle_create(args: argparse.Namespace) -> int:
         )
     files = client_bundle(urls, token, ca_pem)
     _write_tar(Path(args.out), files)
+    print_pool(_pool(args.state, urls[0]), sys.stderr)
     bound = f" (queue {args.queue!r})" if args.queue else ""
     print(f"token {name!r}{bound} written to {args.out} ({', '.join(sorted(files))})", file=sys.stderr)
     print(f"install: mkdir -p ~/.gpupool && tar -xf {args.out} -C ~/.gpupool", file=sys.stderr)
@@ -108,6 +110,7 @@ def handle_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"tokens": tokens}))
         return 0
+    print_pool(_pool(args.state, args.server))
     table = [["NAME", "ADMIN", "QUEUE", "ORIGIN", "CREATED", "LAST USED"]]
     for t in tokens:
         table.append(
@@ -129,6 +132,7 @@ def handle_list(args: argparse.Namespace) -> int:
 def handle_revoke(args: argparse.Namespace) -> int:
     path = f"/v1/tokens/{urllib.parse.quote(args.name, safe='')}"
     _on_tokens(args, "DELETE", path, lambda store: _auth().revoke_token(store, args.name))
+    print_pool(_pool(args.state, args.server), sys.stderr)
     print(f"gpupool: token {args.name!r} revoked: it no longer authenticates", file=sys.stderr)
     return 0
 
@@ -145,8 +149,16 @@ def handle_rotate(args: argparse.Namespace) -> int:
         raise GpupoolError(f"{args.server} answered without a token: is it a gpupool server?")
     ca_file = _ca_file(args.ca, args.state)
     _write_tar(Path(args.out), client_bundle([args.server], token, _ca_pem(ca_file, bool(args.ca))))
+    print_pool(_pool(args.state, args.server), sys.stderr)
     print(f"token {args.name!r} rotated: the new one is in {args.out}; the old one no longer works", file=sys.stderr)
     return 0
+
+
+def _pool(state: Optional[str], server: Optional[str]) -> str:
+    """The pool a token verb acts on: --state's (no server call), else --server's."""
+    from ..client.config import normalize_url
+
+    return f"embedded:{Path(state).expanduser()}" if state else normalize_url(str(server))
 
 
 def _auth() -> Any:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, List, Tuple
 
-from .pool_options import add_pool_arguments, pool_kwargs
+from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
 if TYPE_CHECKING:
     from ..core.queues import UsageRow
@@ -71,6 +71,7 @@ def handle(args: argparse.Namespace) -> int:
     clients = connect_all(**pool_kwargs(args))
     try:
         rows = merge([row for client in clients for row in client.usage(since, now, by)])
+        pools = [c.address for c in clients]
     finally:
         for c in clients:
             c.close()
@@ -84,6 +85,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         from .status import _table
 
+        print_pool(pools)
         table = [[r.key or "-", f"{r.gpu_seconds / 3600:.3f}", str(r.leases)] for r in rows]
         print(_table([BY_HEADERS[by], "GPU-HOURS", "LEASES"], table))
         total = sum(r.gpu_seconds for r in rows) / 3600
@@ -98,6 +100,7 @@ def _history(args: argparse.Namespace, since: float, now: float) -> int:
     clients = connect_all(**pool_kwargs(args))
     try:
         records = sorted((r for client in clients for r in client.history(since, now)), key=lambda r: r.ended_at)
+        pools = [c.address for c in clients]
     finally:
         for c in clients:
             c.close()
@@ -113,6 +116,7 @@ def _history(args: argparse.Namespace, since: float, now: float) -> int:
         return 0
     from .status import _table
 
+    print_pool(pools)
     table = [
         [
             r["lease"],

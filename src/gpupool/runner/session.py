@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..client.base import PoolClient
-from ..client.resolve import choose_and_claim, connect_all
+from ..client.resolve import choose_and_claim, connect_all, pool_line
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
 from ..core.isolation_mode import IsolationMode
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease
@@ -105,6 +105,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
         clients = connect_all(
             options.servers, options.state_dir, options.devices_spec, options.isolation, options.token_file
         )
+        options.say(pool_line([c.address for c in clients]))  # the first line: which pool(s) the run uses
         attempt = 1
         while True:
             outcome = _run_once(clients, command, options, relay, terminal, attempt)

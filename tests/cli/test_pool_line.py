@@ -1,0 +1,125 @@
+"""Every client verb's human output starts with the pool it read (`pool: embedded /dir`,
+`pool: https://host:port`, `pools: a, b`); --json and --csv stay as they were. Through real
+subprocesses, on an embedded pool and against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import httpx
+import pytest
+
+from gpupool.client.resolve import pool_line
+
+DEVICES = "emulated:2x16GiB"
+
+
+def gpupool(*args: str, env: Dict[str, str], cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool", *args], capture_output=True, text=True, env=env, timeout=60, cwd=cwd
+    )
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
+
+
+def first(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Dict[str, str]:
+    """The env of a user with an embedded pool in tmp_path/state and no config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES=DEVICES)
+    return env
+
+
+def test_the_line_names_one_pool_or_several():
+    assert pool_line(["embedded:/var/lib/gpupool"]) == "pool: embedded /var/lib/gpupool"
+    assert pool_line(["https://gpu1:56001"]) == "pool: https://gpu1:56001"
+    assert pool_line(["https://a:1", "embedded:/s"]) == "pools: https://a:1, embedded /s"
+
+
+# (verb's argv, the stream its human output goes to); each reads or changes the embedded pool.
+EMBEDDED_VERBS: List[tuple] = [
+    (["status"], "stdout"),
+    (["list-gpus"], "stdout"),
+    (["usage"], "stdout"),
+    (["usage", "--by", "lease"], "stdout"),
+    (["queue", "list"], "stdout"),
+    (["queue", "set", "team-a", "--quota", "1"], "stderr"),
+    (["doctor"], "stdout"),
+    (["jobs"], "stdout"),
+    (["token", "list", "--state", "{state}"], "stdout"),
+    (["run", "--", "true"], "stderr"),
+]
+
+
+@pytest.mark.parametrize("argv, stream", EMBEDDED_VERBS, ids=[" ".join(a) for a, _ in EMBEDDED_VERBS])
+def test_each_verb_starts_with_the_embedded_pool(embedded, argv, stream):
+    state = embedded["GPUPOOL_STATE"]
+    gpupool("list-gpus", env=embedded)  # the pool exists (doctor refuses a folder that never held one)
+    done = gpupool(*[a.format(state=state) for a in argv], env=embedded)
+    line = first(getattr(done, stream))
+    # the runner's lines carry its prefix: the command's own output shares the stream
+    expected = f"pool: embedded {state}"
+    assert line == (f"gpupool: {expected}" if argv[0] == "run" else expected), getattr(done, stream)
+
+
+@pytest.mark.parametrize("argv", [["status", "--json"], ["usage", "--json"], ["queue", "list", "--json"]])
+def test_machine_output_is_unchanged(embedded, argv):
+    done = gpupool(*argv, env=embedded)
+    assert isinstance(json.loads(done.stdout), dict) and "pool:" not in done.stdout
+    csv_done = gpupool("usage", "--csv", env=embedded)
+    assert first(csv_done.stdout) == "key,gpu_hours,gpu_seconds,leases"
+
+
+def test_a_relative_state_dir_is_named_in_full(embedded, tmp_path):
+    done = gpupool("status", "--state", "rel", env=embedded, cwd=tmp_path)
+    assert first(done.stdout) == f"pool: embedded {tmp_path / 'rel'}"
+
+
+def test_the_server_named_by_flag_env_or_config_is_the_one_shown(running_server, tmp_path):
+    env = running_server.client_env(tmp_path)
+    url = running_server.url
+    assert first(gpupool("status", "--server", url, env=env).stdout) == f"pool: {url}"
+    assert first(gpupool("usage", env=dict(env, GPUPOOL_SERVER=url)).stdout) == f"pool: {url}"
+    assert first(gpupool("queue", "list", "--server", url, env=env).stdout) == f"pool: {url}"
+    # a queue changed on the server: the confirmation on stderr names it first
+    done = gpupool("queue", "set", "team-a", "--quota", "1", "--server", url, env=env)
+    assert first(done.stderr) == f"pool: {url}" and "queue team-a" in done.stderr
+    # --state beats $GPUPOOL_SERVER, and the line says so
+    local = tmp_path / "local"
+    shown = gpupool("status", "--state", str(local), env=dict(env, GPUPOOL_SERVER=url, GPUPOOL_DEVICES=DEVICES))
+    assert first(shown.stdout) == f"pool: embedded {local}"
+
+
+def test_several_pools_are_named_in_one_line(running_server, tmp_path):
+    env = dict(running_server.client_env(tmp_path), GPUPOOL_DEVICES=DEVICES)
+    url, local = running_server.url, tmp_path / "local"
+    done = gpupool("status", "--server", url, "--server", f"embedded:{local}", env=env)
+    assert first(done.stdout) == f"pools: {url}, embedded {local}"
+    ran = gpupool("run", "--server", url, "--server", f"embedded:{local}", "--", "true", env=env)
+    assert first(ran.stderr) == f"gpupool: pools: {url}, embedded {local}"
+
+
+def test_admin_verbs_against_a_server_name_it(running_server, tmp_path):
+    env = running_server.client_env(tmp_path)
+    url = running_server.url
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(running_server.token or "")
+    listed = gpupool("token", "list", "--server", url, "--admin-token-file", str(admin_file), env=env)
+    assert first(listed.stdout) == f"pool: {url}"
+    assert first(gpupool("doctor", "--server", url, env=env).stdout) == f"pool: {url}"
+    lease = httpx.post(
+        f"{url}/v1/leases",
+        json={"claim": {"requests": [{"count": 1, "fraction": 0.5}]}},
+        headers=running_server.headers(),
+    ).json()
+    released = gpupool("release", lease["id"], "--server", url, env=env)
+    assert released.stderr.splitlines() == [f"pool: {url}", f"gpupool: released lease {lease['id']}"]
