@@ -1,4 +1,5 @@
-"""`gpupool queue set|list|delete`: the team queues of one pool, with their quotas in GPUs."""
+"""`gpupool queue set|list|show|delete`: the team queues of one pool, with their quotas in GPUs, and
+the claims waiting in them (show)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--json", action="store_true", help='one JSON object {"queues": [...]}')
     add_pool_arguments(s)
     s.set_defaults(func=handle_list)
+
+    s = sub.add_parser(
+        "show",
+        help="waiting claims in the order the pool grants them, with why each waits",
+        description="Each waiting claim with its place, queue, priority, share, holder, age and why it waits "
+        "(next, no room, behind a larger claim, over its queue's limit, held), in the order the pool grants "
+        "them. `gpupool claim hold|release|priority CLAIM` acts on one.",
+    )
+    s.add_argument("queue", nargs="?", default=None, metavar="QUEUE", help="only this queue's claims")
+    s.add_argument("--json", action="store_true", help='one JSON object {"waiting": [...]}')
+    add_pool_arguments(s)
+    s.set_defaults(func=handle_show)
 
     s = sub.add_parser("delete", help="delete a queue that holds no leases and has no waiting claims")
     s.add_argument("name", metavar="NAME")
@@ -110,6 +123,12 @@ def handle_list(args: argparse.Namespace) -> int:
     else:
         print("no queues: every claim is first come, first served (gpupool queue set NAME --quota GPUS)")
     return 0
+
+
+def handle_show(args: argparse.Namespace) -> int:
+    from .claim import show_waiting
+
+    return show_waiting(args)
 
 
 def handle_delete(args: argparse.Namespace) -> int:

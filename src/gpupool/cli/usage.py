@@ -29,6 +29,7 @@ HISTORY_FIELDS = (
     "suspended_s",
     "gpu_seconds",
     "ended",
+    "exit_code",
 )
 
 
@@ -129,12 +130,14 @@ def _history(args: argparse.Namespace, since: float, now: float) -> int:
             f"{r['suspended_s']:.0f}s",
             f"{r['gpu_seconds'] / 3600:.3f}",
             r["ended"],
+            "-" if r["exit_code"] is None else str(r["exit_code"]),
         ]
         for r in rows
     ]
     print(
         _table(
-            ["LEASE", "HOLDER", "QUEUE", "GPUS", "START", "END", "ELAPSED", "SUSPENDED", "GPU-HOURS", "ENDED"], table
+            ["LEASE", "HOLDER", "QUEUE", "GPUS", "START", "END", "ELAPSED", "SUSPENDED", "GPU-HOURS", "ENDED", "EXIT"],
+            table,
         )
     )
     return 0

@@ -6,7 +6,7 @@ import abc
 from typing import TYPE_CHECKING
 
 from ..core.model import Claim, Holder, Lease
-from ..core.status import PoolStatus
+from ..core.status import PoolStatus, WaitingClaim
 
 if TYPE_CHECKING:  # types only: `gpupool run` imports this module and never needs the queue classes
     from typing import List, Optional
@@ -38,8 +38,9 @@ class PoolClient(abc.ABC):
         """Extend the lease by its TTL; returns the lease with its new expiry."""
 
     @abc.abstractmethod
-    def release(self, lease_id: str) -> None:
-        """Give the lease's memory back to the pool."""
+    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
+        """Give the lease's memory back to the pool; `exit_code` (0-255) is its command's, kept in
+        the lease history as the holder's word."""
 
     @abc.abstractmethod
     def status(self) -> PoolStatus:
@@ -92,6 +93,23 @@ class PoolClient(abc.ABC):
     @abc.abstractmethod
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
         """Each lease that ended between epoch seconds `since` and `until` (default now)."""
+
+    @abc.abstractmethod
+    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
+        """The waiting claims in the order the pool grants them, each with why it waits (held ones
+        last); `queue` keeps one queue's, `key` the claim with that client key."""
+
+    @abc.abstractmethod
+    def hold_claim(self, claim_id: str) -> WaitingClaim:
+        """Keep a waiting claim in the queue but skip it in grants (its holder or an admin)."""
+
+    @abc.abstractmethod
+    def release_claim(self, claim_id: str) -> WaitingClaim:
+        """Let grants take a held claim again, in the place its ticket gives it."""
+
+    @abc.abstractmethod
+    def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
+        """Change a waiting claim's priority: its order within its queue."""
 
     def attest_ticket(self, lease_id: str) -> Optional[AttestTicket]:
         """The key and node socket to attest a lease this client claimed; None where no watchdog

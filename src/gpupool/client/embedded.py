@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..core.isolation_mode import IsolationMode, NodeIsolation
 from ..core.model import Claim, Device, Holder, Lease
-from ..core.status import PoolStatus
+from ..core.status import PoolStatus, WaitingClaim
 from ..logs import get_logger
 from .base import PoolClient
 
@@ -76,8 +76,8 @@ class EmbeddedPoolClient(PoolClient):
     def heartbeat(self, lease_id: str) -> Lease:
         return self._pool.heartbeat(lease_id)
 
-    def release(self, lease_id: str) -> None:
-        self._pool.release(lease_id)
+    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
+        self._pool.release(lease_id, None, exit_code)
 
     def status(self) -> PoolStatus:
         # The pool leaves expired leases out of its status and reclaims them on
@@ -117,6 +117,18 @@ class EmbeddedPoolClient(PoolClient):
 
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
         return self._pool.history(since, until)
+
+    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
+        return self._pool.waiting(queue, key)
+
+    def hold_claim(self, claim_id: str) -> WaitingClaim:
+        return self._pool.hold(claim_id)
+
+    def release_claim(self, claim_id: str) -> WaitingClaim:
+        return self._pool.unhold(claim_id)
+
+    def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
+        return self._pool.set_priority(claim_id, priority)
 
     def close(self) -> None:
         self._pool.close()

@@ -27,7 +27,7 @@ from ..core.errors import (
     error_from_dict,
 )
 from ..core.model import Claim, Holder, Lease
-from ..core.status import PoolStatus
+from ..core.status import PoolStatus, WaitingClaim
 from ..logs import get_logger
 from .base import PoolClient
 from .config import normalize_url
@@ -77,6 +77,8 @@ class HttpPoolClient(PoolClient):
         # A watch holds its connection for up to a minute: on a connection of its own, so the
         # heartbeats of the same lease (another thread, the main channel) are never held behind it.
         self._watching = _Channel()
+        # A waiting run asks its place on a connection of its own: the main one carries its claim.
+        self._asking = _Channel()
         # The attestation ticket of each lease claimed here: only a claim's answer carries one.
         self._tickets: Dict[str, AttestTicket] = {}
 
@@ -98,8 +100,9 @@ class HttpPoolClient(PoolClient):
     def heartbeat(self, lease_id: str) -> Lease:
         return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/heartbeat"))
 
-    def release(self, lease_id: str) -> None:
-        self.request("DELETE", f"/v1/leases/{_quote(lease_id)}")
+    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
+        body = None if exit_code is None else {"exit_code": exit_code}
+        self.request("DELETE", f"/v1/leases/{_quote(lease_id)}", body)
         self._tickets.pop(lease_id, None)
 
     def status(self) -> PoolStatus:
@@ -162,10 +165,26 @@ class HttpPoolClient(PoolClient):
         data = self.request("GET", "/v1/history?" + urllib.parse.urlencode(params))
         return [LeaseRecord.from_dict(row) for row in data.get("leases", [])]
 
+    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
+        params = {k: v for k, v in (("queue", queue or ""), ("key", key)) if v}
+        path = "/v1/queue" + ("?" + urllib.parse.urlencode(params) if params else "")
+        data = self.request("GET", path, channel=self._asking if key else None)
+        return [WaitingClaim.from_dict(w) for w in data.get("waiting", [])]
+
+    def hold_claim(self, claim_id: str) -> WaitingClaim:
+        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/hold", {}))
+
+    def release_claim(self, claim_id: str) -> WaitingClaim:
+        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/release", {}))
+
+    def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
+        body = {"priority": priority}
+        return WaitingClaim.from_dict(self.request("PUT", f"/v1/claims/{_quote(claim_id)}/priority", body))
+
     def close(self) -> None:
-        """Close both connections; a watch in flight in another thread ends at once (ServerUnreachable)."""
+        """Close the connections; a watch in flight in another thread ends at once (ServerUnreachable)."""
         self._watching.interrupt()
-        for channel in (self._main, self._watching):
+        for channel in (self._main, self._watching, self._asking):
             with channel.lock:
                 channel.drop()
 

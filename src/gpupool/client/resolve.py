@@ -31,12 +31,15 @@ from .base import PoolClient
 from .config import SCHEMES, TOKEN_ENV, ClientConfig, load_client_config, normalize_url
 
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..core.queues import QueueStatus
     from ..core.usage import UsageReport
 
     Progress = Callable[[str], None]
+    # Started when a claim queues (with its client and key), stopped when the wait ends: what a
+    # waiting `gpupool run` shows of its place (runner/waitline.py).
+    WaitView = Callable[[PoolClient, str], Any]
 
 log = get_logger(__name__)
 
@@ -219,6 +222,7 @@ def choose_and_claim(
     wait_s: float = 0.0,
     ttl_s: float = 30.0,
     progress: Progress = lambda line: None,
+    waiting_view: Optional[WaitView] = None,
 ) -> Tuple[PoolClient, Lease]:
     """Claim on the first pool that can hold `claim` now, else wait on the first that ever could.
 
@@ -233,7 +237,7 @@ def choose_and_claim(
         raise InvalidClaim(f"no pool server matches {wanted}: the servers are {known}")
     if len(eligible) == 1:
         client = eligible[0]
-        return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress)
+        return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress, waiting_view)
 
     # Placement (and fragaware's scoring under it) only to compare several pools: one pool places its own.
     from ..core.placement import could_ever_fit, place
@@ -261,13 +265,19 @@ def choose_and_claim(
     for client, status in reachable:
         ever = could_ever_fit(status.devices, claim)
         if ever.fits:
-            return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress)
+            return client, _claim_one(client, claim, holder, wait_s, ttl_s, progress, waiting_view)
         reasons.append(f"{client.address}: {ever.reason}")
     raise Unsatisfiable("no pool server could ever hold this claim: " + "; ".join(reasons))
 
 
 def _claim_one(
-    client: PoolClient, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, progress: Progress
+    client: PoolClient,
+    claim: Claim,
+    holder: Holder,
+    wait_s: float,
+    ttl_s: float,
+    progress: Progress,
+    waiting_view: Optional[WaitView] = None,
 ) -> Lease:
     """Try at once; when it does not fit and a wait is allowed, say so and queue.
 
@@ -287,7 +297,12 @@ def _claim_one(
         if wait_s <= 0:
             raise
         _outlast(client, err, deadline, progress)
-    return claim_waiting(client, claim, holder, deadline, ttl_s, key, progress)
+    view = waiting_view(client, key) if waiting_view is not None else None
+    try:
+        return claim_waiting(client, claim, holder, deadline, ttl_s, key, progress)
+    finally:
+        if view is not None:
+            view.stop()
 
 
 def claim_waiting(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import GpupoolError, InvalidClaim
+from .errors import GpupoolError, InvalidClaim, InvalidInput
 from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of the states
 from .suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Suspension
 
@@ -34,6 +34,8 @@ MAX_TTL_S = 24 * 3600.0
 # A claim's queue, priority and preemption grace (core/queues.py has the rules that use them).
 QUEUE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_PRIORITY = 1_000_000
+# A command's exit code as its runner reports it at release (a label in the lease history): 0-255.
+MAX_EXIT_CODE = 255
 # A preempted lease its runner did not release is reaped this long after its grace ran out.
 PREEMPT_REAP_MARGIN_S = 5.0
 # An idle limit (--idle-suspend): at least one watchdog sample, at most a week.
@@ -61,6 +63,15 @@ def check_queue_name(name: object, error: type = InvalidClaim) -> str:
             "starting and ending with a letter or digit (e.g. team-a)"
         )
     return name
+
+
+def check_exit_code(code: object, error: Type[GpupoolError] = InvalidInput) -> Optional[int]:
+    """`code` if it is None (not said) or a whole number in [0, MAX_EXIT_CODE], else `error` naming it."""
+    if code is None:
+        return None
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= MAX_EXIT_CODE:
+        raise error(f"exit code {code!r} must be a whole number between 0 and {MAX_EXIT_CODE} (e.g. 0), or none")
+    return code
 
 
 def _check_priority(priority: object) -> int:

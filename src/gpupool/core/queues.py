@@ -196,6 +196,7 @@ class LeaseRecord:
     ended_at: float
     reason: str  # how it ended: store.schema.HISTORY_REASONS
     suspended_s: float = 0.0  # of its span, parked (not GPU time)
+    exit_code: Optional[int] = None  # its command's, as its runner said at release (a label); None: not said
 
     @property
     def gpu_seconds(self) -> float:
@@ -214,6 +215,7 @@ class LeaseRecord:
             "suspended_s": round(self.suspended_s, 3),
             "gpu_seconds": round(self.gpu_seconds, 3),
             "ended": self.reason,
+            "exit_code": self.exit_code,
         }
 
     @classmethod
@@ -228,6 +230,7 @@ class LeaseRecord:
             float(data["ended_at"]),
             str(data.get("ended", "")),
             float(data.get("suspended_s", 0.0)),
+            None if data.get("exit_code") is None else int(data["exit_code"]),
         )
 
 
@@ -385,6 +388,13 @@ def next_ticket(waiting: Iterable[Waiting], loads: Mapping[str, QueueLoad]) -> O
 def admission_order(waiting: Sequence[Waiting], loads: Mapping[str, QueueLoad]) -> List[Waiting]:
     """Every waiting claim in the order `next_ticket` would admit them, were each granted in turn;
     those of queues that would pass their limit last, by queue order."""
+    admitted, held_back = admission_split(waiting, loads)
+    return admitted + held_back
+
+
+def admission_split(waiting: Sequence[Waiting], loads: Mapping[str, QueueLoad]) -> Tuple[List[Waiting], List[Waiting]]:
+    """`admission_order` in two: the claims `next_ticket` admits in turn, were each granted, and
+    those it then never takes because their queue would pass its limit (by queue order)."""
     loads = dict(loads)
     left = list(waiting)
     order: List[Waiting] = []
@@ -396,8 +406,7 @@ def admission_order(waiting: Sequence[Waiting], loads: Mapping[str, QueueLoad]) 
         left.remove(chosen)
         load = loads.get(chosen.queue, NO_QUEUE_LOAD)
         loads[chosen.queue] = QueueLoad(load.quota, load.weight, load.limit, load.allocated + chosen.gpus)
-    order.extend(sorted(left, key=lambda w: (-w.priority, w.ticket)))
-    return order
+    return order, sorted(left, key=lambda w: (-w.priority, w.ticket))
 
 
 # --- preemption ----------------------------------------------------------------

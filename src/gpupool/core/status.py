@@ -20,10 +20,23 @@ if TYPE_CHECKING:
     from .usage import UsageReport
 
 
+# Why a waiting claim waits, as `gpupool queue show` says it: it goes next (room now), there is no
+# room for it, it is behind a larger claim that goes first (room it could use is kept for that
+# one), its queue would pass its limit, or it is held.
+WAIT_NEXT = "next"
+WAIT_NO_ROOM = "no-room"
+WAIT_BEHIND = "behind"
+WAIT_LIMIT = "limit"
+WAIT_HELD = "held"
+WAIT_REASONS = (WAIT_NEXT, WAIT_NO_ROOM, WAIT_BEHIND, WAIT_LIMIT, WAIT_HELD)
+
+
 @dataclass(frozen=True)
 class WaitingClaim:
-    """A claim waiting in the pool's queue, as `gpupool status` lists it: its place (highest
-    priority first, then the oldest), who asks for what, since when, and why it waits."""
+    """A claim waiting in the pool's queue, as `gpupool status` and `gpupool queue show` list it: its
+    place, who asks for what, since when, and why it waits. `status` places it highest priority
+    first, then the oldest; `queue show` in the order the pool grants (`Pool.waiting`), with `why`
+    (WAIT_REASONS) and held claims (place 0) last."""
 
     position: int
     ticket: int
@@ -34,6 +47,8 @@ class WaitingClaim:
     label: str
     queued_at: float
     reason: str  # the last reason the pool gave it ('' until it was tried)
+    held: bool = False  # kept in the queue, skipped by grants until released (gpupool claim hold)
+    why: str = ""  # queue show: WAIT_REASONS, the kind of `reason`
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -46,6 +61,8 @@ class WaitingClaim:
             "label": self.label,
             "queued_at": self.queued_at,
             "reason": self.reason,
+            "held": self.held,
+            "why": self.why,
         }
 
     @classmethod
@@ -60,6 +77,8 @@ class WaitingClaim:
             str(data.get("label", "")),
             float(data.get("queued_at", 0.0)),
             str(data.get("reason", "")),
+            bool(data.get("held", False)),
+            str(data.get("why", "")),
         )
 
 
@@ -122,4 +141,4 @@ class PoolStatus:
         )
 
 
-__all__ = ["PoolStatus", "WaitingClaim"]
+__all__ = ["PoolStatus", "WaitingClaim", "WAIT_REASONS"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import GpupoolError, InvalidClaim, Unsatisfiable
 from ..core.fragmentation import Fragmentation
-from ..core.model import Claim, Device, Lease, Slice
+from ..core.model import Claim, Device, Holder, Lease, Slice
 from ..core.placement import place
 from ..core.queues import (
     NO_QUEUE,
@@ -22,6 +22,7 @@ from ..core.queues import (
     QueueSpec,
     Waiting,
     admission_order,
+    admission_split,
     borrowers,
     choose_victims,
     claim_gpus,
@@ -30,6 +31,7 @@ from ..core.queues import (
     next_ticket,
     slices_gpus,
 )
+from ..core.status import WAIT_BEHIND, WAIT_HELD, WAIT_LIMIT, WAIT_NEXT, WAIT_NO_ROOM, WaitingClaim
 from ..core.suspension import BY_PREEMPTION, DEFAULT_PREEMPT_MODE, PREEMPT_SUSPEND, RUNNING, Suspension
 from ..logs import get_logger
 from ..store.tx import Tx
@@ -37,6 +39,8 @@ from .suspend import preempt_by_suspending
 
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+    QueueRow = Tuple[int, str, str, float, str, int, str, bool, str]  # Tx.queue_rows
 
 log = get_logger(__name__)
 
@@ -205,3 +209,91 @@ def _behind(ticket: int, waiting: List[Waiting], loads: Mapping[str, QueueLoad],
 
 def _at_limit(queue: str, load: QueueLoad, gpus: float) -> str:
     return f"queue {queue!r} holds {load.allocated:g} of its limit {load.limit:g} GPUs and this claim takes {gpus:g}"
+
+
+def waiting_order(
+    tx: Tx,
+    rows: Sequence[QueueRow],
+    specs: Mapping[str, QueueSpec],
+    devices: Sequence[Device],
+    allocated: Mapping[str, int],
+    frag: Optional[Fragmentation],
+) -> List[WaitingClaim]:
+    """The waiting claims of `rows` (Tx.queue_rows) in the order the pool grants them, each with why
+    it waits: `admission_split`, the order `next_ticket` (which `admit` asks) takes them in, were each
+    granted in turn, over the claims not held; then those held (place 0). A pool without queues
+    grants by priority, then age (Tx.head_ticket): `next_ticket`'s order for claims of one queue."""
+    leases = tx.leases()
+    memory_of = memory_by_uuid(devices)
+    loads = _loads(specs, leases, {x.id: lease_gpus(x, memory_of) for x in leases})
+    claims: Dict[int, Optional[Claim]] = {}
+    waiting: List[Waiting] = []
+    by_ticket = {row[0]: row for row in rows}
+    for ticket, claim_json, _holder, _at, queue, priority, _reason, held, _key in rows:
+        try:
+            claim: Optional[Claim] = Claim.from_dict(json.loads(claim_json))
+            gpus = claim_gpus(claim, devices) if claim is not None else 0.0
+        except (ValueError, TypeError, KeyError, GpupoolError):
+            claim, gpus = None, 0.0  # a ticket this version cannot read: it still keeps its place
+        claims[ticket] = claim
+        if not held:
+            waiting.append(Waiting(ticket, queue, priority, gpus))
+    admitted, held_back = admission_split(waiting, loads)
+    over = {w.ticket for w in held_back}
+    no_fit = {
+        w.ticket: place(devices, allocated, claim, frag).reason
+        for w in admitted
+        for claim in [claims[w.ticket]]
+        if claim is not None
+    }
+    head = admitted[0] if admitted else None
+    shown: List[WaitingClaim] = []
+    for position, w in enumerate(admitted + held_back, 1):
+        claim = claims[w.ticket]
+        if w.ticket in over:
+            load = loads.get(w.queue, QueueLoad())
+            why, reason = WAIT_LIMIT, "over its queue's limit: " + _at_limit(w.queue, load, w.gpus)
+        elif claim is None:
+            why, reason = WAIT_NO_ROOM, by_ticket[w.ticket][6]
+        else:
+            why, reason = _why(head, claims, no_fit, no_fit[w.ticket], position - 1)
+        shown.append(_shown(by_ticket[w.ticket], claim, position, why, reason))
+    for row in rows:
+        if row[7]:
+            reason = f"held: skipped by grants until `gpupool claim release {row[0]}`"
+            shown.append(_shown(row, claims[row[0]], 0, WAIT_HELD, reason))
+    return shown
+
+
+def _why(
+    head: Optional[Waiting],
+    claims: Mapping[int, Optional[Claim]],
+    no_fits: Mapping[int, str],
+    no_fit: str,
+    ahead: int,
+) -> Tuple[str, str]:
+    """(WAIT_REASONS kind, text) of a claim the pool admits in turn, `ahead` claims after `head`;
+    `no_fit` is why it does not fit now ('' when it does), `no_fits` the same of the others."""
+    if ahead == 0 or head is None:
+        if not no_fit:
+            return WAIT_NEXT, "goes next: there is room now, it is granted at its next poll"
+        return WAIT_NO_ROOM, f"no room: {no_fit}"
+    if no_fit:
+        return WAIT_NO_ROOM, f"no room: {no_fit}; {ahead} claim(s) go first"
+    first = claims.get(head.ticket)
+    what = first.describe() if first is not None else "a claim"
+    if no_fits.get(head.ticket):  # it would fit, but the head does not: the room is kept for the head
+        return WAIT_BEHIND, f"behind a larger claim: ticket {head.ticket} ({what}) goes first, the room is kept for it"
+    return WAIT_BEHIND, f"behind ticket {head.ticket} ({what}), granted first; {ahead} claim(s) go first"
+
+
+def _shown(row: QueueRow, claim: Optional[Claim], position: int, why: str, reason: str) -> WaitingClaim:
+    ticket, _claim, holder_json, created_at, queue, priority, _reason, held, _key = row
+    try:
+        holder = Holder.from_dict(json.loads(holder_json), recorded=True)
+    except (ValueError, TypeError, KeyError, GpupoolError):
+        holder = Holder()
+    described = claim.describe() if claim is not None else "(a claim this version cannot read)"
+    return WaitingClaim(
+        position, ticket, queue, priority, described, holder.name, holder.label, created_at, reason, held, why
+    )

@@ -52,12 +52,14 @@ from ..core.isolation_mode import NodeIsolation
 from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
     MAX_PREEMPT_GRACE_S,
+    MAX_PRIORITY,
     SUSPENDED,
     Claim,
     Device,
     Holder,
     Lease,
     Slice,
+    check_exit_code,
     reap_at,
 )
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
@@ -348,7 +350,7 @@ class Pool:
                 pass
             elif view.queues or claim.queue:
                 outcome = self._begin_in_queue(tx, view, claim, holder, wait_s, ttl_s, now, key)
-            elif queued == 0:
+            elif queued == 0 or tx.unheld_ticket_count() == 0:  # held claims (gpupool claim hold) are passed over
                 # Fits now: it could ever fit, and could_ever_fit need not be asked.
                 placement = place(devices, view.allocated, claim, self.mix.frag)
                 if placement.fits:
@@ -494,11 +496,19 @@ class Pool:
         now = self.clock()
         self._due(tx, view, now)
         view.tickets = None
-        if not tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S):
+        kept = tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S)
+        if kept is None:
             # We were silent long enough to be taken for dead: queue again, at the back.
             waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now, waiter.key)
             waiter.noted = ""  # the new ticket holds no reason yet
             log.warning("ticket of %s had expired; queued again as %d", waiter.holder.describe(), waiter.ticket)
+        else:
+            priority, held = kept
+            if priority != waiter.claim.priority:  # changed while it waits (gpupool claim priority): the lease gets it
+                waiter.claim = replace(waiter.claim, priority=priority)
+            if held:
+                waiter.reason = f"held: skipped by grants until `gpupool claim release {waiter.ticket}`"
+                return None
         if view.queues or waiter.claim.queue:
             return self._grant_in_queue(tx, view, waiter, now)
         head = tx.head_ticket()
@@ -588,13 +598,15 @@ class Pool:
                 view.next_expiry = lease.expires_at
         return lease
 
-    def release(self, lease_id: str, requester: Optional[str] = None) -> None:
-        """Give the lease's memory back; `requester` None acts as admin."""
+    def release(self, lease_id: str, requester: Optional[str] = None, exit_code: Optional[int] = None) -> None:
+        """Give the lease's memory back; `requester` None acts as admin. `exit_code` is its command's,
+        as its runner says (a label kept in the history: 0-255, None when not said)."""
         lease_id = str(lease_id)
+        exit_code = check_exit_code(exit_code)
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
-            tx.record_end(lease_id, now, "released")  # rolled back with the rest when it fails below
+            tx.record_end(lease_id, now, "released", exit_code)  # rolled back with the rest when it fails below
             taken = tx.take_lease(lease_id)
             if taken is None:
                 raise NotFound(_gone(lease_id))
@@ -832,6 +844,73 @@ class Pool:
                 log.warning("ticket %d holds a claim this version cannot read; left out of the queue view", ticket)
         return waiting
 
+    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
+        """The live waiting claims in the order the pool grants them, each with why it waits
+        (admission.waiting_order); held ones last. `queue` keeps that queue's, `key` the one claim
+        with that client key (a waiting `gpupool run` finds its place)."""
+        from .admission import waiting_order  # lazily: a run never lists the queue
+
+        now = self.clock()
+        with self.store.read() as tx:
+            specs = {spec.name: spec for spec in tx.queue_specs()}
+            if queue and queue not in specs:
+                raise NotFound(
+                    f"queue {queue!r} does not exist (queues: {', '.join(sorted(specs)) or 'none'}): "
+                    "`gpupool queue list` shows them"
+                )
+            rows = tx.queue_rows(now)
+            devices = self._devices(tx)
+            shown = waiting_order(tx, rows, specs, devices, tx.allocated(), self.mix.frag)
+        if key:
+            mine = {row[0] for row in rows if row[8] == key}
+            shown = [w for w in shown if w.ticket in mine]
+        return [w for w in shown if queue is None or w.queue == queue]
+
+    def hold(self, claim_id: object, requester: Optional[str] = None) -> WaitingClaim:
+        """Keep waiting claim `claim_id` (its ticket) in the queue but skip it in grants, until
+        `unhold` (its holder or an admin; `requester` None acts as admin)."""
+        return self._change_ticket(claim_id, requester, "hold", lambda tx, ticket: tx.set_ticket_held(ticket, True))
+
+    def unhold(self, claim_id: object, requester: Optional[str] = None) -> WaitingClaim:
+        """A held claim is granted again, in the place its ticket (its age and priority) gives it."""
+        return self._change_ticket(claim_id, requester, "release", lambda tx, ticket: tx.set_ticket_held(ticket, False))
+
+    def set_priority(self, claim_id: object, priority: object, requester: Optional[str] = None) -> WaitingClaim:
+        """Change the priority of waiting claim `claim_id`: its order within its queue (and its lease's)."""
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidInput(
+                f"priority {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)"
+            )
+        value = priority
+        return self._change_ticket(
+            claim_id, requester, "change the priority of", lambda tx, ticket: tx.set_ticket_priority(ticket, value)
+        )
+
+    def _change_ticket(
+        self, claim_id: object, requester: Optional[str], verb: str, change: Callable[[Tx, int], None]
+    ) -> WaitingClaim:
+        """`change` the ticket of waiting claim `claim_id` in one transaction, its holder or an admin;
+        NotFound (naming the id) when no such claim waits. Returns it as `waiting` lists it."""
+        ticket = _ticket_id(claim_id)
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            holder = tx.ticket_holder(ticket)
+            if holder is None:
+                raise NotFound(_no_claim(claim_id))
+            if requester is not None and requester != holder:
+                raise Forbidden(
+                    f"claim {ticket} is waiting for {holder!r}, not {requester!r}: "
+                    f"only its holder or an admin token may {verb} it"
+                )
+            change(tx, ticket)
+            view.tickets = None
+        log.info("claim %d: %s", ticket, verb)
+        found = [w for w in self.waiting() if w.ticket == ticket]
+        if not found:
+            raise NotFound(_no_claim(claim_id))
+        return found[0]
+
     def set_isolation(self, isolation: NodeIsolation) -> None:
         """Record how this node holds leases to their share (runners read it from status)."""
         with self.store.write() as tx:
@@ -971,6 +1050,23 @@ def _check_env_devices(state_dir: Path, saved: Sequence[Device], wanted: Sequenc
 def _describe(devices: Sequence[Device]) -> str:
     names = sorted({d.name for d in devices})
     return f"{len(devices)} GPU(s) ({', '.join(names)})"
+
+
+def _ticket_id(claim_id: object) -> int:
+    """A claim id (a ticket: a whole number) from an int or its text; NotFound naming it otherwise."""
+    if isinstance(claim_id, int) and not isinstance(claim_id, bool):
+        return claim_id
+    text = str(claim_id).strip()
+    if text.isdigit() and len(text) < 19:
+        return int(text)
+    raise NotFound(_no_claim(claim_id))
+
+
+def _no_claim(claim_id: object) -> str:
+    return (
+        f"claim {claim_id!r} is not waiting: it was granted, it gave up, or there is no such claim; "
+        "`gpupool queue show` lists the waiting claims and their ids"
+    )
 
 
 def _gone(lease_id: object) -> str:

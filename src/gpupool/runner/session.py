@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from .child import Child
     from .preemption import PreemptionWatch
+    from .waitline import WaitLine
 
 log = get_logger(__name__)
 
@@ -170,6 +171,7 @@ def _run_once(
     watch: Optional[PreemptionWatch] = None
     guard: Optional[Guard] = None
     child: Optional[Child] = None
+    code: Optional[int] = None  # the command's exit code, said at the release (the lease history keeps it)
     subreaper = False
     try:
         addresses = ", ".join(c.address for c in clients)
@@ -183,7 +185,13 @@ def _run_once(
         say(f"Choosing GPUs from server list [{addresses}]")
         if attempt == 1:
             client, lease = choose_and_claim(
-                clients, claim, current_holder(options.label), wait_s=wait_s, ttl_s=options.ttl_s, progress=say
+                clients,
+                claim,
+                current_holder(options.label),
+                wait_s=wait_s,
+                ttl_s=options.ttl_s,
+                progress=say,
+                waiting_view=_waiting_view(options),
             )
         else:
             client, lease = _claim_again(clients, claim, options, say)
@@ -236,6 +244,7 @@ def _run_once(
         watch.start()
         terminal.give(child.pid)
         returncode = child.wait()
+        code = exit_code(returncode)
         terminal.take_back()
         if watch.preempted is not None:
             watch.join_stopper(watch.preempted.preempt_grace_s + 5)
@@ -265,7 +274,7 @@ def _run_once(
             _end_run_tree(child, guard, options.grace_s, None if subreaper else lease)
         elif guard is not None:  # it may have started the command: it ends it, before the release
             guard.abort()
-        _release(client, lease, workdir, say)
+        _release(client, lease, workdir, say, code)
         if guard is not None:  # after the release: a runner killed in it still has its folder removed
             guard.done()
             guard.collect()
@@ -286,7 +295,13 @@ def _claim_again(
     while True:
         try:
             return choose_and_claim(
-                clients, claim, current_holder(options.label), wait_s=MAX_WAIT_S, ttl_s=options.ttl_s, progress=say
+                clients,
+                claim,
+                current_holder(options.label),
+                wait_s=MAX_WAIT_S,
+                ttl_s=options.ttl_s,
+                progress=say,
+                waiting_view=_waiting_view(options),
             )
         except ServerUnreachable as err:
             if not told:
@@ -352,8 +367,25 @@ def _end_run_tree(child: Child, guard: Optional[Guard], grace_s: float, lease: O
         reap_all()
 
 
+def _waiting_view(options: RunOptions) -> Optional[Callable[[PoolClient, str], WaitLine]]:
+    """What shows the claim's place while it waits (on stderr, beside the progress lines); none when quiet."""
+    if options.quiet:
+        return None
+
+    def start(client: PoolClient, key: str) -> WaitLine:
+        from .waitline import WaitLine  # only once the claim queues: most runs never wait
+
+        return WaitLine.starter(sys.stderr)(client, key)
+
+    return start
+
+
 def _release(
-    client: Optional[PoolClient], lease: Optional[Lease], workdir: Optional[Path], say: Callable[[str], None]
+    client: Optional[PoolClient],
+    lease: Optional[Lease],
+    workdir: Optional[Path],
+    say: Callable[[str], None],
+    code: Optional[int] = None,
 ) -> None:
     if client is None or lease is None:
         return
@@ -361,7 +393,7 @@ def _release(
     say(f"Releasing GPUs from config file {where}")
     released = 0
     try:
-        client.release(lease.id)
+        client.release(lease.id, code)
         released = 1
     except NotFound:
         say(f"warning: lease {lease.id} was already gone (expired or released by an admin)")

@@ -89,7 +89,8 @@ class FastPath:
             elif verb == "heartbeat":
                 payload = self.api.heartbeat(identity, lease_id)
             else:
-                payload = self.api.release(identity, lease_id)
+                raw, _ = await _read_body(receive)
+                payload = self.api.release(identity, lease_id, raw)
         except GpupoolError as err:
             status, payload = err.http_status, err.to_dict()
         except Exception as err:  # a bug: logged with a request id, never a traceback to the client

@@ -32,7 +32,7 @@ from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
 from .auth import ANONYMOUS, Authenticator, Identity
 from .metrics import CLAIM_RESULTS, Metrics
-from .models import ClaimRequest, explain
+from .models import ClaimRequest, ReleaseRequest, explain, validated
 from .wire import json_object
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,11 @@ class LeaseApi:
         """POST /v1/leases/{id}/heartbeat: the renewed lease (its holder or an admin)."""
         return self.pool.heartbeat(lease_id, identity.requester).to_dict()
 
-    def release(self, identity: Identity, lease_id: str) -> Dict[str, Any]:
-        """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin)."""
-        self.pool.release(lease_id, identity.requester)
+    def release(self, identity: Identity, lease_id: str, raw: bytes = b"") -> Dict[str, Any]:
+        """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin); the body
+        (`ReleaseRequest`, optional) carries its command's exit code for the history."""
+        exit_code = validated(ReleaseRequest, json_object(raw)).exit_code if raw.strip() else None
+        self.pool.release(lease_id, identity.requester, exit_code)
         self.metrics.releases.inc()
         return {"released": lease_id}
 

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from ..core.errors import InvalidInput
 from ..core.filters import Filter
 from ..core.model import (
+    MAX_EXIT_CODE,
     MAX_GPUS_PER_REQUEST,
     MAX_IDLE_SUSPEND_S,
     MAX_PREEMPT_GRACE_S,
@@ -304,6 +305,36 @@ class ParkedReport(RestoredReport):
     host_bytes: int = Field(0, ge=0, le=MAX_HOST_BYTES, description="GPU memory parked in host memory, bytes")
 
 
+class ReleaseRequest(_Body):
+    """The body of DELETE /v1/leases/{id} (optional: no body says nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: Optional[int] = Field(
+        None,
+        ge=0,
+        le=MAX_EXIT_CODE,
+        description="its command's exit code, as the runner says: kept in the lease history as given (a label)",
+        json_schema_extra=example(0),
+    )
+
+
+class HoldRequest(_Body):
+    """The body of POST /v1/claims/{id}/hold and /release: nothing (an empty object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PriorityRequest(_Body):
+    """The body of PUT /v1/claims/{id}/priority: the waiting claim's new priority."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int = Field(
+        ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="higher first inside its queue", json_schema_extra=example(10)
+    )
+
+
 REQUESTS: Tuple[Type[BaseModel], ...] = (
     ClaimRequest,
     TokenRequest,
@@ -312,6 +343,9 @@ REQUESTS: Tuple[Type[BaseModel], ...] = (
     ResumeRequest,
     ParkedReport,
     RestoredReport,
+    ReleaseRequest,
+    HoldRequest,
+    PriorityRequest,
 )
 Model = TypeVar("Model", bound=BaseModel)
 

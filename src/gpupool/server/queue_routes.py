@@ -1,7 +1,9 @@
-"""The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`.
+"""The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`, the waiting
+claims (`GET /v1/queue`) and their hold, release and priority (`/v1/claims/{id}/...`).
 
-Listing queues and usage needs any valid token; creating, changing and deleting a queue needs
-an admin token. A body is validated by `models.QueueRequest` and query values here, for their
+Listing queues, waiting claims and usage needs any valid token; creating, changing and deleting a
+queue needs an admin token; holding, releasing and reprioritising a waiting claim its holder's
+token or an admin's. A body is validated by `models.QueueRequest` and query values here, for their
 JSON kind and range (a quota "1" or NaN is a 400, never a 500); the pool checks the rest
 (`QueueSpec`, quota sums).
 """
@@ -18,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import InvalidInput
 from ..core.queues import QueueSpec, check_usage_key
-from .models import QueueRequest, validated
+from .models import HoldRequest, PriorityRequest, QueueRequest, validated
 from .routes import Admin, Api, Caller, json_response, read_body
 from .wire import json_object
 
@@ -26,6 +28,34 @@ from .wire import json_object
 EPOCH_SINCE = 1e9
 
 queue_routes = APIRouter(prefix="/v1", tags=["queues"])
+claim_routes = APIRouter(prefix="/v1/claims", tags=["queues"])
+
+
+@queue_routes.get("/queue", summary="Waiting claims in the order the pool grants them, each with why it waits")
+async def waiting(api: Api, _identity: Caller, queue: Optional[str] = None, key: Optional[str] = None) -> Response:
+    rows = await run_in_threadpool(api.pool.waiting, queue or None, key or "")
+    return json_response({"waiting": [w.to_dict() for w in rows]})
+
+
+@claim_routes.post(
+    "/{claim_id}/hold", summary="Hold a waiting claim: it keeps its place, grants skip it (holder or admin)"
+)
+async def hold(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    validated(HoldRequest, json_object(await read_body(request)))
+    return json_response((await run_in_threadpool(api.pool.hold, claim_id, identity.requester)).to_dict())
+
+
+@claim_routes.post("/{claim_id}/release", summary="Release a held claim: grants take it again (holder or admin)")
+async def unhold(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    validated(HoldRequest, json_object(await read_body(request)))
+    return json_response((await run_in_threadpool(api.pool.unhold, claim_id, identity.requester)).to_dict())
+
+
+@claim_routes.put("/{claim_id}/priority", summary="Change a waiting claim's priority in its queue (holder or admin)")
+async def priority(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    body = validated(PriorityRequest, json_object(await read_body(request)))
+    changed = await run_in_threadpool(api.pool.set_priority, claim_id, body.priority, identity.requester)
+    return json_response(changed.to_dict())
 
 
 @queue_routes.get("/queues", summary="Queues with their quota, weight, limit, allocated, borrowed, waiting")

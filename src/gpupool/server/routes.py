@@ -197,9 +197,11 @@ async def restored(lease_id: str, request: Request, api: Api, identity: Caller) 
     return json_response(lease.to_dict())
 
 
-@lease_routes.delete("/{lease_id}", summary="Release a lease (holder or admin)")
-async def release(lease_id: str, api: Api, identity: Caller) -> Response:
-    return json_response(api.release(identity, lease_id))
+@lease_routes.delete(
+    "/{lease_id}", summary="Release a lease (holder or admin); the body may say its command's exit code"
+)
+async def release(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    return json_response(api.release(identity, lease_id, await read_body(request)))
 
 
 # --- pool -------------------------------------------------------------------------

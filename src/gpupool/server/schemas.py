@@ -18,12 +18,16 @@ from pydantic_core import core_schema
 
 from ..core.model import LEASE_STATES, RUNNING
 from ..core.queues import USAGE_KEYS
+from ..core.status import WAIT_REASONS
 from .models import (
     REQUESTS,
     ClaimRequest,
+    HoldRequest,
     ParkedReport,
     Pid,
+    PriorityRequest,
     QueueRequest,
+    ReleaseRequest,
     RestoredReport,
     ResumeRequest,
     SuspendRequest,
@@ -136,6 +140,9 @@ class QueueBody(BaseModel):
     preemptions: int
 
 
+WAIT_KINDS = ("", *WAIT_REASONS)  # '' in /v1/status, which gives the last reason without its kind
+
+
 class WaitingBody(BaseModel):
     position: int = Field(description="its place: highest priority first, then the oldest")
     ticket: int
@@ -145,7 +152,15 @@ class WaitingBody(BaseModel):
     holder: str
     label: str
     queued_at: float
-    reason: str = Field(description="why it waits, as the pool last told it")
+    reason: str = Field(description="why it waits: in /v1/status as the pool last told it, in /v1/queue now")
+    held: bool = Field(False, description="kept in the queue, skipped by grants until released")
+    why: Literal[WAIT_KINDS] = Field(  # type: ignore[valid-type]
+        "", description="in /v1/queue: the kind of reason ('' in /v1/status)"
+    )
+
+
+class WaitingList(BaseModel):
+    waiting: List[WaitingBody] = Field(description="in the order the pool grants them; held claims (position 0) last")
 
 
 class LeaseRecordBody(BaseModel):
@@ -160,6 +175,7 @@ class LeaseRecordBody(BaseModel):
     suspended_s: float = Field(description="of its span, parked in host memory (not GPU time)")
     gpu_seconds: float
     ended: str = Field(description="released, expired or preempted")
+    exit_code: Optional[int] = Field(None, description="its command's, as its runner said at release; null: not said")
 
 
 class HistoryBody(BaseModel):
@@ -261,6 +277,8 @@ ANSWERS: Tuple[Type[BaseModel], ...] = (
     PoolStatusBody,
     QueueList,
     QueueDeleted,
+    WaitingBody,
+    WaitingList,
     UsageBody,
     HistoryBody,
     TokenBody,
@@ -304,7 +322,7 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/leases", "post"): (201, "LeaseBody", (400, 401, 403, 409, 413, 422, 503)),
     ("/v1/leases", "get"): (200, "LeaseList", (401, 503)),
     ("/v1/leases/{lease_id}", "get"): (200, "LeaseBody", (400, 401, 404, 503)),
-    ("/v1/leases/{lease_id}", "delete"): (200, "Released", (401, 403, 404, 503)),
+    ("/v1/leases/{lease_id}", "delete"): (200, "Released", (400, 401, 403, 404, 413, 503)),
     ("/v1/leases/{lease_id}/heartbeat", "post"): (200, "LeaseBody", (401, 403, 404, 503)),
     ("/v1/leases/{lease_id}/suspend", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/leases/{lease_id}/resume", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
@@ -320,6 +338,10 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/queues", "get"): (200, "QueueList", (401, 503)),
     ("/v1/queues/{name}", "put"): (200, "QueueBody", (400, 401, 403, 413, 503)),
     ("/v1/queues/{name}", "delete"): (200, "QueueDeleted", (400, 401, 403, 404, 503)),
+    ("/v1/queue", "get"): (200, "WaitingList", (401, 404, 503)),
+    ("/v1/claims/{claim_id}/hold", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/claims/{claim_id}/release", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/claims/{claim_id}/priority", "put"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/usage", "get"): (200, "UsageBody", (400, 401, 503)),
     ("/v1/history", "get"): (200, "HistoryBody", (400, 401, 503)),
     ("/healthz", "get"): (200, "Health", ()),
@@ -335,12 +357,16 @@ REQUEST_BODIES = {
     ("/v1/leases/{lease_id}/resume", "post"): ResumeRequest.__name__,
     ("/v1/leases/{lease_id}/parked", "post"): ParkedReport.__name__,
     ("/v1/leases/{lease_id}/restored", "post"): RestoredReport.__name__,
+    ("/v1/leases/{lease_id}", "delete"): ReleaseRequest.__name__,
+    ("/v1/claims/{claim_id}/hold", "post"): HoldRequest.__name__,
+    ("/v1/claims/{claim_id}/release", "post"): HoldRequest.__name__,
+    ("/v1/claims/{claim_id}/priority", "put"): PriorityRequest.__name__,
 }
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",
     401: "no token, or one this pool does not honour",
     403: "the token may not do this (an admin's call, a lease of another, a queue its token is not bound to)",
-    404: "no such lease or queue",
+    404: "no such lease, queue or waiting claim",
     409: "no room now, and the wait ran out",
     413: f"the body is over {MAX_BODY_BYTES} bytes",
     415: "a server without auth takes changes with Content-Type: application/json only",

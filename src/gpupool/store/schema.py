@@ -4,8 +4,8 @@ Leases keep their slices in a table of their own (not a JSON column) so the
 allocation per device is one indexed SUM instead of decoding every lease.
 """
 
-SCHEMA_VERSION = 4  # 3: queues, lease history, queue/priority/preemption columns; 4: suspensions (and
-# lease_history.suspended_s)
+SCHEMA_VERSION = 5  # 3: queues, lease history, queue/priority/preemption columns; 4: suspensions (and
+# lease_history.suspended_s); 5: tickets.held, lease_history.exit_code
 # Where a token came from (tokens.origin). A token of version 1 has none recorded
 # ("legacy"): it may have been minted by a server running without auth, so an
 # authenticating server does not honour it (see server/auth.py).
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS tickets (
     queue       TEXT NOT NULL DEFAULT '',
     priority    INTEGER NOT NULL DEFAULT 0,
     claim_key   TEXT NOT NULL DEFAULT '',  -- the client's key of the claim, to re-attach after a restart
-    reason      TEXT NOT NULL DEFAULT ''   -- why it waits, as the pool last told it
+    reason      TEXT NOT NULL DEFAULT '',  -- why it waits, as the pool last told it
+    held        INTEGER NOT NULL DEFAULT 0 -- 1: kept in the queue but skipped by grants (gpupool claim hold)
 );
 CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS lease_history (
     ended_at     REAL NOT NULL,
     reason       TEXT NOT NULL,     -- HISTORY_REASONS
     preempted_at REAL,
-    suspended_s  REAL NOT NULL DEFAULT 0  -- seconds of [started_at, ended_at] it was suspended: not GPU time
+    suspended_s  REAL NOT NULL DEFAULT 0,  -- seconds of [started_at, ended_at] it was suspended: not GPU time
+    exit_code    INTEGER                   -- its command's exit code, as its runner said at release; NULL: none said
 );
 """
 
@@ -122,12 +124,13 @@ ADDED_COLUMNS = {
         ("idle_suspend_s", "REAL"),
     ),
     "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"), ("idle_suspend_s", "REAL")),
-    "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"),),
+    "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"), ("exit_code", "INTEGER")),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
         ("reason", "TEXT NOT NULL DEFAULT ''"),
+        ("held", "INTEGER NOT NULL DEFAULT 0"),
     ),
 }
 

@@ -236,33 +236,53 @@ class Tx:
 
     def head_ticket(self) -> Optional[int]:
         """The next ticket of a pool without queues: highest priority, then first come."""
-        row = self.conn.execute("SELECT id FROM tickets ORDER BY priority DESC, id LIMIT 1").fetchone()
+        row = self.conn.execute("SELECT id FROM tickets WHERE held = 0 ORDER BY priority DESC, id LIMIT 1").fetchone()
         return row[0] if row else None
 
     def ticket_count(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM tickets").fetchone()[0])
 
+    def unheld_ticket_count(self) -> int:
+        """Tickets a grant may take: those not held (gpupool claim hold)."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM tickets WHERE held = 0").fetchone()[0])
+
     def tickets_before(self, ticket_id: int) -> int:
         """Tickets ahead of `ticket_id` in a pool without queues (head_ticket's order)."""
         row = self.conn.execute(
-            "SELECT COUNT(*) FROM tickets t, tickets me WHERE me.id = ? "
+            "SELECT COUNT(*) FROM tickets t, tickets me WHERE me.id = ? AND t.held = 0 "
             "AND (t.priority > me.priority OR (t.priority = me.priority AND t.id < me.id))",
             (ticket_id,),
         ).fetchone()
         return int(row[0])
 
     def waiting(self) -> List[Tuple[int, str, int, str]]:
-        """(id, queue, priority, claim JSON) of every waiting claim, in ticket order."""
-        return self.conn.execute("SELECT id, queue, priority, claim FROM tickets ORDER BY id").fetchall()
+        """(id, queue, priority, claim JSON) of every waiting claim a grant may take (not held), in ticket order."""
+        return self.conn.execute("SELECT id, queue, priority, claim FROM tickets WHERE held = 0 ORDER BY id").fetchall()
 
     def waiting_by_queue(self, now: float) -> Dict[str, int]:
         """Live tickets per queue name."""
         rows = self.conn.execute("SELECT queue, COUNT(*) FROM tickets WHERE expires_at >= ? GROUP BY queue", (now,))
         return {queue: int(n) for queue, n in rows}
 
-    def refresh_ticket(self, ticket_id: int, expires_at: float) -> bool:
-        cur = self.conn.execute("UPDATE tickets SET expires_at = ? WHERE id = ?", (expires_at, ticket_id))
-        return cur.rowcount > 0
+    def refresh_ticket(self, ticket_id: int, expires_at: float) -> Optional[Tuple[int, bool]]:
+        """Keep the ticket alive until `expires_at`: its (priority, held) now, or None when it is gone."""
+        row = self.conn.execute(
+            "UPDATE tickets SET expires_at = ? WHERE id = ? RETURNING priority, held", (expires_at, ticket_id)
+        ).fetchone()
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def ticket_holder(self, ticket_id: int) -> Optional[str]:
+        """The holder name of the waiting claim `ticket_id`, or None when there is none."""
+        row = self.conn.execute(
+            "SELECT COALESCE(json_extract(holder, '$.name'), '') FROM tickets WHERE id = ?", (ticket_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_ticket_held(self, ticket_id: int, held: bool) -> None:
+        self.conn.execute("UPDATE tickets SET held = ? WHERE id = ?", (int(held), ticket_id))
+
+    def set_ticket_priority(self, ticket_id: int, priority: int) -> None:
+        self.conn.execute("UPDATE tickets SET priority = ? WHERE id = ?", (priority, ticket_id))
 
     def ticket_by_key(self, key: str, holder_name: str) -> Optional[int]:
         """The ticket of the waiting claim with client key `key` of `holder_name`, or None."""
@@ -306,6 +326,16 @@ class Tx:
             (now,),
         ).fetchall()
 
+    def queue_rows(self, now: float) -> List[Tuple[int, str, str, float, str, int, str, bool, str]]:
+        """(id, claim JSON, holder JSON, created_at, queue, priority, reason, held, client key) of the
+        live tickets, in ticket order: what `Pool.waiting` orders as the pool grants."""
+        rows = self.conn.execute(
+            "SELECT id, claim, holder, created_at, queue, priority, reason, held, claim_key FROM tickets "
+            "WHERE expires_at >= ? ORDER BY id",
+            (now,),
+        ).fetchall()
+        return [(*row[:7], bool(row[7]), str(row[8])) for row in rows]
+
     def set_ticket_reason(self, ticket_id: int, reason: str) -> None:
         self.conn.execute("UPDATE tickets SET reason = ? WHERE id = ?", (reason, ticket_id))
 
@@ -338,16 +368,17 @@ class Tx:
         return int(leases), int(tickets)
 
     # --- lease history -----------------------------------------------------------
-    def record_end(self, lease_id: str, ended_at: float, reason: str) -> None:
+    def record_end(self, lease_id: str, ended_at: float, reason: str, exit_code: Optional[int] = None) -> None:
         """Copy a lease that ends into the history (reason: schema.HISTORY_REASONS); call it before
         deleting the lease, in the same transaction. Its size in GPUs is its slices' MiB over their
         devices' (a device that is gone counts whole), computed by SQLite: a release stays one
         statement longer, with no rows coming back to Python. A lease that ends suspended holds no
         slices: the ones it parked give its size. Its seconds suspended (not GPU time) come from its
-        suspension record: those before the record's `since`, and since then while parked."""
+        suspension record: those before the record's `since`, and since then while parked. `exit_code`
+        is its command's, as its runner said (None: not said)."""
         self.conn.execute(
             "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
-            "preempted_at, suspended_s) SELECT l.id, l.queue, l.holder_name, "
+            "preempted_at, suspended_s, exit_code) SELECT l.id, l.queue, l.holder_name, "
             "COALESCE(json_extract(l.holder, '$.label'), ''), COALESCE("
             "(SELECT SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END) "
             "FROM slices s LEFT JOIN devices d ON d.uuid = s.device_uuid WHERE s.lease_id = l.id), "
@@ -357,13 +388,14 @@ class Tx:
             "l.created_at, :ended_at, :reason, l.preempted_at, COALESCE("
             "(SELECT json_extract(su.record, '$.suspended_s') + CASE WHEN su.state IN (:suspended, :resuming) "
             "THEN MAX(0, :ended_at - json_extract(su.record, '$.since')) ELSE 0 END "
-            "FROM suspensions su WHERE su.lease_id = l.id), 0) FROM leases l WHERE l.id = :lease_id",
+            "FROM suspensions su WHERE su.lease_id = l.id), 0), :exit_code FROM leases l WHERE l.id = :lease_id",
             {
                 "ended_at": ended_at,
                 "reason": reason,
                 "lease_id": lease_id,
                 "suspended": SUSPENDED,
                 "resuming": RESUMING,
+                "exit_code": exit_code,
             },
         )
 
@@ -378,11 +410,11 @@ class Tx:
 
     def lease_records(
         self, since: float, until: float
-    ) -> List[Tuple[str, str, str, str, float, float, float, str, float]]:
-        """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s) of the leases
-        that ended in [since, until], in the order they ended."""
+    ) -> List[Tuple[str, str, str, str, float, float, float, str, float, Optional[int]]]:
+        """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code) of
+        the leases that ended in [since, until], in the order they ended."""
         return self.conn.execute(
-            "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s "
+            "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code "
             "FROM lease_history WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at",
             (since, until),
         ).fetchall()

@@ -1,0 +1,133 @@
+"""`gpupool claim hold|release|priority CLAIM_ID`: act on a waiting claim, as `scontrol hold`,
+`release` and `update Priority=` do on a pending job; and the list `gpupool queue show` prints.
+
+A claim's id is its ticket, the ID column of `gpupool queue show`. Its holder or an admin may
+act on it; a held claim keeps its place but grants pass it over until it is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from .pool_options import add_pool_arguments, connect_one, print_pool
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Sequence
+
+    from ..core.status import WaitingClaim
+
+WAITING_HEADER = ("#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `claim` with its subcommands hold, release and priority."""
+    p = subparsers.add_parser(
+        "claim",
+        help="hold, release or reprioritise a waiting claim (yours, or any as admin)",
+        description="Act on a claim waiting in the pool's queue (its ID: `gpupool queue show`). A held claim "
+        "keeps its place but is passed over by grants until released; its priority orders it within its queue.",
+    )
+    sub = p.add_subparsers(dest="claim_command", metavar="SUBCOMMAND")
+    for name, help_line, handler in (
+        ("hold", "keep a waiting claim in the queue but let no grant take it", handle_hold),
+        ("release", "let grants take a held claim again, in its place", handle_release),
+    ):
+        s = sub.add_parser(name, help=help_line)
+        s.add_argument("claim_id", metavar="CLAIM_ID", help="the claim's id (ID of `gpupool queue show`)")
+        add_pool_arguments(s)
+        s.set_defaults(func=handler)
+    s = sub.add_parser("priority", help="change a waiting claim's priority: higher goes first within its queue")
+    s.add_argument("claim_id", metavar="CLAIM_ID", help="the claim's id (ID of `gpupool queue show`)")
+    s.add_argument("priority", metavar="N", help="a whole number; higher first (e.g. 10)")
+    add_pool_arguments(s)
+    s.set_defaults(func=handle_priority)
+
+    def handle_bare(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+
+    p.set_defaults(func=handle_bare)
+
+
+def handle_hold(args: argparse.Namespace) -> int:
+    with connect_one(args, "gpupool claim hold") as client:
+        claim = client.hold_claim(args.claim_id)
+    return _said(client, claim, "held: grants pass it over until `gpupool claim release`")
+
+
+def handle_release(args: argparse.Namespace) -> int:
+    with connect_one(args, "gpupool claim release") as client:
+        claim = client.release_claim(args.claim_id)
+    return _said(client, claim, f"released: it waits at position {claim.position}")
+
+
+def handle_priority(args: argparse.Namespace) -> int:
+    priority = _priority(args.priority)
+    with connect_one(args, "gpupool claim priority") as client:
+        claim = client.set_claim_priority(args.claim_id, priority)
+    place = "held" if claim.held else f"position {claim.position}"
+    return _said(client, claim, f"priority {claim.priority}: it waits at {place}")
+
+
+def _said(client: Any, claim: WaitingClaim, what: str) -> int:
+    print_pool(client, sys.stderr)
+    print(f"gpupool: claim {claim.ticket} ({claim.claim}, {claim.holder}) {what}", file=sys.stderr)
+    return 0
+
+
+def _priority(text: str) -> int:
+    """N of `claim priority` as a whole number in the pool's bounds, or a one-line InvalidInput."""
+    from ..core.errors import InvalidInput
+    from ..core.model import MAX_PRIORITY
+
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = MAX_PRIORITY + 1
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"priority {text!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY}, "
+            "e.g. gpupool claim priority 12 10"
+        )
+    return value
+
+
+def show_waiting(args: argparse.Namespace) -> int:
+    """`gpupool queue show [QUEUE]`: the waiting claims in the order the pool grants them."""
+    with connect_one(args, "gpupool queue show") as client:
+        waiting = [w.to_dict() for w in client.waiting(args.queue)]
+    if args.json:
+        print(json.dumps({"waiting": waiting}))
+        return 0
+    print_pool(client)
+    if waiting:
+        print(waiting_table(waiting))
+    else:
+        print("no claims waiting" + (f" in queue {args.queue}" if args.queue else ""))
+    return 0
+
+
+def waiting_table(waiting: Sequence[Dict[str, Any]], now: Optional[float] = None) -> str:
+    """The rows of `queue show --json`: place (held for a held claim), id, queue, priority, share,
+    holder, age, why."""
+    from .status import _table
+
+    now = time.time() if now is None else now
+    rows = [
+        [
+            "held" if w["held"] else str(w["position"]),
+            str(w["ticket"]),
+            w["queue"] or "-",
+            str(w["priority"]),
+            w["claim"],
+            w["holder"] + (f" [{w['label']}]" if w["label"] else ""),
+            f"{max(now - float(w['queued_at']), 0):.0f}s",
+            w["reason"] or "-",
+        ]
+        for w in waiting
+    ]
+    return _table(list(WAITING_HEADER), rows)
