@@ -8,7 +8,7 @@ The convention for writers of those pages:
   the page), so a later block sees what an earlier one exported, wrote or started with `&`
   (stop a server at the end with `kill $SERVER`; whatever is left is killed anyway).
 - The session starts in a scratch folder whose entries are links to the repository's top-level
-  files and folders (so `examples/...` and `deploy/...` resolve, and new files land in the
+  files and folders (not the hidden ones) (so `examples/...` and `deploy/...` resolve, and new files land in the
   scratch folder), with HOME, GPUPOOL_STATE and the XDG folders in a temporary dir (no
   client.yaml or pool of the machine leaks in), GPUPOOL_DEVICES=emulated:2x16GiB, and the
   virtual environment's bin/ first on PATH.
@@ -126,7 +126,7 @@ def _workdir(tmp: Path) -> Path:
     work = tmp / "work"
     work.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name not in (".git", "site") and not entry.name.startswith(".pytest"):
+        if not entry.name.startswith(".") and entry.name != "site":  # not .git, .venv (PATH has its bin/)
             (work / entry.name).symlink_to(entry)
     return work
 

@@ -140,14 +140,74 @@ def _doc_line(obj: Any) -> str:
 
 _ENV_NAME = re.compile(r"^GPUPOOL_[A-Z0-9_]+$")
 
+# What a variable means to a user, where the comment at its definition is missing or speaks to
+# gpupool's developers; each is written here once. A variable with neither fails the build.
+ENV_NOTES: Dict[str, str] = {
+    "GPUPOOL_STATE": "The state dir of the embedded pool (`gpupool run` without a server) and the default of "
+    "`gpupool server --state`; else `$XDG_STATE_HOME/gpupool` or `~/.local/state/gpupool`.",
+    "GPUPOOL_SERVER": "The pool server(s) a client uses, comma-separated; beats `client.yaml`, loses to `--server`.",
+    "GPUPOOL_TOKEN": "The bearer token a client sends; beats `client.yaml`, loses to `--token-file`.",
+    "GPUPOOL_CA": "The CA certificate a client verifies an HTTPS pool server with, where `client.yaml` names none.",
+    "GPUPOOL_CONFIG": "The client config file, instead of `~/.gpupool/client.yaml`.",
+    "GPUPOOL_SYNC": "SQLite's `synchronous` mode for the pool database (default `NORMAL`, with WAL).",
+    "GPUPOOL_FAST_PATH": "`0` in the server's environment serves claim, heartbeat and release through FastAPI's "
+    "routes instead of the fast path.",
+    "GPUPOOL_HOOK_DEBUG": "`1` makes the post-import hook print what it applied or skipped.",
+    "GPUPOOL_HOOK_DIR": "Set for a run's command: the folder of the post-import hook, first on `PYTHONPATH`.",
+    "GPUPOOL_MEMORY_FRACTION": "Set for a run's command: its share of each visible GPU's memory, as a fraction.",
+    "GPUPOOL_ALLOCATOR_FRACTION": "Set for a run's command: the fraction the hook caps the framework's allocator at "
+    "(the grant less the CUDA context reserve).",
+    "GPUPOOL_DEVICES": "The GPUs a pool serves where no `--devices` names them: `auto` (NVML), "
+    "`emulated:2x16GiB[,1x80GiB]`, or both.",
+    "GPUPOOL_EMULATED_USAGE": "For emulated GPUs: a JSON file of what each process uses "
+    '(`{"GPU-uuid": {"PID": MiB}}`), read where NVML would be asked.',
+    "GPUPOOL_CONTEXT_RESERVE_MIB": "In the runner's environment: the MiB per GPU kept out of the allocator cap for "
+    "the CUDA context (default 768).",
+    "GPUPOOL_MEMORY_LIMIT_MIB": "Set for a run's command: the MiB of each visible GPU the pool granted it.",
+    "GPUPOOL_ALLOCATOR_LIMIT_MIB": "Set for a run's command: the MiB the hook caps the framework's allocator at "
+    "(the grant less the CUDA context reserve).",
+    "GPUPOOL_LEASE_ID": "Set for a run's command: its lease; the runner and the server's watchdog find the lease's "
+    "processes by it.",
+    "GPUPOOL_PREEMPTED": "Set by `gpupool run --requeue` on a rerun after a preemption: `1`, so the command can "
+    "resume from its checkpoint.",
+    "GPUPOOL_RENDEZVOUS_TOKEN": "Set for a job's key-value rendezvous store started on its own: the token its "
+    "callers must send.",
+    "GPUPOOL_ATTEMPT": "Set by `gpupool run --requeue` on a rerun after a preemption: the attempt number (2 on the "
+    "first rerun).",
+    "GPUPOOL_CACHE_DIR": "Where the trainer caches data read from object storage (default `~/.cache/gpupool`).",
+    "GPUPOOL_CHECKPOINTS": "Set in every replica of a job whose spec has `checkpoints:`: that place, the trainer's "
+    "default `--out`.",
+    "GPUPOOL_JOB_NAME": "Set in every process of a job: the job's name.",
+    "GPUPOOL_JOB_DIR": "Set in every process of a job: the job's folder (`$(GPUPOOL_JOB_DIR)` in a spec's commands).",
+    "GPUPOOL_REPLICA": "Set in every replica of a job: its name, e.g. `worker-1`.",
+    "GPUPOOL_ROLE": "Set in every replica of a job: its role, e.g. `worker`.",
+    "GPUPOOL_REPLICA_INDEX": "Set in every replica of a job: its index within its role, from 0.",
+    "GPUPOOL_RESTART_COUNT": "Set in every replica of a job: how many times it was restarted (0 on the first run).",
+    "GPUPOOL_RANK": "Set in the pods of an indexed Kubernetes Job: the pod's completion index.",
+    "GPUPOOL_HTTP_BODY_TIMEOUT": "Seconds a server waits for a request's body (default 10).",
+    "GPUPOOL_HTTP_HEAD_TIMEOUT": "Seconds a server waits for a request's head, and idle keep-alive connections live "
+    "(default 30).",
+    "GPUPOOL_NODE_AGENT": "Set by the device plugin in a GPU container: the URL of its node's agent.",
+    "GPUPOOL_UNITS": "Set by the device plugin in a GPU container: how many `gpupool.io/gpu` units it was allocated.",
+    "GPUPOOL_POD_NAME": "Set by the webhook in a GPU pod (downward API): the pod's name, the holder of its lease.",
+    "GPUPOOL_POD_NAMESPACE": "Set by the webhook in a GPU pod (downward API): the pod's namespace.",
+    "GPUPOOL_POD_UID": "Set by the webhook in a GPU pod (downward API): the pod's UID.",
+    "GPUPOOL_NODE_NAME": "Set by the webhook in a GPU pod (downward API): the node it runs on.",
+    "GPUPOOL_NODE_IP": "Set by the webhook in a GPU pod (downward API): its node's IP, where the node agent listens.",
+}
 
-def _comment_before(lines: List[str], lineno: int) -> str:
-    """The `#` comment on line `lineno` (1-based), else the block of comment lines right above it."""
+
+def _comment_at(lines: List[str], lineno: int) -> str:
+    """The comment that defines the constant on line `lineno` (1-based): its own `#` comment, else the
+    comment block right above it, else the comment above the group of assignments it stands in."""
     line = lines[lineno - 1]
-    if "#" in line and line.split("#", 1)[0].count('"') % 2 == 0:
-        return line.split("#", 1)[1].strip()
-    block: List[str] = []
+    code, _, comment = line.partition("#")
+    if comment and code.count('"') % 2 == 0:
+        return comment.strip()
     i = lineno - 2
+    while i >= 0 and re.match(r"^[A-Z_][A-Z0-9_]* = \S", lines[i]) and "#" not in lines[i]:
+        i -= 1  # a constant of the same group, without a comment of its own
+    block: List[str] = []
     while i >= 0 and lines[i].lstrip().startswith("#"):
         block.insert(0, lines[i].lstrip()[1:].strip())
         i -= 1
@@ -155,7 +215,7 @@ def _comment_before(lines: List[str], lineno: int) -> str:
 
 
 def environment_variables() -> Dict[str, Dict[str, List[str]]]:
-    """GPUPOOL_* name -> {"where": [module:CONSTANT ...], "notes": [the comments that define it]}.
+    """GPUPOOL_* name -> {"where": [module.CONSTANT ...], "notes": [the comments that define it]}.
 
     Found in the source itself: each module-level constant whose value is a `GPUPOOL_*` name (its
     comment is what it means), and each such name written as a literal elsewhere (a variable set
@@ -182,7 +242,7 @@ def environment_variables() -> Dict[str, Dict[str, List[str]]]:
             ):
                 entry = found.setdefault(node.value.value, {"where": [], "notes": []})
                 entry["where"].append(f"{module}.{node.targets[0].id}")
-                note = _comment_before(lines, node.lineno)
+                note = _comment_at(lines, node.lineno)
                 if note and note not in entry["notes"]:
                     entry["notes"].append(note)
                 constants.add(id(node.value))
@@ -194,7 +254,7 @@ def environment_variables() -> Dict[str, Dict[str, List[str]]]:
                 and id(node) not in constants
             ):
                 entry = found.setdefault(node.value, {"where": [], "notes": []})
-                if not any(w.startswith(module) for w in entry["where"]):
+                if not any(w == module or w.startswith(module + ".") for w in entry["where"]):
                     entry["where"].append(module)
     return dict(sorted(found.items()))
 
@@ -204,14 +264,19 @@ def environment_page() -> str:
     parts = [
         "# Environment variables\n\n",
         GENERATED.format(source="the `GPUPOOL_*` names in src/gpupool"),
-        "Every `GPUPOOL_*` variable that gpupool reads or sets, with the module that defines it and "
-        "the comment there. A flag on the command line beats its variable; a variable beats the "
-        "client config file.\n\n",
+        "Every `GPUPOOL_*` variable that gpupool reads or sets, and the module that defines it. "
+        "A flag on the command line beats its variable; a variable beats the client config file.\n\n",
         "| variable | defined in | what it is |\n|---|---|---|\n",
     ]
     for name, entry in rows.items():
         where = ", ".join(f"`{w}`" for w in entry["where"])
-        parts.append(f"| `{name}` | {where} | {_cell(' '.join(entry['notes']))} |\n")
+        note = ENV_NOTES.get(name) or " ".join(entry["notes"])
+        if not note:
+            raise ValueError(
+                f"{name} ({where}) has no description: put a comment at its definition, or a line in "
+                "ENV_NOTES of tools/docs/reference.py"
+            )
+        parts.append(f"| `{name}` | {where} | {_cell(note)} |\n")
     return "".join(parts)
 
 
