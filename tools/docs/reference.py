@@ -197,6 +197,21 @@ ENV_NOTES: Dict[str, str] = {
 }
 
 
+# The variables the test suite reads (tests/), for contributors; each must still be read there.
+TEST_ENV_NOTES: Dict[str, str] = {
+    "GPUPOOL_FUZZ_S": "Seconds the API fuzz test (tests/server/test_fuzz.py) runs each phase (default 20).",
+    "GPUPOOL_CRASH_ROUNDS": "Rounds of the kill -9 test of a busy server (tests/server/test_crash.py; default 3).",
+    "GPUPOOL_KUEUE_CRDS": "A folder of Kueue's CRD schemas: the Kueue example tests validate against them, and "
+    "skip without it.",
+    "GPUPOOL_KUBEFLOW_CRDS": "A folder of the Kubeflow training operator's CRD schemas: the job manifest tests "
+    "validate against them, and skip without it.",
+    "GPUPOOL_DASHBOARD_SCREENSHOT": "A file the dashboard's browser test copies its screenshot to (how "
+    "docs/dashboard.png is made).",
+    "GPUPOOL_DOCS_TEST": "Set in the shell sessions of the code-block test (tests/docs): finds every process a "
+    "page started.",
+}
+
+
 def _comment_at(lines: List[str], lineno: int) -> str:
     """The comment that defines the constant on line `lineno` (1-based): its own `#` comment, else the
     comment block right above it, else the comment above the group of assignments it stands in."""
@@ -277,6 +292,9 @@ def environment_page() -> str:
                 "ENV_NOTES of tools/docs/reference.py"
             )
         parts.append(f"| `{name}` | {where} | {_cell(note)} |\n")
+    parts.append("\n## The test suite\n\nRead by `make test`'s tests, for contributors.\n\n")
+    parts.append("| variable | what it is |\n|---|---|\n")
+    parts += [f"| `{name}` | {_cell(note)} |\n" for name, note in sorted(TEST_ENV_NOTES.items())]
     return "".join(parts)
 
 
