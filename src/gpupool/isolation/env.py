@@ -150,7 +150,7 @@ def isolation_env(
     Args:
         isolation: the node's mode (`PoolStatus.isolation`); `hooks` when not known.
         reserve_mib: the CUDA context reserve; None reads $GPUPOOL_CONTEXT_RESERVE_MIB or the default.
-    See docs/CONTRACTS.md and README "Isolation modes".
+    The contract is described in docs/architecture/isolation.md.
     """
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
