@@ -58,7 +58,7 @@ gpu-check: install pyz
 bench: install pyz
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-# Kubernetes: certificates + kustomize (see README, "Kubernetes").
+# Kubernetes: certificates + kustomize (see docs/guides/kubernetes.md).
 deploy:
 	deploy/certs.sh && kubectl apply -k deploy/
 

@@ -1,4 +1,4 @@
-"""The house rules of ARCHITECTURE.md, checked on the source: floors and the stdlib-only workload side."""
+"""The house rules of docs/architecture/index.md, checked on the source: floors and the stdlib-only workload side."""
 
 from __future__ import annotations
 
