@@ -301,16 +301,16 @@ def test_half_gpu_asks_half_of_each_memory_class_largest_first():
     assert fit / 2 <= h100 / 2 and fit / 2 >= h100 / 2 * 0.9
 
 
-def readme_dra_yaml() -> List[Dict[str, Any]]:
-    text = (DEPLOY.parent / "README.md").read_text()
-    section = text.split("### DRA (Kubernetes ≥ 1.34)", 1)[1].split("\n## ", 1)[0]
+def guide_dra_yaml() -> List[Dict[str, Any]]:
+    text = (DEPLOY.parent / "docs" / "guides" / "kubernetes-dra.md").read_text()
+    section = text.split("## A pod holding 8 GiB of one GPU", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return [d for d in yaml.safe_load_all(block) if d]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_readme_claim_is_the_example_and_valid(version):
-    template, pod = readme_dra_yaml()
+def test_guide_claim_is_the_example_and_valid(version):
+    template, pod = guide_dra_yaml()
     example_template = example("gpu-8gib.yaml", "ResourceClaimTemplate")
     assert template["metadata"] == example_template["metadata"]
     (request,), (example_request,) = template["spec"]["spec"]["devices"]["requests"], requests_of("gpu-8gib.yaml")

@@ -333,12 +333,12 @@ def test_the_crd_check_reads_a_folder_of_crds(tmp_path, monkeypatch):
         source.validate({**good, "kind": "Cohort"})
 
 
-def test_readme_job_is_the_example():
-    """The README's Kueue Job snippet says what deploy/examples/kueue/job-half-gpu.yaml does."""
-    text = (DEPLOY.parent / "README.md").read_text()
-    section = text.split("### Teams on a cluster: Kueue", 1)[1].split("\n## ", 1)[0]
+def test_guide_job_is_the_example():
+    """The Kubernetes guide's Kueue Job snippet says what deploy/examples/kueue/job-half-gpu.yaml does."""
+    text = (DEPLOY.parent / "docs" / "guides" / "kubernetes.md").read_text()
+    section = text.split("## Teams on a cluster: Kueue", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
-    assert block, "no yaml block in the README's Kueue section"
+    assert block, "no yaml block in the Kubernetes guide's Kueue section"
     snippet = yaml.safe_load(textwrap.dedent(block.group(1)))
     job = named("Job", "train-half-gpu", "team-a")
     assert snippet["metadata"]["labels"] == job["metadata"]["labels"]
