@@ -3,8 +3,8 @@
 Why it exists: on the 2-core reference machine the plain FastAPI routes cost
 about 0.2 ms of server CPU per lease call (routing, dependency solving), and a
 pool with 16 busy clients then misses P1 (p99 < 10 ms per claim+release); see
-the README's server section and `benchmarks/results/pool.json` ("http" with
-the fast path, "http_plain" without).
+docs/guides/server.md and `benchmarks/results/pool.json` ("http" with
+the fast path, "http_plain" without; rendered in docs/benchmarks.md).
 
 What it is: a plain ASGI wrapper (nothing beyond the ASGI spec) that answers
 the three hot calls with the same `LeaseApi` the routes call, and the same

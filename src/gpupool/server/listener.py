@@ -2,7 +2,7 @@
 
 One stack: uvicorn with httptools' C parser on uvloop (a measured choice: hypercorn, whose
 public settings hold all the bounds below, cost 0.37 ms of server CPU per lease call
-against 0.21 ms here, and missed P1; see the README's server section). Around uvicorn,
+against 0.21 ms here, and missed P1). Around uvicorn,
 through its public API only (`Config(http=<protocol class>)`, its ASGI app), the bounds
 a server facing strangers needs:
 

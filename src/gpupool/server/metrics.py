@@ -3,7 +3,7 @@
 Device, lease and queue gauges are read from the pool at scrape time, so
 they also count what embedded clients on the same state dir did. Memory is
 in bytes (Prometheus' base unit); the `_mib` gauges of 0.1 are kept one more
-release as deprecated aliases (README, "Metrics"). Every GPU series has the
+release as deprecated aliases (docs/guides/monitoring.md, "Metrics"). Every GPU series has the
 NVML `uuid` label, which joins dcgm-exporter's `UUID`; lease and holder
 series of a Kubernetes pod have `namespace` and `pod` labels, which join
 kube-state-metrics. No `_created` series: they doubled the series count and
