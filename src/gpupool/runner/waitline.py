@@ -124,6 +124,7 @@ def _isatty(stream: TextIO) -> bool:
 
 def _columns(stream: TextIO) -> int:
     try:
-        return max(os.get_terminal_size(stream.fileno()).columns, 20)
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError):
         return DEFAULT_COLUMNS
+    return max(columns, 20) if columns > 0 else DEFAULT_COLUMNS  # a new pty says 0 until it is sized
