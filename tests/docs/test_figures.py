@@ -61,6 +61,9 @@ def test_markers_are_replaced_by_their_values() -> None:
     pool = json.loads((figures.RESULTS / "pool.json").read_text())
     text = figures.render('{{ fig("pool.json", "http[1].claim_release_per_s") }} claims/s')
     assert text == f"{pool['http'][1]['claim_release_per_s']} claims/s"
+    rounded = figures.render('{{ fig("pool.json", "http[1].claim_release_per_s", 0) }}')
+    assert rounded == f"{pool['http'][1]['claim_release_per_s']:,.0f}"
+    assert "not a number" in figures.check('{{ fig("pool.json", "target", 1) }}')[0]
 
 
 @pytest.mark.parametrize(

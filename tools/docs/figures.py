@@ -4,7 +4,8 @@ Two ways to cite a figure (written once, at the top of docs/benchmarks.md, and c
 tests/docs/test_figures.py):
 
 - In a page MkDocs builds, the marker `{{ fig("pool.json", "placement.place_ms") }}` is replaced
-  at build time by the value at that path of that file (tools/docs/hooks.py), and
+  at build time by the value at that path of that file (tools/docs/hooks.py; a third argument
+  rounds it: `{{ fig("pool.json", "placement.place_ms", 1) }}`), and
   `{{ bench_table("pool.json") }}` by the tables of the whole file (or, with more arguments,
   only of the paths named: `{{ bench_table("simulate.json", "summary") }}`).
 - Anywhere else (README.md, CHANGELOG.md), or where a number must stay literal: a number tagged with
@@ -21,12 +22,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
-FIG_MARKER = re.compile(r"\{\{\s*fig\(\s*\"([^\"]+)\"\s*,\s*\"([^\"]+)\"\s*\)\s*\}\}")
+FIG_MARKER = re.compile(r"\{\{\s*fig\(\s*\"([^\"]+)\"\s*,\s*\"([^\"]+)\"\s*(?:,\s*(\d+)\s*)?\)\s*\}\}")
 TABLE_MARKER = re.compile(r"\{\{\s*bench_table\(\s*\"([^\"]+)\"((?:\s*,\s*\"[^\"]+\")*)\s*\)\s*\}\}")
 # A number (1,234.5 or -0.2 or 3e-05), an optional unit, then the tag naming the figure.
 TAGGED = re.compile(
@@ -78,8 +79,14 @@ def fmt(value: Any) -> str:
     return " ".join(str(value).split())
 
 
-def fig(name: str, path: str) -> str:
-    return fmt(lookup(load(name), path, name))
+def fig(name: str, path: str, decimals: Optional[str] = None) -> str:
+    """The figure at `path` of `name`, as written there, or rounded to `decimals` places."""
+    value = lookup(load(name), path, name)
+    if decimals is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FigureError(f"{name} {path} is {value!r}, not a number to round")
+        return f"{value:,.{int(decimals)}f}"
+    return fmt(value)
 
 
 def _cell(value: Any) -> str:
@@ -194,7 +201,7 @@ def _render(markdown: str) -> str:
     markdown = TABLE_MARKER.sub(
         lambda m: tables(m.group(1), re.findall(r"\"([^\"]+)\"", m.group(2) or "")).rstrip("\n"), markdown
     )
-    return FIG_MARKER.sub(lambda m: fig(m.group(1), m.group(2)), markdown)
+    return FIG_MARKER.sub(lambda m: fig(m.group(1), m.group(2), m.group(3)), markdown)
 
 
 def tagged(text: str) -> Iterator[Tuple[str, str, str, str]]:
@@ -220,7 +227,7 @@ def check(text: str) -> List[str]:
     problems: List[str] = []
     for m in FIG_MARKER.finditer(text):
         try:
-            fig(m.group(1), m.group(2))
+            fig(m.group(1), m.group(2), m.group(3))
         except FigureError as err:
             problems.append(f"{m.group(0)}: {err}")
     for m in TABLE_MARKER.finditer(text):
