@@ -67,6 +67,22 @@ def attributes(driver, selector: str, name: str) -> list:
     )
 
 
+def seed_samples(state: Path, hours_ago: range) -> None:
+    """A sample a minute over `hours_ago`, through the store (a quarter of the memory used, 2 waiting)."""
+    from gpupool.store import Store, samples
+
+    store = Store(state)
+    now = time.time()
+    try:
+        with store.write() as tx:
+            for hour in hours_ago:
+                for minute in range(60):
+                    sample = samples.Sample(now - hour * 3600 + 60 * minute, 32768, 16384, 8192, 1, 2)
+                    samples.write(tx, sample)
+    finally:
+        store.close()
+
+
 def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     import httpx
     from selenium.webdriver.common.by import By
@@ -123,8 +139,14 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
         assert cells == ["–", "–", "–"], cells  # a plain `gpupool run`: no job, no label, the default queue
         assert texts(browser, "#charts .range-name") == ["1 hour"]
         assert len(texts(browser, "#charts .time-axis span")) == 15  # five times of day under each of the 3 charts
+        seed_samples(server.state, hours_ago=range(20, 1, -1))  # what the server's sampler kept on disk
         browser.find_element(By.CSS_SELECTOR, 'a.range[data-range="24h"]').click()
         wait_until(lambda: texts(browser, "#charts .range-name") == ["24 hours"], 10.0, "the 24-hour range shows")
+        # Past the live hour, memory used and queue length come from the samples on disk.
+        for line in ("line-used", "line-queue"):
+            (points,) = attributes(browser, f"#charts polyline.{line}", "points")
+            older = [x for x, _ in (p.split(",") for p in points.split()) if float(x) < 300 * (1 - 1 / 24) - 0.1]
+            assert len(older) >= 60, (line, points)  # 18 hours of samples in 12-minute buckets: 90 points
         browser.execute_script("window.__sameDay = true; document.getElementById('state').textContent = '';")
         wait_until(lambda: texts(browser, "#state")[0].startswith("live ·"), 10.0, "a live refresh comes")
         assert browser.execute_script("return window.__sameDay === true;"), "the page was reloaded"

@@ -4,7 +4,7 @@ WAL journal, one `BEGIN IMMEDIATE` transaction per state change, so several
 processes on one state dir serialise their writes through SQLite alone.
 
 Owns: the schema, `Store` (connections, transactions, checkpoints), `Tx` (typed queries),
-the state-dir lock. The token table is written through `server.auth`, never directly.
+`samples` (the pool over time, one row a minute, for the dashboard's long ranges), the state-dir lock. The token table is written through `server.auth`, never directly.
 May import: core (floor 1: its own floor and core); the standard library only.
 """
 

@@ -101,6 +101,18 @@ CREATE TABLE IF NOT EXISTS lease_history (
     suspended_s  REAL NOT NULL DEFAULT 0,  -- seconds of [started_at, ended_at] it was suspended: not GPU time
     exit_code    INTEGER                   -- its command's exit code, as its runner said at release; NULL: none said
 );
+-- the pool over time for the dashboard's long ranges (store/samples.py): one row per minute at
+-- most, the oldest dropped past the retention. A table of its own, made on open: no version bump,
+-- as an older gpupool opens the state dir as before (it never reads this table).
+CREATE TABLE IF NOT EXISTS samples (
+    minute        INTEGER PRIMARY KEY,  -- the start of the minute, epoch seconds
+    at            REAL NOT NULL,        -- when it was taken
+    total_mib     INTEGER NOT NULL,
+    allocated_mib INTEGER NOT NULL,
+    used_mib      INTEGER,              -- NULL: usage not sampled
+    leases        INTEGER NOT NULL,
+    queued        INTEGER NOT NULL
+);
 """
 
 # Why a lease ended (lease_history.reason): its holder released it, no heartbeat came within its

@@ -4,7 +4,10 @@ The live samples (history.py) cover the last hour in memory only; the lease
 history (Pool.history) and live leases cover any range and survive restarts.
 Allocation and lease counts over the range are averaged into buckets in one
 pass over the leases (a difference array), so 7 days of leases cost
-O(leases + buckets), never leases x buckets.
+O(leases + buckets), never leases x buckets. Memory used and queue length
+over a range longer than the hour come from the samples the server keeps on
+disk (store/samples.py, one per minute for 7 days), averaged into the same
+number of buckets by the store.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Sequence, Tuple
 
 from ...core.queues import LeaseRecord, UsageRow, UsageSpan, usage_rows, used_gpus
 from ...core.status import PoolStatus
+from ...store import samples
+from .history import SPAN_S as LIVE_SPAN_S
 
 if TYPE_CHECKING:
+    from typing import Optional
+
     from ...pool import Pool
 
 RANGES: Dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
@@ -39,6 +46,8 @@ class Period:
     leases: Series = ()  # leases held, per bucket
     by_queue: Tuple[UsageRow, ...] = ()  # GPU-seconds over the range, most used first
     by_holder: Tuple[UsageRow, ...] = ()
+    used: Series = ()  # % of the pool's memory used, per bucket, from the samples on disk; (): the live ones
+    queued: Series = ()  # claims waiting, per bucket, likewise
 
 
 def range_of(text: str) -> str:
@@ -46,19 +55,26 @@ def range_of(text: str) -> str:
     return text if text in RANGES else DEFAULT_RANGE
 
 
-def read(pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
-    """The period `name` ending at `now`: allocation and leases over time, GPU-hours by queue and holder.
+def read(pool: Pool, status: PoolStatus, name: str, now: float, wall_now: Optional[float] = None) -> Period:
+    """The period `name` ending at `now`: allocation and leases over time, GPU-hours by queue and holder,
+    and past the live hour memory used and queue length from the samples on disk.
 
     The GPU-hours are Pool.usage's sums (pool/accounting.usage: ended leases
     from the history, live ones up to now), taken from the live leases of the
     status already read: Pool.usage would read all 10,000 of them again, once
-    per key.
+    per key. `now` is the pool's clock (the lease history's); `wall_now` this
+    server's (the samples', as the live ones), `now` when not given.
     """
     span_s = RANGES[range_of(name)]
     since = now - span_s
     spans = usage_spans(pool.history(since, now), status, now)
     gpus = float(len(status.devices)) or 1.0
     allocated, leases = buckets(((s.start, s.end or now, _held(s)) for s in spans), since, now, BUCKETS)
+    used: Series = ()
+    queued: Series = ()
+    if span_s > LIVE_SPAN_S:
+        until = now if wall_now is None else wall_now
+        used, queued = stored_lines(pool, until - span_s, until)
     return Period(
         range_of(name),
         span_s,
@@ -66,7 +82,17 @@ def read(pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
         leases,
         _top(usage_rows(spans, since, now, "queue")),
         _top(usage_rows(spans, since, now, "holder")),
+        used,
+        queued,
     )
+
+
+def stored_lines(pool: Pool, since: float, until: float) -> Tuple[Series, Series]:
+    """Memory used (% of the pool) and queue length over [since, until] from the samples on disk."""
+    with pool.store.read() as tx:
+        rows = samples.read(tx, since, until, BUCKETS)
+    used = tuple((s.at, 100.0 * s.used_mib / s.total_mib) for s in rows if s.used_mib is not None and s.total_mib)
+    return used, tuple((s.at, float(s.queued)) for s in rows)
 
 
 def usage_spans(records: Iterable[LeaseRecord], status: PoolStatus, now: float) -> List[UsageSpan]:

@@ -28,10 +28,11 @@ from ...core.errors import NotFound, Unauthorized
 from ...core.queues import QueuedClaim
 from ...core.status import PoolStatus
 from ...pool import Pool
+from ...store import samples
 from ..auth import Identity
 from ..handlers import LeaseApi
 from . import period, render
-from .history import History, point_of
+from .history import History, Point, point_of
 from .period import Period
 from .view import JobRow, build
 
@@ -76,6 +77,7 @@ class DashboardState:
         self._lock = threading.Lock()
         self.period_max_age_s = PERIOD_MAX_AGE_S
         self._periods: Dict[str, Tuple[float, Period]] = {}
+        self._kept_minute: Optional[int] = None  # the minute of the last sample kept on disk
 
     def wait_idle(self) -> None:
         """Return once no pool read of this dashboard is running."""
@@ -103,7 +105,21 @@ class DashboardState:
             self._read = (time.monotonic(), status, queue)
             return status, queue
 
-    def period(self, pool: Pool, status: PoolStatus, name: str, now: float) -> Period:
+    def keep(self, pool: Pool, point: Point) -> bool:
+        """Keep `point` on disk as its minute's sample (store/samples.py) unless one was kept in that
+        minute: the long ranges' memory and queue lines. True when it wrote one."""
+        minute = samples.minute_of(point.at)
+        if minute == self._kept_minute:
+            return False
+        sample = samples.Sample(
+            point.at, point.total_mib, point.allocated_mib, point.used_mib, point.leases, point.queued
+        )
+        with pool.store.write() as tx:
+            samples.write(tx, sample)
+        self._kept_minute = minute
+        return True
+
+    def period(self, pool: Pool, status: PoolStatus, name: str, now: float, wall_now: float) -> Period:
         """The range `name` from the lease history, shared by every viewer for up to `period_max_age_s`.
 
         A week of lease history and sums over every live lease are too much
@@ -114,14 +130,15 @@ class DashboardState:
             cached = self._periods.get(name)
             if cached is not None and time.monotonic() - cached[0] < self.period_max_age_s:
                 return cached[1]
-            fresh = period.read(pool, status, name, now)
+            fresh = period.read(pool, status, name, now, wall_now)
             self._periods[name] = (time.monotonic(), fresh)
             return fresh
 
 
 @asynccontextmanager
 async def _record_history(app: FastAPI) -> AsyncIterator[None]:
-    """Lifespan part: a point of history every period, whether or not anyone looks."""
+    """Lifespan part: a point of history every period, whether or not anyone looks, and on disk one
+    a minute (the ranges past the hour)."""
     state: DashboardState = app.state.dashboard
     api: LeaseApi = app.state.api
 
@@ -131,9 +148,10 @@ async def _record_history(app: FastAPI) -> AsyncIterator[None]:
                 now = time.time()
                 if state.history.due(now):
                     status = await run_in_threadpool(state.status, api.pool)
-                    state.history.record(status, now)
+                    point = state.history.record(status, now)
+                    await run_in_threadpool(state.keep, api.pool, point)
             except Exception:
-                log.warning("dashboard history: pool status failed", exc_info=True)
+                log.warning("dashboard history: reading the pool or keeping its sample failed", exc_info=True)
             await asyncio.sleep(state.history.period_s)
 
     task = asyncio.get_running_loop().create_task(record_forever())
@@ -209,7 +227,7 @@ def _render(request: Request, whole_page: bool) -> str:
         state.history.record(status, now)
     chosen = period.range_of(request.query_params.get("range", ""))
     # The lease history is in the pool's time (its clock); the live samples in this server's.
-    span = state.period(api.pool, status, chosen, api.pool.clock())
+    span = state.period(api.pool, status, chosen, api.pool.clock(), now)
     view = build(status, now, queue, _query(request), jobs=_jobs(state), period=span)
     points = (*state.history.points(now), point_of(status, now))  # the charts end at this very status
     return render.page(view, points, api.auth is not None) if whole_page else render.live(view, points)

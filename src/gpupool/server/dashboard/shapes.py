@@ -106,8 +106,9 @@ def charts(history: Sequence[Point], now: float, period: Period = Period()) -> T
     """Memory (% of the pool), leases and queue length over `period`, oldest at the left, `now` at the right.
 
     Allocation and leases come from the lease history when the period has it
-    (any range, kept across restarts); use and queue length only from the live
-    samples, which span the last hour.
+    (any range, kept across restarts); use and queue length from the samples on
+    disk past the last hour (one a minute, 7 days), else from the live samples.
+    Each line from the period ends at the live value now.
     """
     since = now - period.span_s
     live = [p for p in history if p.at >= since]
@@ -115,11 +116,16 @@ def charts(history: Sequence[Point], now: float, period: Period = Period()) -> T
         (p.at, 100.0 * p.allocated_mib / p.total_mib if p.total_mib else 0.0) for p in live
     ]
     used = [(p.at, 100.0 * p.used_mib / p.total_mib) for p in live if p.used_mib is not None and p.total_mib]
+    queued = [(p.at, float(p.queued)) for p in live]
     leases = list(period.leases) or [(p.at, float(p.leases)) for p in live]
     if period.leases and live:
         leases.append((live[-1].at, float(live[-1].leases)))  # the line ends at the count now, not a bucket's mean
     if period.allocated and live and live[-1].total_mib:
         alloc.append((live[-1].at, 100.0 * live[-1].allocated_mib / live[-1].total_mib))
+    if period.used:
+        used = [*period.used, *used[-1:]]
+    if period.queued:
+        queued = [*period.queued, *queued[-1:]]
     ticks = time_ticks(now, period.span_s)
     return (
         chart(
@@ -133,7 +139,7 @@ def charts(history: Sequence[Point], now: float, period: Period = Period()) -> T
         chart("leases", (("leases", "line-leases", leases),), now, period.span_s, ticks),
         chart(
             "queue length",
-            (("queued", "line-queue", [(p.at, float(p.queued)) for p in live]),),
+            (("queued", "line-queue", queued),),
             now,
             period.span_s,
             ticks,
