@@ -2,7 +2,8 @@
 
 The server records a point from its own status on a timer (the app's
 lifespan), so the charts cover the hour before anyone opened the page. A
-restart starts a new hour: the long view is Prometheus's (deploy/monitoring).
+restart starts a new hour; one point a minute is also kept on disk
+(store/samples.py) for the ranges past the hour (period.py).
 """
 
 from __future__ import annotations
