@@ -69,8 +69,8 @@ def handle_priority(args: argparse.Namespace) -> int:
     priority = _priority(args.priority)
     with connect_one(args, "gpupool claim priority") as client:
         claim = client.set_claim_priority(args.claim_id, priority)
-    place = "held" if claim.held else f"position {claim.position}"
-    return _said(client, claim, f"priority {claim.priority}: it waits at {place}")
+    place = "it is held" if claim.held else f"it waits at position {claim.position}"
+    return _said(client, claim, f"priority {claim.priority}: {place}")
 
 
 def _said(client: Any, claim: WaitingClaim, what: str) -> int:
