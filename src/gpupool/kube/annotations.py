@@ -33,8 +33,9 @@ BITFUSION_IGNORED = ("bitfusion-client/os", "bitfusion-client/version")
 
 
 def chosen_gpu_key(index: int) -> str:
-    """`gpupool.io/choice.N`: the device.uuid filter of the pod's container number N, written with
-    the choice; the webhook hands it to that container's runner (downward API) when it pins."""
+    """`gpupool.io/choice.N`: the claim the runner of the pod's container number N sends (its ask
+    pinned to its chosen GPUs), written with the choice; the webhook hands it to that container
+    as $GPUPOOL_CLAIM (downward API)."""
     return f"{CHOICE}.{index}"
 
 
