@@ -123,3 +123,27 @@ def test_admin_verbs_against_a_server_name_it(running_server, tmp_path):
     ).json()
     released = gpupool("release", lease["id"], "--server", url, env=env)
     assert released.stderr.splitlines() == [f"pool: {url}", f"gpupool: released lease {lease['id']}"]
+
+
+def test_job_verbs_name_the_state_dirs_pool(embedded, tmp_path):
+    """submit, jobs, logs and cancel of a local job: the pool of the state dir its gang claims from;
+    the log lines on stdout stay the job's own."""
+    import yaml
+    from waiting import wait_until
+
+    state = embedded["GPUPOOL_STATE"]
+    spec = {
+        "name": "hello",
+        "roles": {"worker": {"replicas": 1, "command": ["python", "-c", "print('hi')"], "gpu": {"fraction": 0.5}}},
+    }
+    path = tmp_path / "hello.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    submitted = gpupool("submit", str(path), env=embedded)
+    assert first(submitted.stderr) == f"pool: embedded {state}"
+    wait_until(lambda: "Succeeded" in gpupool("jobs", env=embedded).stdout, 60.0, "the job ends")
+    assert first(gpupool("jobs", env=embedded).stdout) == f"pool: embedded {state}"
+    logs = gpupool("logs", "hello", env=embedded)
+    assert (
+        first(logs.stderr) == f"pool: embedded {state}" and "pool: embedded" not in logs.stdout and "hi" in logs.stdout
+    )
+    assert first(gpupool("cancel", "hello", env=embedded).stderr) == f"pool: embedded {state}"

@@ -72,6 +72,10 @@ def _submit(args: argparse.Namespace) -> int:
         sys.stdout.write(str(info))
         return 0
     name = executor.schedule(info)
+    if args.target == "local":  # its gang claims from the servers named, else the state dir's pool
+        from .pool_options import print_pool
+
+        print_pool(args.server or f"embedded:{executor.store.state_dir}", sys.stderr)  # type: ignore[attr-defined]
     print(f"job {name} submitted ({args.target}); follow it with: gpupool logs {name} -f", file=sys.stderr)
     if not args.follow:
         return 0
