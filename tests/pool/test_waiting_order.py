@@ -55,6 +55,7 @@ def test_two_queues_are_listed_in_the_order_the_pool_then_grants(pool):
     assert [w.position for w in listed] == [1, 2, 3]
     assert [w.why for w in listed] == [WAIT_NO_ROOM] * 3
     assert "no room" in listed[0].reason and "2 claim(s) go first" in listed[2].reason
+    assert [(w.ticket, w.position) for w in pool.status().waiting] == [(w.ticket, w.position) for w in listed]
     pending = {w.ticket: w for w in (a1, b1, a2)}
     granted: List[int] = []
     for blocker in blockers:  # free one GPU at a time: the listed order is what happens

@@ -34,9 +34,9 @@ WAIT_REASONS = (WAIT_NEXT, WAIT_NO_ROOM, WAIT_BEHIND, WAIT_LIMIT, WAIT_HELD)
 @dataclass(frozen=True)
 class WaitingClaim:
     """A claim waiting in the pool's queue, as `gpupool status` and `gpupool queue show` list it: its
-    place, who asks for what, since when, and why it waits. `status` places it highest priority
-    first, then the oldest; `queue show` in the order the pool grants (`Pool.waiting`), with `why`
-    (WAIT_REASONS) and held claims (place 0) last."""
+    place in the order the pool grants (`Pool.waiting`; held claims last, at place 0), who asks for
+    what, since when, and why it waits (`why`: WAIT_REASONS). `status` gives the reason the pool last
+    told the claim, `queue show` the reason now."""
 
     position: int
     ticket: int

@@ -656,6 +656,9 @@ class Pool:
             isolation = tx.meta(ISOLATION_KEY)
             usage = tx.meta(USAGE_KEY)
             queues = accounting.statuses(tx, devices, now)
+            listed = self._waiting_in_order(tx, devices, now) if waiting else []
+        # Each in the place the pool grants it (as `gpupool queue show`), with the reason it was last given.
+        told = {row[0]: row[6] for row in waiting}
         return PoolStatus(
             tuple(devices),
             tuple(leases),
@@ -664,7 +667,7 @@ class Pool:
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
             _usage_report(usage),
             tuple(queues),
-            tuple(_waiting_claim(position, row) for position, row in enumerate(waiting, 1)),
+            tuple(replace(w, reason=told.get(w.ticket) or w.reason) for w in listed),
         )
 
     # --- queues and accounting ---------------------------------------------------
@@ -848,23 +851,26 @@ class Pool:
         """The live waiting claims in the order the pool grants them, each with why it waits
         (admission.waiting_order); held ones last. `queue` keeps that queue's, `key` the one claim
         with that client key (a waiting `gpupool run` finds its place)."""
-        from .admission import waiting_order  # lazily: a run never lists the queue
-
         now = self.clock()
         with self.store.read() as tx:
-            specs = {spec.name: spec for spec in tx.queue_specs()}
-            if queue and queue not in specs:
-                raise NotFound(
-                    f"queue {queue!r} does not exist (queues: {', '.join(sorted(specs)) or 'none'}): "
-                    "`gpupool queue list` shows them"
-                )
-            rows = tx.queue_rows(now)
-            devices = self._devices(tx)
-            shown = waiting_order(tx, rows, specs, devices, tx.allocated(), self.mix.frag)
+            if queue and queue not in {spec.name for spec in tx.queue_specs()}:
+                known = ", ".join(sorted(spec.name for spec in tx.queue_specs())) or "none"
+                raise NotFound(f"queue {queue!r} does not exist (queues: {known}): `gpupool queue list` shows them")
+            shown = self._waiting_in_order(tx, self._devices(tx), now, key)
+        return [w for w in shown if queue is None or w.queue == queue]
+
+    def _waiting_in_order(self, tx: Tx, devices: Sequence[Device], now: float, key: str = "") -> List[WaitingClaim]:
+        """The live waiting claims in the order the pool grants them (admission.waiting_order); `key`
+        keeps the one with that client key."""
+        from .admission import waiting_order  # lazily: a run never lists the queue
+
+        rows = tx.queue_rows(now)
+        specs = {spec.name: spec for spec in tx.queue_specs()}
+        shown = waiting_order(tx, rows, specs, devices, tx.allocated(), self.mix.frag)
         if key:
             mine = {row[0] for row in rows if row[8] == key}
             shown = [w for w in shown if w.ticket in mine]
-        return [w for w in shown if queue is None or w.queue == queue]
+        return shown
 
     def hold(self, claim_id: object, requester: Optional[str] = None) -> WaitingClaim:
         """Keep waiting claim `claim_id` (its ticket) in the queue but skip it in grants, until
@@ -1020,17 +1026,6 @@ def _note_reason(tx: Tx, waiter: Waiter) -> None:
     if waiter.reason != waiter.noted:
         tx.set_ticket_reason(waiter.ticket, waiter.reason[:MAX_REASON_CHARS])
         waiter.noted = waiter.reason
-
-
-def _waiting_claim(position: int, row: Tuple[int, str, str, float, str, int, str]) -> WaitingClaim:
-    """A ticket's row as status lists it; a claim this version cannot read shows as such."""
-    ticket, claim_json, holder_json, created_at, queue, priority, reason = row
-    try:
-        claim = Claim.from_dict(json.loads(claim_json)).describe()
-        holder = Holder.from_dict(json.loads(holder_json), recorded=True)
-    except (ValueError, KeyError, TypeError, GpupoolError):
-        claim, holder = "(a claim this version cannot read)", Holder()
-    return WaitingClaim(position, ticket, queue, priority, claim, holder.name, holder.label, created_at, reason)
 
 
 def _check_env_devices(state_dir: Path, saved: Sequence[Device], wanted: Sequence[Device]) -> None:

@@ -140,11 +140,11 @@ class QueueBody(BaseModel):
     preemptions: int
 
 
-WAIT_KINDS = ("", *WAIT_REASONS)  # '' in /v1/status, which gives the last reason without its kind
+WAIT_KINDS = ("", *WAIT_REASONS)  # '' from a server that does not say
 
 
 class WaitingBody(BaseModel):
-    position: int = Field(description="its place: highest priority first, then the oldest")
+    position: int = Field(description="its place in the order the pool grants them; 0: held")
     ticket: int
     queue: str
     priority: int
@@ -154,9 +154,7 @@ class WaitingBody(BaseModel):
     queued_at: float
     reason: str = Field(description="why it waits: in /v1/status as the pool last told it, in /v1/queue now")
     held: bool = Field(False, description="kept in the queue, skipped by grants until released")
-    why: Literal[WAIT_KINDS] = Field(  # type: ignore[valid-type]
-        "", description="in /v1/queue: the kind of reason ('' in /v1/status)"
-    )
+    why: Literal[WAIT_KINDS] = Field("", description="the kind of reason")  # type: ignore[valid-type]
 
 
 class WaitingList(BaseModel):
