@@ -15,7 +15,7 @@ import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.errors import InvalidInput
 from ..logs import get_logger
@@ -33,8 +33,7 @@ CA_NAME = "ca.crt"
 SCHEMES = ("http://", "https://")
 
 
-@dataclass(frozen=True)
-class ServerEntry:
+class ServerEntry(NamedTuple):
     """One pool server: its URL, the bearer token, and a CA file for TLS (absolute path)."""
 
     url: str

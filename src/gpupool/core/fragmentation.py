@@ -24,7 +24,7 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import InvalidInput
 from .model import Device, GpuRequest
@@ -84,8 +84,7 @@ class TaskShape:
         )
 
 
-@dataclass(frozen=True)
-class NodeFree:
+class NodeFree(NamedTuple):
     """What a node has free: per-GPU share, and CPU and memory where the node reports them (None: not counted)."""
 
     gpus: Tuple[int, ...]

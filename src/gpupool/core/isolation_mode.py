@@ -7,8 +7,7 @@ Its own module, apart from the usage records in core.usage: every `gpupool run` 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import InvalidInput
 
@@ -31,8 +30,7 @@ class IsolationMode(enum.Enum):
             raise InvalidInput(f"isolation {text!r} is unknown: use mps, hooks or none") from None
 
 
-@dataclass(frozen=True)
-class NodeIsolation:
+class NodeIsolation(NamedTuple):
     """A node's isolation mode, and in `mps` mode the folders of its MPS control daemon."""
 
     mode: IsolationMode = IsolationMode.HOOKS

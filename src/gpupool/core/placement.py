@@ -6,8 +6,7 @@ tests all call the same function.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .fragmentation import Fragmentation, ShapeMix, fragaware_devices
 from .model import Claim, Device, GpuRequest, Policy, Slice
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
 NO_HISTORY = Fragmentation(ShapeMix([]))  # fragaware before any claim was seen: binpack's choice
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """The outcome of `place`: slices when it fits, else a reason for a human."""
 
     slices: Optional[Tuple[Slice, ...]]

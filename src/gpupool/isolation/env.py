@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.errors import InvalidInput
 from ..core.isolation_mode import IsolationMode, NodeIsolation
@@ -72,8 +71,7 @@ CONTEXT_RESERVE_MIB = 768
 MIN_ALLOCATOR_SHARE = 0.25
 
 
-@dataclass(frozen=True)
-class GpuShare:
+class GpuShare(NamedTuple):
     """One visible GPU of the child: its UUID, the MiB it may use and that share of the device."""
 
     uuid: str

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .env import LEASE_ID_ENV
 
@@ -28,8 +27,7 @@ _POLL_S = 0.01
 _KILL_SETTLE_S = 1.0
 
 
-@dataclass(frozen=True)
-class ProcessInfo:
+class ProcessInfo(NamedTuple):
     """One process: its id, its parent's and its process group's."""
 
     pid: int

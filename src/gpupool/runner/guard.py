@@ -15,6 +15,7 @@ interpreter: it costs the runner about a millisecond.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -134,6 +135,10 @@ class Guard:
         # Blocked until the guard ignores them, so a Ctrl-C right at the fork cannot run the
         # runner's Python handler in the guard.
         signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
+        # What the runner has built so far (its modules, the pool, the claim) lives until it exits:
+        # frozen, no later collection walks it, neither the guard's, which would copy every page
+        # of it (the gc docs' advice for a fork without exec), nor the runner's, its last at exit.
+        gc.freeze()
         try:
             pid = os.fork()
             if pid == 0:

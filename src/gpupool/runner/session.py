@@ -7,9 +7,8 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all, pool_line
@@ -41,8 +40,11 @@ log = get_logger(__name__)
 RECLAIM_RETRY_S = 2.0
 
 
-@dataclass
-class RunOptions:
+def _silent(line: str) -> None:
+    """A progress printer that prints nothing."""
+
+
+class RunOptions(NamedTuple):
     """Everything `gpupool run` needs besides the command."""
 
     claim: Claim
@@ -55,7 +57,7 @@ class RunOptions:
     token_file: Optional[Path] = None  # --token-file: the token to send, over $GPUPOOL_TOKEN and the bundle's
     isolation: Optional[IsolationMode] = None  # set the embedded pool's mode; None keeps the stored one
     quiet: bool = False
-    say: Callable[[str], None] = field(default=lambda line: None)
+    say: Callable[[str], None] = _silent
     # What a lost lease does to the command: "kill" ends its tree, "warn" only says so.
     on_lease_loss: str = "kill"
     # SIGTERM to SIGKILL, when the tree is ended (release, lost lease, the guard after kill -9).
@@ -144,8 +146,7 @@ def _reruns(preempted: Lease, requeue: bool) -> bool:
     return requeue or mode == PREEMPT_REQUEUE
 
 
-@dataclass
-class _Outcome:
+class _Outcome(NamedTuple):
     """How one attempt ended: the exit code, and the lease if a preemption stopped the command."""
 
     code: int
