@@ -22,6 +22,8 @@ FLOOR = {
     "runner": 2,
     "server": 2,
     "enforcement": 2,
+    # Jupyter kernels on a share: beside runner/, whose lease and process-tree machinery they reuse.
+    "notebook": 2,
     "simulate": 1,
     "train": 3,
     "jobs": 3,
