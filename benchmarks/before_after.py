@@ -4,13 +4,14 @@ A shared, noisy machine moves absolute figures from one run to the next; two run
 meet the same load, so their ratio is the comparison. The benchmark script is this checkout's,
 run twice with `python3` (this interpreter): PYTHONPATH first names the earlier commit's src/
 (exported with `git archive`), then this checkout's src/; the dependencies come from the
-interpreter's site-packages or the PYTHONPATH given. The result file is the "after" run's, with
-the "before" run, the headline ratios ("after_over_before") and the figures the file held before
-("previous_file") beside it.
+interpreter's site-packages or the PYTHONPATH given. With --rounds N the two alternate N times
+and the ratios are of the medians. The result file is the last "after" run's, with the last
+"before" run, the headline ratios ("after_over_before"), each round's headline figures
+("rounds") and the figures the file held before ("previous_file") beside it.
 
-    python3 benchmarks/before_after.py pool --before 70f8f71 [-- --seconds 4]
-    python3 benchmarks/before_after.py webhook --before 70f8f71
-    python3 benchmarks/before_after.py extender --before 70f8f71
+    python3 benchmarks/before_after.py pool --before 70f8f71 --after HEAD [--rounds 3] [-- --seconds 4]
+    python3 benchmarks/before_after.py webhook --before 70f8f71 --after HEAD
+    python3 benchmarks/before_after.py extender --before 70f8f71 --after HEAD
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -27,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks"
-KEPT_APART = ("before", "after_over_before", "previous_file")
+KEPT_APART = ("before", "after_over_before", "rounds", "after_src", "previous_file")
 
 
 def _pool(result: Dict[str, Any]) -> Dict[str, float]:
@@ -99,6 +101,13 @@ def main() -> int:
         "--after", metavar="REV", help="a later commit instead of this checkout's src/ (uncommitted changes included)"
     )
     parser.add_argument("--out", help="the result file (default benchmarks/results/BENCH.json)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs of each, alternating before and after; the ratios are of the medians (default 1)",
+    )
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: the benchmark script's own
     args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if extra or "--" in argv else 0)])
@@ -116,18 +125,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         before_src = export_src(rev, Path(tmp) / "before")
         after_src = export_src(head, Path(tmp) / "after") if args.after else ROOT / "src"
-        before = run_bench(args.bench, before_src, Path(tmp) / "before.json", extra)
-        after = run_bench(args.bench, after_src, Path(tmp) / "after.json", extra)
-    old, new = HEADLINES[args.bench](before), HEADLINES[args.bench](after)
-    result = dict(after)
+        rounds: List[Dict[str, Dict[str, float]]] = []
+        for _ in range(max(1, args.rounds)):  # alternating, so a change of load meets both
+            before = run_bench(args.bench, before_src, Path(tmp) / "before.json", extra)
+            after = run_bench(args.bench, after_src, Path(tmp) / "after.json", extra)
+            rounds.append({"before": HEADLINES[args.bench](before), "after": HEADLINES[args.bench](after)})
+    old, new = (_medians([r[side] for r in rounds]) for side in ("before", "after"))
+    result = dict(after)  # the last round's runs in full
     result["after_src"] = head if args.after else f"{head} (this checkout's src/, uncommitted changes included)"
-    result["before"] = {"src": rev, "run": "the same script just before, on the same machine", **before}
+    result["before"] = {"src": rev, "run": "the same script, alternating with the after runs", **before}
     result["after_over_before"] = {k: round(new[k] / old[k], 3) for k in new if old.get(k)}
+    if len(rounds) > 1:
+        result["rounds"] = rounds
     if earlier is not None:
         result["previous_file"] = earlier
     target.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"before": old, "after": new, "after_over_before": result["after_over_before"]}, indent=2))
     return 0
+
+
+def _medians(runs: List[Dict[str, float]]) -> Dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 if __name__ == "__main__":
