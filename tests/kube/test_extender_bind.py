@@ -278,7 +278,12 @@ def test_scheduler_config_binds_by_default_and_is_then_not_ignorable(capsys):
     for flags, verb in (([], "bind"), (["--bind"], "bind"), (["--no-bind"], None)):
         assert main(["kube", "scheduler-config", "--cluster-ip", "10.96.0.200", *flags]) == 0
         assert yaml.safe_load(capsys.readouterr().out)["extenders"][0].get("bindVerb") == verb
-    assert MutateConfig().pin_choice is True  # the webhook's default follows
+    # the webhook's default follows, and turns off the same way
+    from gpupool.cli.main import build_parser
+
+    assert MutateConfig().pin_choice is True
+    assert build_parser().parse_args(["kube", "webhook"]).bind is True
+    assert build_parser().parse_args(["kube", "webhook", "--no-bind"]).bind is False
 
 
 def test_the_device_plugin_gives_the_recorded_gpus_units(api, extender, tmp_path, caplog):
