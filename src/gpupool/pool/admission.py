@@ -223,7 +223,8 @@ def waiting_order(
     it waits: `admission_split`, the order `next_ticket` (which `admit` asks) takes them in, were each
     granted in turn, over the claims not held; then those held (place 0). A pool without queues
     grants by priority, then age (Tx.head_ticket): `next_ticket`'s order for claims of one queue."""
-    leases = tx.leases()
+    # Without queues every claim is of no queue, whose order its load does not change: no lease is read.
+    leases = tx.leases() if specs else []
     memory_of = memory_by_uuid(devices)
     loads = _loads(specs, leases, {x.id: lease_gpus(x, memory_of) for x in leases})
     claims: Dict[int, Optional[Claim]] = {}
