@@ -17,9 +17,10 @@ from typing import Dict, List
 import httpx
 from waiting import wait_until
 
-# Run i sleeps DURATIONS[i] and exits i. The lease spans a little more than its command (the runner
-# sets the command up after the grant: ~30 ms here), so the shortest is long enough for 2 % to hold it.
-DURATIONS = [2.5 + 0.2 * i for i in range(10)]
+# Run i sleeps DURATIONS[i] and exits i. The lease spans a little more than its command: the runner
+# sets the command up after the grant (15-70 ms on a loaded 2-core machine), so the shortest run is
+# long enough for 2 % of it to hold that.
+DURATIONS = [4.0 + 0.25 * i for i in range(10)]
 
 
 def env_for(tmp_path: Path) -> Dict[str, str]:
@@ -35,7 +36,7 @@ def test_ten_runs_are_listed_with_their_elapsed_time_and_exit_code(tmp_path: Pat
     try:
         for i, seconds in enumerate(DURATIONS):
             # One after the other's command started (their set-ups do not compete), then side by side.
-            script = f": > {flags}/{i}; sleep {seconds:.1f}; exit {i}"
+            script = f": > {flags}/{i}; sleep {seconds:.2f}; exit {i}"
             runs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "gpupool", "run", "-q", "--state", str(state), "-p", "0.2"]
