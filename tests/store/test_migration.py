@@ -82,3 +82,36 @@ def test_history_rows_carry_the_lease_size_and_reason(tmp_path):
     finally:
         pool.close()
         store.close()
+
+
+def test_a_schema_4_database_gains_held_tickets_and_exit_codes(tmp_path):
+    import re
+
+    from gpupool.store.schema import SCHEMA
+
+    # Schema 4: today's tables without the last column of tickets (held) and of lease_history (exit_code).
+    schema_4 = re.sub(r",(\s*--[^\n]*)?\n\s*(held|exit_code)\s+INTEGER[^\n]*", r"\1", SCHEMA)
+    assert "held" not in schema_4 and "exit_code" not in schema_4
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.executescript(schema_4)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+    conn.execute("INSERT INTO devices VALUES ('G0', 0, 'emu', 1000, 'n', 1)")
+    conn.execute(
+        "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason) "
+        "VALUES ('old', '', 'alice', '', 0.5, 1.0, 2.0, 'released')"
+    )
+    conn.commit()
+    conn.close()
+    pool = Pool(tmp_path, node="n")
+    try:
+        (old,) = pool.history(0)
+        assert old.lease_id == "old" and old.exit_code is None
+        with pool.store.read() as tx:
+            assert tx.meta("schema_version") == str(SCHEMA_VERSION)
+        lease = pool.claim(Claim.single(1, fraction=1.0), Holder("bob"))
+        waiter = pool.begin_claim(Claim.single(1, fraction=1.0), Holder("bob"), wait_s=30)
+        assert pool.hold(waiter.ticket).held  # type: ignore[union-attr]
+        pool.release(lease.id, exit_code=5)
+        assert {r.lease_id: r.exit_code for r in pool.history(0)} == {"old": None, lease.id: 5}
+    finally:
+        pool.close()
