@@ -142,3 +142,34 @@ def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: 
         assert first.wait(30) == (0 if ticket is not None else -9)
         reader.join(10)
     assert not any("\r" in line or "\x1b" in line for line in lines)
+
+
+def test_against_a_server_the_place_is_asked_beside_the_waiting_claim(running_server, tmp_path: Path) -> None:
+    """The claim's request is held by the server while it waits: the place is asked on another connection."""
+    server = running_server
+    env = server.client_env(tmp_path)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    script = f": > {flags}/held; while [ ! -e {flags}/stop ]; do sleep 0.05; done"
+    holder = subprocess.Popen(
+        gpupool("run", "-q", "--server", server.url, "-n", "2", "-p", "1", "--", "sh", "-c", script), env=env
+    )
+    wait_until(lambda: (flags / "held").exists(), 30, "both GPUs held")
+    waiter = subprocess.Popen(
+        gpupool("run", "--server", server.url, "--wait", "60", "-p", "0.5", "--", "true"),
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: List[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(waiter.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any(line.startswith("gpupool: waiting") for line in list(lines)), 30, "its place said")
+    finally:
+        (flags / "stop").touch()
+        assert holder.wait(30) == 0
+        assert waiter.wait(30) == 0
+        reader.join(10)
+    (said,) = [line for line in lines if line.startswith("gpupool: waiting")]
+    assert "position 1" in said and "no room" in said
