@@ -7,8 +7,7 @@ invariants), which import the model: kept there, it made core/ an import circle.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .isolation_mode import NodeIsolation
 from .model import Device, Lease, allocated_by_device
@@ -31,8 +30,7 @@ WAIT_HELD = "held"
 WAIT_REASONS = (WAIT_NEXT, WAIT_NO_ROOM, WAIT_BEHIND, WAIT_LIMIT, WAIT_HELD)
 
 
-@dataclass(frozen=True)
-class WaitingClaim:
+class WaitingClaim(NamedTuple):
     """A claim waiting in the pool's queue, as `gpupool status` and `gpupool queue show` list it: its
     place in the order the pool grants (`Pool.waiting`; held claims last, at place 0), who asks for
     what, since when, and why it waits (`why`: WAIT_REASONS). `status` gives the reason the pool last
@@ -82,15 +80,14 @@ class WaitingClaim:
         )
 
 
-@dataclass(frozen=True)
-class PoolStatus:
+class PoolStatus(NamedTuple):
     """Devices with their allocation, and the live leases: what `gpupool status` shows."""
 
     devices: Tuple[Device, ...]
     leases: Tuple[Lease, ...]
     queued: int = 0
     node: str = ""
-    isolation: NodeIsolation = field(default_factory=NodeIsolation)
+    isolation: NodeIsolation = NodeIsolation()
     usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
     queues: Tuple[QueueStatus, ...] = ()
     waiting: Tuple[WaitingClaim, ...] = ()

@@ -667,7 +667,7 @@ class Pool:
             NodeIsolation.from_dict(json.loads(isolation)) if isolation else NodeIsolation(),
             _usage_report(usage),
             tuple(queues),
-            tuple(replace(w, reason=told.get(w.ticket) or w.reason) for w in listed),
+            tuple(w._replace(reason=told.get(w.ticket) or w.reason) for w in listed),
         )
 
     # --- queues and accounting ---------------------------------------------------
