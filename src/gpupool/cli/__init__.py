@@ -11,11 +11,7 @@ collector walk them two dozen times, a tenth of the CPU time of `gpupool run -- 
 
 from __future__ import annotations
 
-import gc
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from typing import Any, Dict, Tuple
+import gc  # and nothing else: typing's and argparse's imports then run under the raised threshold too
 
 # No collection before this many more allocations than deallocations (about twice what
 # `gpupool run` makes up to its command's start); the first one restores the usual thresholds.
@@ -26,13 +22,13 @@ def defer_gc(threshold: int = STARTUP_GC_THRESHOLD) -> None:
     """Raise the collector's first-generation threshold to `threshold` until its next collection,
     which puts the thresholds back as they were (a long `gpupool run` or server then collects as
     any process does). Nothing to do where the threshold is that high already or collection off."""
-    before: Tuple[int, ...] = gc.get_threshold()
+    before: tuple[int, ...] = gc.get_threshold()
     if not gc.isenabled() or before[0] == 0 or before[0] >= threshold:
         return
     gc.set_threshold(threshold, *before[1:])
-    state: Dict[str, bool] = {"armed": True}
+    state: dict[str, bool] = {"armed": True}
 
-    def restore(phase: str, info: Dict[str, Any]) -> None:
+    def restore(phase: str, info: dict[str, int]) -> None:
         # Left in gc.callbacks, a no-op from then on: removing it while the collector walks
         # that list would make it skip the callback after it.
         if phase == "start" and state["armed"]:
