@@ -147,3 +147,12 @@ def test_job_verbs_name_the_state_dirs_pool(embedded, tmp_path):
         first(logs.stderr) == f"pool: embedded {state}" and "pool: embedded" not in logs.stdout and "hi" in logs.stdout
     )
     assert first(gpupool("cancel", "hello", env=embedded).stderr) == f"pool: embedded {state}"
+
+
+def test_config_show_names_the_pool_as_the_verbs_do(embedded, running_server, tmp_path):
+    shown = gpupool("config", "show", env=embedded)
+    assert first(shown.stdout) == f"pool: embedded {embedded['GPUPOOL_STATE']}  (from $GPUPOOL_STATE)"
+    env = running_server.client_env(tmp_path)
+    remote = gpupool("config", "show", "--server", running_server.url, env=env)
+    assert first(remote.stdout) == f"pool: {running_server.url}  (from --server)"
+    assert first(gpupool("status", "--server", running_server.url, env=env).stdout) == f"pool: {running_server.url}"

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def handle_show(args: argparse.Namespace) -> int:
-    from ..client.resolve import choose_pools
+    from ..client.resolve import EMBEDDED, choose_pools, pool_line
 
     kwargs = pool_kwargs(args)
     choices = [c.to_dict() for c in choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"])]
@@ -45,8 +45,8 @@ def handle_show(args: argparse.Namespace) -> int:
         return 0
     lines: List[str] = []
     for c in choices:
-        lines.append(f"pool: {c['pool']}  (from {c['from']})")
-        if not c["pool"].startswith("embedded:"):
+        lines.append(f"{pool_line([c['pool']])}  (from {c['from']})")  # as the other verbs name it
+        if not c["pool"].startswith(EMBEDDED):
             lines.append(f"  token: from {c['token_from']}")
             lines.append(f"  ca: {c['ca'] or 'system CAs'}" + (f"  (from {c['ca_from']})" if c["ca"] else ""))
     print("\n".join(lines))
