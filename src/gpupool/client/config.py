@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.errors import InvalidInput
 from ..logs import get_logger
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 log = get_logger(__name__)
 
@@ -41,13 +41,12 @@ class ServerEntry(NamedTuple):
     ca: str = ""
 
 
-@dataclass(frozen=True)
-class ClientConfig:
+class ClientConfig(NamedTuple):
     """The servers a client knows, and the file they came from (for messages)."""
 
     servers: Tuple[ServerEntry, ...] = ()
     path: str = ""
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = MappingProxyType({})  # the file's other keys
 
     def entry_for(self, url: str) -> Optional[ServerEntry]:
         """The configured entry of `url` (trailing slashes ignored), if any."""

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.errors import (
     NO_ROOM_ADVICE,
@@ -80,16 +79,21 @@ def _check_address(text: str) -> str:
     return normalize_url(text)
 
 
-@dataclass(frozen=True)
-class PoolChoice:
+class PoolChoice(NamedTuple):
     """One pool the flags, env and config choose, and where each part of it came from."""
 
     address: str  # a URL, or "embedded:<state dir>"
     source: str  # "--state", "--server", "$GPUPOOL_SERVER", the config file's path, or "default"
-    token: str = field(default="", repr=False)  # never shown: `config show` gives its source only
+    token: str = ""  # never shown (not in repr either): `config show` gives its source only
     token_source: str = "none"
     ca: str = ""
     ca_source: str = ""
+
+    def __repr__(self) -> str:  # all but the token
+        return (
+            f"PoolChoice(address={self.address!r}, source={self.source!r}, token_source={self.token_source!r}, "
+            f"ca={self.ca!r}, ca_source={self.ca_source!r})"
+        )
 
     def to_dict(self) -> Dict[str, str]:
         return {
