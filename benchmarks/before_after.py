@@ -84,12 +84,15 @@ def run_bench(name: str, src: Path, out: Path, extra: List[str]) -> Dict[str, An
     return dict(json.loads(out.read_text()))
 
 
-def previous(path: Path) -> Optional[Dict[str, Any]]:
-    """The figures the result file held before this run, without an earlier comparison's parts."""
+def previous(path: Path, rev: str) -> Optional[Dict[str, Any]]:
+    """The figures the result file held before this run, without an earlier comparison's parts;
+    when it holds a comparison with the same earlier commit (a re-run), the figures that one kept."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if (data.get("before") or {}).get("src") == rev and "previous_file" in data:
+        return dict(data["previous_file"])
     return {k: v for k, v in data.items() if k not in KEPT_APART}
 
 
@@ -121,7 +124,7 @@ def main() -> int:
         text=True,
         check=True,
     ).stdout.strip()
-    earlier = previous(target)
+    earlier = previous(target, rev)
     with tempfile.TemporaryDirectory() as tmp:
         before_src = export_src(rev, Path(tmp) / "before")
         after_src = export_src(head, Path(tmp) / "after") if args.after else ROOT / "src"
