@@ -86,3 +86,20 @@ def test_list_and_revoke_in_a_state_dir_and_refusals_without_auth(server_factory
     open_server = server_factory(token=False)
     answer = httpx.post(f"{open_server.url}/v1/tokens/bob/rotate", json={})
     assert answer.status_code == 403 and "without auth" in answer.json()["error"]["message"]
+
+
+def test_list_and_revoke_over_tls_verify_the_server_with_ca(server_factory, tmp_path: Path) -> None:
+    server = server_factory("--tls", "auto")
+    assert server.url.startswith("https://")
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(server.token or "")
+    remote = ("--server", server.url, "--admin-token-file", str(admin_file))
+    ca = ("--ca", str(server.state / "tls" / "ca.crt"))
+    made = gpupool(tmp_path, "token", "create", "--name", "carol", "--out", str(tmp_path / "c.tar"), *remote, *ca)
+    assert made.returncode == 0, made.stderr
+    unverified = gpupool(tmp_path, "token", "list", *remote)
+    assert unverified.returncode != 0 and len(unverified.stderr.strip().splitlines()) == 1
+    assert [row["name"] for row in names(tmp_path, *remote, *ca)] == ["carol"]
+    revoked = gpupool(tmp_path, "token", "revoke", "carol", *remote, *ca)
+    assert revoked.returncode == 0, revoked.stderr
+    assert names(tmp_path, *remote, *ca) == []

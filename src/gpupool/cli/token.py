@@ -63,12 +63,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             metavar="FILE",
             help="admin token to ask the server with",
         )
+        v.add_argument(
+            "--ca",
+            metavar="PEM",
+            help="the server's CA certificate, to verify it"
+            + (" and to bundle" if verb == "rotate" else "")
+            + " (default: STATE/tls/ca.crt when present)",
+        )
         if verb == "list":
             v.add_argument("--json", action="store_true", help='one JSON object {"tokens": [...]}')
         if verb == "rotate":
-            v.add_argument(
-                "--ca", metavar="PEM", help="CA certificate to bundle (default: STATE/tls/ca.crt when present)"
-            )
             v.add_argument("--out", required=True, metavar="TAR", help="bundle to write with the new token")
         v.set_defaults(func={"list": handle_list, "revoke": handle_revoke, "rotate": handle_rotate}[verb])
 
@@ -183,9 +187,7 @@ def _on_tokens(args: argparse.Namespace, method: str, path: str, local: Any) -> 
     from ..client.http import HttpPoolClient
 
     url = normalize_url(args.server)
-    client = HttpPoolClient(
-        url, _admin_token(args.admin_token_file), str(_ca_file(getattr(args, "ca", None), None) or "")
-    )
+    client = HttpPoolClient(url, _admin_token(args.admin_token_file), str(_ca_file(args.ca, None) or ""))
     try:
         return client.request(method, path, {} if method == "POST" else None, retry=False)
     except Unauthorized:
@@ -250,16 +252,9 @@ def _ca_pem(ca_file: Optional[Path], flag: bool) -> Optional[str]:
 
 
 def _admin_token(path: str) -> str:
-    file = Path(path).expanduser()
-    try:
-        token = file.read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise InvalidInput(
-            f"cannot read the admin token file {file}: {err.strerror}; pass --admin-token-file or --state"
-        ) from None
-    if not token:
-        raise InvalidInput(f"admin token file {file} is empty")
-    return token
+    from ..client.resolve import read_token_file
+
+    return read_token_file(Path(path).expanduser(), "--admin-token-file")
 
 
 def _create_remote(

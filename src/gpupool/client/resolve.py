@@ -153,15 +153,15 @@ def choose_pools(
     return choices
 
 
-def read_token_file(path: Path) -> str:
-    """The token in `path` (its first line); InvalidInput naming the file when it cannot be used."""
+def read_token_file(path: Path, flag: str = "--token-file") -> str:
+    """The token in `path`, given with `flag`; InvalidInput naming the flag and file when it cannot be used."""
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise InvalidInput(f"--token-file {path}: {reason}; give the file that holds the token") from None
+        raise InvalidInput(f"{flag} {path}: {reason}; give the file that holds the token") from None
     if not token or "\n" in token:
-        raise InvalidInput(f"--token-file {path} must hold one token on one line")
+        raise InvalidInput(f"{flag} {path} must hold one token on one line")
     return token
 
 
