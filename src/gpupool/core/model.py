@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import GpupoolError, InvalidClaim, InvalidInput
 from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of the states
@@ -352,8 +352,7 @@ def pod_of_label(label: str) -> Tuple[str, str]:
     return (namespace, name) if namespace and name else ("", "")
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """Who holds a lease: token or user name, process, host and a free label (pod UID ...)."""
 
     name: str = ""
@@ -396,8 +395,7 @@ class Holder:
         )
 
 
-@dataclass(frozen=True)
-class Slice:
+class Slice(NamedTuple):
     """Memory of one device held by a lease, for request number `group` of its claim."""
 
     device_uuid: str

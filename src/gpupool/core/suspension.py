@@ -14,7 +14,7 @@ transaction each (pool/suspend.py); core/resumption.py places a suspended lease 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import InvalidInput
 
@@ -54,8 +54,7 @@ def check_preempt_mode(mode: str, what: str = "preempt") -> str:
     return mode
 
 
-@dataclass(frozen=True)
-class ParkedSlice:
+class ParkedSlice(NamedTuple):
     """GPU memory a suspended lease held: on which device, of which model, for which request."""
 
     device_uuid: str
