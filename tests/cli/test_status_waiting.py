@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict
 
@@ -40,13 +39,14 @@ def test_status_lists_a_waiting_claim_with_its_reason(tmp_path: Path) -> None:
             stderr=subprocess.DEVNULL,
         )
         wait_until(lambda: _status(gpupool, state, env)["waiting"], 20, "the second claim waiting")
-        time.sleep(0.3)  # a poll or two: the reason is written once the pool tried it
+        # the reason is written once the pool tried the claim (a poll or two)
+        wait_until(lambda: _status(gpupool, state, env)["waiting"][0]["reason"], 20, "the claim's reason")
         (row,) = _status(gpupool, state, env)["waiting"]
         assert row["position"] == 1 and row["label"] == "second" and "0.5" in row["claim"]
         assert "free" in row["reason"] or "fit" in row["reason"] or "GPU" in row["reason"], row
         table = subprocess.run([*gpupool, "status", "--state", str(state)], env=env, capture_output=True, text=True)
         header = next(line for line in table.stdout.splitlines() if line.startswith("#"))
-        assert header.split() == ["#", "QUEUE", "PRIO", "CLAIM", "HOLDER", "WAITING", "WHY"]
+        assert header.split() == ["#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY"]
     finally:
         for proc in (holder, waiter):
             if proc is not None:

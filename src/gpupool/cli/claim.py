@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from .pool_options import add_pool_arguments, connect_one, print_pool
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence
+    from typing import Any
 
     from ..core.status import WaitingClaim
-
-WAITING_HEADER = ("#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,7 +63,9 @@ def handle_release(args: argparse.Namespace) -> int:
 
 
 def handle_priority(args: argparse.Namespace) -> int:
-    priority = _priority(args.priority)
+    from .run import parse_priority
+
+    priority = parse_priority(args.priority, "priority")
     with connect_one(args, "gpupool claim priority") as client:
         claim = client.set_claim_priority(args.claim_id, priority)
     place = "it is held" if claim.held else f"it waits at position {claim.position}"
@@ -79,23 +78,6 @@ def _said(client: Any, claim: WaitingClaim, what: str) -> int:
     return 0
 
 
-def _priority(text: str) -> int:
-    """N of `claim priority` as a whole number in the pool's bounds, or a one-line InvalidInput."""
-    from ..core.errors import InvalidInput
-    from ..core.model import MAX_PRIORITY
-
-    try:
-        value = int(text.strip())
-    except ValueError:
-        value = MAX_PRIORITY + 1
-    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise InvalidInput(
-            f"priority {text!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY}, "
-            "e.g. gpupool claim priority 12 10"
-        )
-    return value
-
-
 def show_waiting(args: argparse.Namespace) -> int:
     """`gpupool queue show [QUEUE]`: the waiting claims in the order the pool grants them."""
     with connect_one(args, "gpupool queue show") as client:
@@ -105,29 +87,9 @@ def show_waiting(args: argparse.Namespace) -> int:
         return 0
     print_pool(client)
     if waiting:
+        from .status import waiting_table
+
         print(waiting_table(waiting))
     else:
         print("no claims waiting" + (f" in queue {args.queue}" if args.queue else ""))
     return 0
-
-
-def waiting_table(waiting: Sequence[Dict[str, Any]], now: Optional[float] = None) -> str:
-    """The rows of `queue show --json`: place (held for a held claim), id, queue, priority, share,
-    holder, age, why."""
-    from .status import _table
-
-    now = time.time() if now is None else now
-    rows = [
-        [
-            "held" if w["held"] else str(w["position"]),
-            str(w["ticket"]),
-            w["queue"] or "-",
-            str(w["priority"]),
-            w["claim"],
-            w["holder"] + (f" [{w['label']}]" if w["label"] else ""),
-            f"{max(now - float(w['queued_at']), 0):.0f}s",
-            w["reason"] or "-",
-        ]
-        for w in waiting
-    ]
-    return _table(list(WAITING_HEADER), rows)

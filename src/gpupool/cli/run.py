@@ -143,7 +143,7 @@ def handle(args: argparse.Namespace) -> int:
         requests,
         policy,
         queue=check_queue_name(args.queue, InvalidInput) if args.queue else "",
-        priority=_priority(args.priority),
+        priority=parse_priority(args.priority),
         preempt_grace_s=_grace(args.preempt_grace),
         idle_suspend_s=_idle(args.idle_suspend),
     )
@@ -179,20 +179,17 @@ def _decided_claim(args: argparse.Namespace, say: Callable[[str], None]) -> Clai
     return decided_claim(os.environ, say)
 
 
-def _priority(text: str) -> int:
-    """--priority as a whole number in the pool's bounds, or a one-line InvalidInput."""
+def parse_priority(text: str, name: str = "--priority") -> int:
+    """A priority given on the command line as `name`, in the pool's bounds, or a one-line InvalidInput."""
     from ..core.errors import InvalidInput
-    from ..core.model import MAX_PRIORITY
+    from ..core.model import check_priority
 
+    value: object
     try:
         value = int(text.strip())
     except ValueError:
-        value = MAX_PRIORITY + 1
-    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise InvalidInput(
-            f"--priority {text!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY}, e.g. --priority 10"
-        )
-    return value
+        value = text
+    return check_priority(value, InvalidInput, name)
 
 
 def _idle(text: str | None) -> float | None:

@@ -151,12 +151,17 @@ def _show_status(args: argparse.Namespace) -> int:
     return 0
 
 
+WAITING_HEADER = ("#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY")
+
+
 def waiting_table(waiting: Sequence[Dict[str, Any]], now: Optional[float] = None) -> str:
-    """The waiting claims of `status --json`: place, queue, priority, share, holder, age, reason."""
+    """The waiting claims (`status`, `queue show`): place ("held" for a held claim), id (what
+    `gpupool claim` takes), queue, priority, share, holder, age, the reason it waits."""
     now = time.time() if now is None else now
     rows = [
         [
-            str(w["position"]),
+            "held" if w.get("held") else str(w["position"]),
+            str(w["ticket"]),
             w["queue"] or "-",
             str(w["priority"]),
             w["claim"],
@@ -166,7 +171,7 @@ def waiting_table(waiting: Sequence[Dict[str, Any]], now: Optional[float] = None
         ]
         for w in waiting
     ]
-    return _table(["#", "QUEUE", "PRIO", "CLAIM", "HOLDER", "WAITING", "WHY"], rows)
+    return _table(list(WAITING_HEADER), rows)
 
 
 def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None:

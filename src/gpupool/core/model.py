@@ -74,11 +74,10 @@ def check_exit_code(code: object, error: Type[GpupoolError] = InvalidInput) -> O
     return code
 
 
-def _check_priority(priority: object) -> int:
+def check_priority(priority: object, error: Type[GpupoolError] = InvalidClaim, name: str = "priority") -> int:
+    """`priority` if it is a whole number in the pool's bounds, else `error` naming it as `name`."""
     if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidClaim(
-            f"priority {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)"
-        )
+        raise error(f"{name} {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)")
     return priority
 
 
@@ -279,7 +278,7 @@ class Claim:
         _check_request_count(len(self.requests))
         if self.queue != "":
             check_queue_name(self.queue)
-        _check_priority(self.priority)
+        check_priority(self.priority)
         _check_grace(self.preempt_grace_s)
         check_idle(self.idle_suspend_s)
 

@@ -52,7 +52,6 @@ from ..core.isolation_mode import NodeIsolation
 from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
     MAX_PREEMPT_GRACE_S,
-    MAX_PRIORITY,
     SUSPENDED,
     Claim,
     Device,
@@ -60,6 +59,7 @@ from ..core.model import (
     Lease,
     Slice,
     check_exit_code,
+    check_priority,
     reap_at,
 )
 from ..core.model import MAX_TTL_S as MAX_TTL_S  # the limits live in core; importers of the pool keep them
@@ -883,11 +883,7 @@ class Pool:
 
     def set_priority(self, claim_id: object, priority: object, requester: Optional[str] = None) -> WaitingClaim:
         """Change the priority of waiting claim `claim_id`: its order within its queue (and its lease's)."""
-        if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-            raise InvalidInput(
-                f"priority {priority!r} must be a whole number between {-MAX_PRIORITY} and {MAX_PRIORITY} (e.g. 10)"
-            )
-        value = priority
+        value = check_priority(priority, InvalidInput)
         return self._change_ticket(
             claim_id, requester, "change the priority of", lambda tx, ticket: tx.set_ticket_priority(ticket, value)
         )
