@@ -20,9 +20,14 @@ list: `http[2].claim_release_per_s`. A file is named relative to benchmarks/resu
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from tools.docs import headlines
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -37,6 +42,7 @@ TAGGED = re.compile(
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 MAX_LIST = 12  # scalars of a list shown in one cell; more are summarised
 MACHINE_KEYS = ("gpu", "device", "driver", "gpu_memory_mib", "torch", "python", "cpus", "platform")
+MACHINE_PROSE = ("note",)  # left out of the machine's line (the folded table has it)
 
 
 class FigureError(ValueError):
@@ -135,7 +141,10 @@ def machine(data: Any) -> str:
         fields = {}
     if not fields:
         return "not recorded in the file"
-    return "; ".join(f"{k} {_cell(v)}" for k, v in _flat(fields))
+    shown = [(k, v) for k, v in _flat(fields) if k not in MACHINE_PROSE]
+    if isinstance(data, dict) and "load_average_at_start" in data and _scalar(data["load_average_at_start"]):
+        shown.append(("load_average_at_start", data["load_average_at_start"]))
+    return "; ".join(f"{k.replace('_', ' ')} {_cell(v)}" for k, v in shown)
 
 
 def _is_table_of_dicts(value: Any) -> bool:
@@ -145,13 +154,24 @@ def _is_table_of_dicts(value: Any) -> bool:
 
 
 def tables(name: str, only: Sequence[str] = ()) -> str:
-    """The markdown of one benchmark file: its machine, a table of its figures, and a table per
-    list (or mapping) of records in it; `only` keeps the paths named."""
+    """The markdown of one benchmark file: its headline (tools/docs/headlines.py) if it has one, its
+    machine in a line, then folded away a table of all its figures and a table per list (or
+    mapping) of records in it; `only` keeps the paths named."""
     data = load(name)
-    lines = [f"Source: `benchmarks/results/{name}`. Machine: {machine(data)}.\n\n"]
     if not isinstance(data, dict):
         raise FigureError(f"{name} is not a JSON object")
-    parts = {p: lookup(data, p, name) for p in only} if only else {k: v for k, v in data.items() if k != "machine"}
+    spec = headlines.HEADLINES.get(name)
+    top = headline(name, data, spec) if spec else []
+    top.append(f"Source: `benchmarks/results/{name}`. Machine: {machine(data)}.\n\n")
+    # Folded where a headline says what matters; open (but foldable) where the file has none.
+    top.append(f'???{"" if spec else "+"} note "All figures"\n\n')
+    body = _all_figures(name, data, only)
+    return "".join(top + [f"    {line}" if line.strip() else line for line in body])
+
+
+def _all_figures(name: str, data: Dict[str, Any], only: Sequence[str]) -> List[str]:
+    lines: List[str] = []
+    parts = {p: lookup(data, p, name) for p in only} if only else dict(data)
     simple: List[Tuple[str, Any]] = []
     grouped: List[Tuple[str, Any]] = []
 
@@ -180,7 +200,147 @@ def tables(name: str, only: Sequence[str] = ()) -> str:
         else:
             lines += _pivot([(str(k), row) for k, row in value.items()], "")
         lines.append("\n")
-    return "".join(lines)
+    return lines
+
+
+ALL = "[*]"  # in a headline's path: the median over every item of the list before it
+_CITE = re.compile(r"\{(#?)([^{}]+)\}")
+_OP_SIGN = {"<": "<", "<=": "≤", ">=": "≥", ">": ">"}
+
+
+def figure_at(data: Any, path: str, name: str) -> Any:
+    """The value at `path` of `data`, where `[*]` takes the median over a list's items."""
+    if ALL not in path:
+        return lookup(data, path, name)
+    head, tail = path.split(ALL, 1)
+    items = lookup(data, head, name)
+    if not isinstance(items, list) or not items:
+        raise FigureError(f"{name} has no {path!r} ({head!r} is not a list of figures)")
+    values = []
+    for i, item in enumerate(items):
+        try:
+            values.append(figure_at(item, tail.lstrip("."), name) if tail else item)
+        except FigureError:
+            raise FigureError(f"{name} has no {path!r} ({head}[{i}] has no {tail.lstrip('.')!r})") from None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise FigureError(f"{name} {path!r} is {values!r}, not figures to take a median of")
+    return statistics.median(values)
+
+
+def short(value: Any) -> str:
+    """A headline figure: three significant digits (whole numbers from 100 up), thousands apart."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return fmt(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    exact = Decimal(repr(value))
+    places = 0 if value == 0 or abs(value) >= 100 else 2 - math.floor(math.log10(abs(value)))
+    return f"{exact.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP):,}"  # 2,492.5 is 2,493
+
+
+def _with_unit(value: Any, unit: str) -> str:
+    shown = short(value)
+    return f"{shown}{unit}" if unit.startswith("/") else f"{shown} {unit}".rstrip()
+
+
+def label(text: str, data: Any, name: str) -> str:
+    """`text` with each `{path}` replaced by that figure and each `{#path}` by that list's length."""
+
+    def cite(m: re.Match[str]) -> str:
+        found = lookup(data, m.group(2), name)
+        return str(len(found)) if m.group(1) else short(found)
+
+    return _CITE.sub(cite, text).replace("|", "\\|")
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |\n"
+
+
+def _rule(n: int) -> str:
+    return "|---" + "|--:" * (n - 1) + "|\n"
+
+
+def _ratio(name: str, data: Any, row: headlines.Compare, before: float, after: float) -> float:
+    if row.ratio is None:
+        return after / before
+    stated = lookup(data, row.ratio, name)
+    if abs(stated - after / before) > 0.0005 + 1e-9:  # the file rounds it to 3 decimals
+        raise FigureError(f"{name} {row.ratio} is {stated!r}, but {row.after} ÷ {row.before} is {after / before:.3f}")
+    return float(stated)
+
+
+def _target(name: str, data: Any, target: headlines.Target) -> List[str]:
+    if target.op not in headlines.OPS:
+        raise FigureError(f"{name}: target {target.label!r} has op {target.op!r}; use one of {headlines.OPS}")
+    measured = figure_at(data, target.path, name)
+    limit: Union[float, int] = figure_at(data, target.limit, name) if isinstance(target.limit, str) else target.limit
+    if target.stated_in is not None:
+        text = str(lookup(data, target.stated_in, name))
+        if f"{target.op} {limit:g}" not in text:
+            raise FigureError(
+                f"{name} {target.stated_in} says {text!r}, not {target.op} {limit:g}: "
+                "make tools/docs/headlines.py agree with the file"
+            )
+    elsewhere = [(path, lookup(data, path, name)) for path, want in target.where if lookup(data, path, name) != want]
+    met = {"<": measured < limit, "<=": measured <= limit, ">=": measured >= limit, ">": measured > limit}[target.op]
+    if elsewhere:
+        verdict = "not measured where the target is set (" + ", ".join(f"{p} {fmt(v)}" for p, v in elsewhere) + ")"
+    else:
+        verdict = "yes" if met else "**no**"
+    sign = _OP_SIGN[target.op]
+    return [
+        _row(
+            [
+                label(target.label, data, name),
+                _with_unit(measured, target.unit),
+                f"{sign} {_with_unit(limit, target.unit)}",
+                verdict,
+            ]
+        )
+    ]
+
+
+def headline(name: str, data: Any, spec: headlines.Headline) -> List[str]:
+    """The markdown of a file's headline: its tables, before and after, its targets."""
+    lines: List[str] = []
+    for table in spec.tables:
+        if table.caption:
+            lines.append(label(table.caption, data, name) + "\n\n")
+        lines += [_row([label(c, data, name) for c in table.columns]), _rule(len(table.columns))]
+        for row in table.rows:
+            if len(row.paths) != len(table.columns) - 1:
+                raise FigureError(
+                    f"{name}: headline row {row.label!r} has {len(row.paths)} paths for {len(table.columns) - 1} columns"
+                )
+            cells = [_with_unit(figure_at(data, path, name), row.unit) for path in row.paths]
+            lines.append(_row([label(row.label, data, name), *cells]))
+        lines.append("\n")
+    if spec.comparison is not None:
+        ab = spec.comparison
+        lines += [_row(["", label(ab.before, data, name), label(ab.after, data, name), "after ÷ before"]), _rule(4)]
+        for pair in ab.rows:
+            before, after = figure_at(data, pair.before, name), figure_at(data, pair.after, name)
+            ratio = _ratio(name, data, pair, before, after)
+            lines.append(
+                _row(
+                    [
+                        label(pair.label, data, name),
+                        _with_unit(before, pair.unit),
+                        _with_unit(after, pair.unit),
+                        f"{ratio:.3f}",
+                    ]
+                )
+            )
+        lines.append("\n")
+        if ab.note:
+            lines.append(label(ab.note, data, name) + "\n\n")
+    if spec.targets:
+        lines += [_row(["target", "measured", "limit", "met"]), _rule(4)]
+        for target in spec.targets:
+            lines += _target(name, data, target)
+        lines.append("\n")
+    return lines
 
 
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)

@@ -1,0 +1,306 @@
+"""What docs/benchmarks.md shows first of each benchmark file: its headline figures, before and
+after where the file holds an earlier run, and its targets, each met or not.
+
+Only names and paths are written here; every number shown is read from the JSON when the site is
+built (tools/docs/figures.py renders these above the file's full, folded, table). A path is as
+in tools/docs/figures.py, plus `[*]`: the median over every item of that list
+(`rounds[*].after.mutate_32_clients_p99_ms`). A label may cite a figure in braces
+(`placement at {placement.devices} GPUs`), and `{#rounds}` is the number of items of a list.
+A path the file lacks fails the build and tests/docs/test_figures.py, naming the file and path.
+To give a file a headline, add an entry to HEADLINES keyed by its name in benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional, Tuple, Union
+
+
+class Row(NamedTuple):
+    """One line of a headline table: a figure per column of its table."""
+
+    label: str
+    paths: Tuple[str, ...]
+    unit: str = ""
+
+
+class Table(NamedTuple):
+    columns: Tuple[str, ...]  # the first heads the labels
+    rows: Tuple[Row, ...]
+    caption: str = ""  # a line above the table
+
+
+class Compare(NamedTuple):
+    """One figure before and after; `ratio` is the file's own after÷before, else computed."""
+
+    label: str
+    before: str
+    after: str
+    unit: str = ""
+    ratio: Optional[str] = None
+
+
+class Comparison(NamedTuple):
+    before: str  # the column headings
+    after: str
+    rows: Tuple[Compare, ...]
+    note: str = ""
+
+
+class Target(NamedTuple):
+    """`path`'s figure `op` `limit`, a number or the path of the file's own limit. `stated_in` names
+    the file's text of the target, which must say `op limit` (so this cannot drift from it); a
+    `where` condition the file does not meet shows the target as not measured."""
+
+    label: str
+    path: str
+    op: str  # one of OPS
+    limit: Union[float, str]
+    unit: str = ""
+    stated_in: Optional[str] = None
+    where: Tuple[Tuple[str, object], ...] = ()
+
+
+class Headline(NamedTuple):
+    tables: Tuple[Table, ...] = ()
+    comparison: Optional[Comparison] = None
+    targets: Tuple[Target, ...] = ()
+
+
+OPS = ("<", "<=", ">=", ">")
+TWO_CORES = (("machine.cpus", 2),)
+
+
+def _median_ab(label: str, key: str, unit: str) -> Compare:
+    """A figure of benchmarks/before_after.py: medians of its rounds, and its ratio of them."""
+    return Compare(label, f"rounds[*].before.{key}", f"rounds[*].after.{key}", unit, f"after_over_before.{key}")
+
+
+def _levels(label: str, kind: str, field: str, unit: str) -> Row:
+    return Row(label, tuple(f"{kind}[{i}].{field}" for i in range(3)), unit)
+
+
+_LAST = "The last round's after run:"
+_AB_NOTE = "Before and after ran alternately on the same machine; medians of {#rounds} rounds each."
+
+HEADLINES: Dict[str, Headline] = {
+    "pool.json": Headline(
+        tables=(
+            Table(
+                ("over HTTP", "{http[0].clients} client", "{http[1].clients} clients", "{http[2].clients} clients"),
+                (
+                    _levels("claim+release, fast path", "http", "claim_release_per_s", "/s"),
+                    _levels("claim+release, plain routes", "http_plain", "claim_release_per_s", "/s"),
+                    _levels("round-trip p99, fast path", "http", "round_trip_p99_ms", "ms"),
+                    _levels("round-trip p99, plain routes", "http_plain", "round_trip_p99_ms", "ms"),
+                ),
+                _LAST,
+            ),
+            Table(
+                ("in process", "value"),
+                (
+                    Row(
+                        "placement at {placement.devices} GPUs, {placement.live_leases} leases",
+                        ("placement.place_ms",),
+                        "ms",
+                    ),
+                    Row("claim+release p99, in process", ("placement.pool_claim_release_p99_ms",), "ms"),
+                ),
+            ),
+        ),
+        comparison=Comparison(
+            "before ({before.src})",
+            "after ({after_src})",
+            (
+                _median_ab("claim+release at 16 clients, fast path", "http_16_clients_claim_release_per_s", "/s"),
+                _median_ab("round-trip p99 at 16 clients, fast path", "http_16_clients_round_trip_p99_ms", "ms"),
+                _median_ab(
+                    "claim+release at 16 clients, plain routes", "http_plain_16_clients_claim_release_per_s", "/s"
+                ),
+                _median_ab(
+                    "round-trip p99 at 16 clients, plain routes", "http_plain_16_clients_round_trip_p99_ms", "ms"
+                ),
+            ),
+            _AB_NOTE,
+        ),
+        targets=(
+            Target(
+                "P1: claim+release at 16 clients, 2-core machine",
+                "rounds[*].after.http_16_clients_claim_release_per_s",
+                ">=",
+                1000,
+                "/s",
+                "target",
+                TWO_CORES,
+            ),
+            Target(
+                "P1: round-trip p99 at 16 clients, 2-core machine",
+                "rounds[*].after.http_16_clients_round_trip_p99_ms",
+                "<",
+                10,
+                "ms",
+                "target",
+                TWO_CORES,
+            ),
+        ),
+    ),
+    "webhook.json": Headline(
+        tables=(
+            Table(
+                ("", "requests/s", "p50, ms", "p99, ms"),
+                (
+                    Row(
+                        "mutate, {mutate_1_client.clients} client",
+                        ("mutate_1_client.rps", "mutate_1_client.p50_ms", "mutate_1_client.p99_ms"),
+                    ),
+                    Row(
+                        "mutate, {mutate_32_clients.clients} clients",
+                        ("mutate_32_clients.rps", "mutate_32_clients.p50_ms", "mutate_32_clients.p99_ms"),
+                    ),
+                ),
+                _LAST,
+            ),
+            Table(
+                ("", "p50", "p99"),
+                (
+                    Row(
+                        "extender filter, {extender_filter_1000x8.nodes} nodes × "
+                        "{extender_filter_1000x8.gpus_per_node} GPUs",
+                        ("extender_filter_1000x8.p50_ms", "extender_filter_1000x8.p99_ms"),
+                        "ms",
+                    ),
+                ),
+            ),
+        ),
+        comparison=Comparison(
+            "before ({before.src})",
+            "after ({after_src})",
+            (
+                _median_ab("mutate p99 at 32 clients", "mutate_32_clients_p99_ms", "ms"),
+                _median_ab("mutate at 32 clients", "mutate_32_clients_rps", "requests/s"),
+                _median_ab("extender filter p99, 1,000 × 8", "extender_filter_1000x8_p99_ms", "ms"),
+            ),
+            _AB_NOTE,
+        ),
+        targets=(
+            Target(
+                "P2: webhook p99 at 32 clients",
+                "rounds[*].after.mutate_32_clients_p99_ms",
+                "<",
+                "target_p99_ms",
+                "ms",
+            ),
+            Target(
+                "P2: extender filter p99, {extender_filter_1000x8.nodes} nodes × "
+                "{extender_filter_1000x8.gpus_per_node} GPUs",
+                "rounds[*].after.extender_filter_1000x8_p99_ms",
+                "<",
+                "target_p99_ms",
+                "ms",
+            ),
+        ),
+    ),
+    "extender.json": Headline(
+        tables=(
+            Table(
+                ("filter + prioritize", "p50", "p99", "max"),
+                tuple(
+                    Row(
+                        "{policies[%d].policy}" % i,
+                        tuple(f"policies[{i}].filter_plus_prioritize_ms.{q}" for q in ("p50", "p99", "max")),
+                        "ms",
+                    )
+                    for i in range(3)
+                ),
+                _LAST,
+            ),
+        ),
+        comparison=Comparison(
+            "before ({before.src})",
+            "after ({after_src})",
+            tuple(
+                _median_ab(f"{policy}: filter + prioritize p99", f"{policy}_filter_plus_prioritize_p99_ms", "ms")
+                for policy in ("fragaware", "binpack", "spread")
+            ),
+            _AB_NOTE,
+        ),
+        targets=tuple(
+            Target(
+                f"filter + prioritize p99, {policy}, {{policies[0].nodes}} nodes × {{policies[0].gpus_per_node}} GPUs",
+                f"rounds[*].after.{policy}_filter_plus_prioritize_p99_ms",
+                "<",
+                "target_p99_ms",
+                "ms",
+            )
+            for policy in ("fragaware", "binpack", "spread")
+        ),
+    ),
+    "launcher.json": Headline(
+        tables=(
+            Table(
+                ("`{command}`", "median, ms", "p90, ms", "÷ `python -c pass`"),
+                tuple(
+                    Row(
+                        label,
+                        (f"cases.{case}.median_ms", f"cases.{case}.p90_ms", f"cases.{case}.ratio"),
+                        "",
+                    )
+                    for label, case in (
+                        ("installed script (embedded mode)", "embedded_entry_point"),
+                        ("python -m gpupool (embedded mode)", "embedded_python_m"),
+                        ("the zipapp (embedded mode)", "embedded_zipapp"),
+                        ("installed script, with a server", "server_entry_point"),
+                        ("the standard library's floor", "stdlib_floor"),
+                    )
+                ),
+            ),
+        ),
+        comparison=Comparison(
+            "before",
+            "after",
+            (
+                Compare(
+                    "installed script, median",
+                    "cases.before_embedded_entry_point.median_ms",
+                    "cases.embedded_entry_point.median_ms",
+                    "ms",
+                ),
+                Compare(
+                    "python -m gpupool, median",
+                    "cases.before_embedded_python_m.median_ms",
+                    "cases.embedded_python_m.median_ms",
+                    "ms",
+                ),
+                Compare(
+                    "the zipapp, median",
+                    "cases.before_embedded_zipapp.median_ms",
+                    "cases.embedded_zipapp.median_ms",
+                    "ms",
+                ),
+                Compare(
+                    "with a server, median",
+                    "cases.before_server_entry_point.median_ms",
+                    "cases.server_entry_point.median_ms",
+                    "ms",
+                ),
+                Compare(
+                    "installed script ÷ `python -c pass`",
+                    "cases.before_embedded_entry_point.ratio",
+                    "cases.embedded_entry_point.ratio",
+                ),
+            ),
+            "Before and after timed in the same rounds, {cases.embedded_entry_point.runs} runs each "
+            "(the baseline's checkout is under All figures).",
+        ),
+        targets=(
+            Target(
+                "median of `gpupool run -- true`, installed script",
+                "cases.embedded_entry_point.median_ms",
+                "<=",
+                80,
+                "ms",
+                "target",
+                TWO_CORES,
+            ),
+        ),
+    ),
+}
