@@ -304,3 +304,223 @@ HEADLINES: Dict[str, Headline] = {
         ),
     ),
 }
+
+_QUIET_LAUNCHER = Headline(
+    tables=(
+        Table(
+            ("`{command}`", "median, ms", "p90, ms", "÷ `python -c pass`"),
+            tuple(
+                Row(label, (f"cases.{case}.median_ms", f"cases.{case}.p90_ms", f"cases.{case}.ratio"))
+                for label, case in (
+                    ("installed script (embedded mode)", "embedded_entry_point"),
+                    ("the same, before", "before_embedded_entry_point"),
+                    ("the standard library's floor", "stdlib_floor"),
+                )
+            ),
+        ),
+    ),
+)
+
+
+def _ratio_target(label: str, path: str = "ratio") -> Target:
+    return Target(label, path, ">=", "target_ratio")
+
+
+HEADLINES.update(
+    {
+        "launcher_quiet.json": _QUIET_LAUNCHER,
+        "crash.json": Headline(
+            tables=(
+                Table(
+                    ("{rounds} kills of a busy server, {clients} clients", "claims"),
+                    (
+                        Row("acknowledged", ("acknowledged",)),
+                        Row("lost (acknowledged, gone after the restart)", ("lost",)),
+                        Row("resurrected (released, back after the restart)", ("resurrected",)),
+                        Row("GPUs overcommitted", ("overcommitted",)),
+                        Row("verdict", ("verdict",)),
+                    ),
+                ),
+            ),
+        ),
+        "outage.json": Headline(
+            tables=(
+                Table(
+                    ("{rounds} outages of {down_s} s, leases' TTL {ttl_s} s", "value"),
+                    (
+                        Row("leases lost", ("leases_lost",)),
+                        Row("runners that gave up (exit 6)", ("runners_exit_6",)),
+                        Row("waiting claims granted", ("waiting_granted",)),
+                        Row("waiting claims started", ("waiting_started",)),
+                        Row("longest wait for all grants after the restart", ("max_all_granted_after_restart_s",), "s"),
+                        Row(
+                            "longest wait for all heartbeats after the restart",
+                            ("max_all_heartbeats_back_after_restart_s",),
+                            "s",
+                        ),
+                        Row("verdict", ("verdict",)),
+                    ),
+                ),
+            ),
+        ),
+        "dashboard.json": Headline(
+            tables=(
+                Table(
+                    ("{gpus} GPUs, {leases} leases", "p50, ms", "max, ms"),
+                    tuple(
+                        Row(label, (f"{key}.p50_ms", f"{key}.max_ms"))
+                        for label, key in (
+                            ("GET the dashboard page", "http_get_page"),
+                            ("GET its live part", "http_get_live"),
+                            ("GET its live part, status shared", "http_get_live_shared_status"),
+                            ("GET /metrics", "http_get_metrics"),
+                            ("the pool's status, in process", "pool_status"),
+                        )
+                    ),
+                ),
+                Table(
+                    ("in a browser", "value"),
+                    (
+                        Row("page loaded", ("browser.load_event_ms",), "ms"),
+                        Row("a refresh fetched and swapped in", ("browser.refresh_fetch_and_swap_ms",), "ms"),
+                        Row("page size, gzipped", ("html_gzip_bytes",), "bytes"),
+                    ),
+                ),
+            ),
+        ),
+        "trainer.json": Headline(
+            tables=(
+                Table(
+                    ("{settings.model} on {settings.data}, {machine.device}", "value"),
+                    (
+                        Row("gpupool train", ("trainer_images_per_second",), "images/s"),
+                        Row("a hand-written loop", ("hand_loop_images_per_second",), "images/s"),
+                        Row("trainer ÷ hand loop, best epochs", ("ratio",)),
+                        Row("trainer ÷ hand loop, median of {#round_ratios} rounds", ("median_ratio",)),
+                    ),
+                ),
+            ),
+            targets=(_ratio_target("trainer ÷ hand loop, best epochs"),),
+        ),
+        "lightning.json": Headline(
+            tables=(
+                Table(
+                    ("{settings.model} on {settings.data}, {machine.device}", "value"),
+                    (
+                        Row("gpupool train", ("trainer_images_per_second",), "images/s"),
+                        Row("PyTorch Lightning {machine.lightning}", ("lightning_images_per_second",), "images/s"),
+                        Row("trainer ÷ Lightning, best epochs", ("ratio",)),
+                        Row("trainer ÷ Lightning, median of {#round_ratios} rounds", ("median_ratio",)),
+                    ),
+                ),
+            ),
+        ),
+        "input_pipeline.json": Headline(
+            tables=(
+                Table(
+                    ("{settings.source} to {settings.resize} px", "value"),
+                    (
+                        Row("plain decode and resize", ("raw_decode_resize_images_per_second",), "images/s"),
+                        Row("the trainer's loader, per worker", ("loader_images_per_second_per_worker",), "images/s"),
+                        Row("loader ÷ plain, best rounds", ("ratio",)),
+                        Row("loader ÷ plain, medians", ("median_ratio",)),
+                    ),
+                ),
+            ),
+            targets=(_ratio_target("loader ÷ plain, best rounds"),),
+        ),
+        "objstore.json": Headline(
+            tables=(
+                Table(
+                    ("{settings.images} images, {settings.source}", "value"),
+                    (
+                        Row("local disk", ("local_images_per_second",), "images/s"),
+                        Row("bucket, through the cache", ("bucket_cached_images_per_second",), "images/s"),
+                        Row("bucket, cold", ("bucket_cold_images_per_second",), "images/s"),
+                        Row("cached bucket ÷ local disk", ("ratio",)),
+                    ),
+                ),
+            ),
+            targets=(_ratio_target("cached bucket ÷ local disk"),),
+        ),
+    }
+)
+
+
+def _launcher_cases(cases: Tuple[Tuple[str, str], ...]) -> Table:
+    return Table(
+        ("`{command}`", "median, ms", "p90, ms", "÷ `python -c pass`"),
+        tuple(
+            Row(label, (f"cases.{case}.median_ms", f"cases.{case}.p90_ms", f"cases.{case}.ratio"))
+            for label, case in cases
+        ),
+    )
+
+
+HEADLINES.update(
+    {
+        "pool_before_issue13.json": Headline(
+            tables=(
+                Table(
+                    ("over HTTP", "{http[0].clients} client", "{http[1].clients} clients", "{http[2].clients} clients"),
+                    (
+                        _levels("claim+release", "http", "claim_release_per_s", "/s"),
+                        _levels("round-trip p99", "http", "round_trip_p99_ms", "ms"),
+                    ),
+                ),
+                Table(
+                    ("in process", "value"),
+                    (
+                        Row(
+                            "placement at {placement.devices} GPUs, {placement.live_leases} leases",
+                            ("placement.place_ms",),
+                            "ms",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        "launcher_before_issue16.json": Headline(
+            tables=(
+                _launcher_cases(
+                    (
+                        ("installed script (embedded mode)", "embedded_entry_point"),
+                        ("python -m gpupool (embedded mode)", "embedded_python_m"),
+                        ("the zipapp (embedded mode)", "embedded_zipapp"),
+                    )
+                ),
+            ),
+        ),
+        "simulate.json": Headline(
+            tables=(
+                Table(
+                    ("GPUs left unallocated, gpupool's policies", "mean of {#seeds} seeds", "first failure at arrival"),
+                    tuple(
+                        Row(policy, (f"summary.{policy}.mean", f"summary.{policy}.first_failure_arrival_percent"), "%")
+                        for policy in ("fragaware", "fgd", "binpack", "spread", "random")
+                    ),
+                ),
+                Table(
+                    ("published (FGD paper), mean of 10 seeds", "GPUs left unallocated"),
+                    tuple(
+                        Row(policy, (f"paper_mean_10_seeds.{policy}",), "%")
+                        for policy in ("fgd", "bestfit", "packing", "clustering", "dotprod", "random")
+                    ),
+                ),
+            ),
+        ),
+        "trainer_resnet50_cpu_smoke.json": Headline(
+            tables=(
+                Table(
+                    ("{settings.model} on {settings.data}, {machine.device}", "value"),
+                    (
+                        Row("gpupool train", ("trainer_images_per_second",), "images/s"),
+                        Row("a hand-written loop", ("hand_loop_images_per_second",), "images/s"),
+                        Row("trainer ÷ hand loop", ("ratio",)),
+                    ),
+                ),
+            ),
+            targets=(_ratio_target("trainer ÷ hand loop"),),
+        ),
+    }
+)
