@@ -318,6 +318,8 @@ def headline(name: str, data: Any, spec: headlines.Headline) -> List[str]:
         lines.append("\n")
     if spec.comparison is not None:
         ab = spec.comparison
+        if ab.note:  # above the table: it says what the columns are
+            lines.append(label(ab.note, data, name) + "\n\n")
         lines += [_row(["", label(ab.before, data, name), label(ab.after, data, name), "after ÷ before"]), _rule(4)]
         for pair in ab.rows:
             before, after = figure_at(data, pair.before, name), figure_at(data, pair.after, name)
@@ -333,8 +335,6 @@ def headline(name: str, data: Any, spec: headlines.Headline) -> List[str]:
                 )
             )
         lines.append("\n")
-        if ab.note:
-            lines.append(label(ab.note, data, name) + "\n\n")
     if spec.targets:
         lines += [_row(["target", "measured", "limit", "met"]), _rule(4)]
         for target in spec.targets:

@@ -146,7 +146,7 @@ HEADLINES: Dict[str, Headline] = {
     "webhook.json": Headline(
         tables=(
             Table(
-                ("", "requests/s", "p50, ms", "p99, ms"),
+                ("webhook over HTTPS", "requests/s", "p50, ms", "p99, ms"),
                 (
                     Row(
                         "mutate, {mutate_1_client.clients} client",
@@ -160,7 +160,7 @@ HEADLINES: Dict[str, Headline] = {
                 _LAST,
             ),
             Table(
-                ("", "p50", "p99"),
+                ("scheduler extender", "p50", "p99"),
                 (
                     Row(
                         "extender filter, {extender_filter_1000x8.nodes} nodes × "
