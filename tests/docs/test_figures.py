@@ -167,7 +167,17 @@ def test_a_target_the_file_does_not_state_or_a_ratio_that_disagrees_fails(monkey
 
 @pytest.mark.parametrize(
     ("value", "shown"),
-    [(2492.5, "2,493"), (31.037, "31.0"), (0.545, "0.545"), (2.375, "2.38"), (10000, "10,000"), (0.0, "0")],
+    [
+        (2492.5, "2,493"),
+        (31.037, "31.0"),
+        (0.545, "0.545"),
+        (2.375, "2.38"),
+        (10000, "10,000"),
+        (0.0, "0"),
+        (4.6, "4.6"),
+        (20.0, "20.0"),
+        (3e-05, "0.00003"),
+    ],
 )
 def test_headline_figures_show_three_significant_digits(value: float, shown: str) -> None:
     assert figures.short(value) == shown

@@ -228,13 +228,14 @@ def figure_at(data: Any, path: str, name: str) -> Any:
 
 
 def short(value: Any) -> str:
-    """A headline figure: three significant digits (whole numbers from 100 up), thousands apart."""
+    """A headline figure: three significant digits at most (whole numbers from 100 up), thousands apart."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return fmt(value)
     if isinstance(value, int):
         return f"{value:,}"
     exact = Decimal(repr(value))
     places = 0 if value == 0 or abs(value) >= 100 else 2 - math.floor(math.log10(abs(value)))
+    places = min(places, max(0, -int(exact.as_tuple().exponent)))  # no digits the file did not give
     return f"{exact.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP):,}"  # 2,492.5 is 2,493
 
 

@@ -524,3 +524,103 @@ HEADLINES.update(
         ),
     }
 )
+
+
+def _values(title: str, rows: Tuple[Tuple[str, str, str], ...]) -> Table:
+    """A table of single figures: (label, path, unit) each."""
+    return Table((title, "value"), tuple(Row(label, (path,), unit) for label, path, unit in rows))
+
+
+HEADLINES.update(
+    {
+        "gpu-isolation.json": Headline(
+            tables=(
+                _values(
+                    "{device}",
+                    (
+                        ("a CUDA context costs", "context_overhead_mib", "MiB"),
+                        ("reserved for it by default", "context_reserve_mib_default", "MiB"),
+                        (
+                            "each of two half shares filled, of a cap of {two_half_shares_cap_mib} MiB",
+                            "two_half_shares_filled_mib",
+                            "MiB",
+                        ),
+                        ("more than its share refused, with the hooks", "hooks_over_share_refused", ""),
+                        ("more than its share refused, with MPS", "mps_over_share_refused", ""),
+                    ),
+                ),
+            ),
+        ),
+        "gpu-enforcement.json": Headline(
+            tables=(
+                _values(
+                    "{watchdog_over_share.gpu}",
+                    (
+                        ("a job over its share stopped after", "watchdog_over_share.stopped_after_s", "s"),
+                        ("its grace", "watchdog_over_share.grace_s", "s"),
+                        ("a killed runner's child gone after", "killed_runner.child_gone_after_s", "s"),
+                        ("GPU processes left behind", "killed_runner.gpu_processes_after", ""),
+                    ),
+                ),
+            ),
+        ),
+        "suspend-gpu.json": Headline(
+            tables=(
+                Table(
+                    ("{gpu}, GPU state", "suspend", "resume", "GPU memory parked", "data intact"),
+                    tuple(
+                        Row(
+                            "{runs[%d].state_gib} GiB" % i,
+                            tuple(
+                                f"runs[{i}].{k}"
+                                for k in ("suspend_s", "resume_s", "gpu_used_mib_parked", "data_intact")
+                            ),
+                        )
+                        for i in (0, 2, 4)
+                    ),
+                    "First cycle of each size (seconds; MiB parked):",
+                ),
+            ),
+        ),
+        "suspend-gpu-run.json": Headline(
+            tables=(
+                _values(
+                    "{gpu}: a `gpupool run` suspended mid-training",
+                    (
+                        ("suspend", "suspend_s", "s"),
+                        ("resume", "resume_s", "s"),
+                        ("GPU memory running", "used_mib_running", "MiB"),
+                        ("GPU memory parked", "used_mib_parked", "MiB"),
+                        ("losses the same as an uninterrupted run", "losses_equal", ""),
+                    ),
+                ),
+            ),
+        ),
+        "suspend-gpu-training.json": Headline(
+            tables=(
+                _values(
+                    "{gpu}: a training suspended at step {steps_at_suspend} of {steps}",
+                    (
+                        ("suspend", "suspend_s", "s"),
+                        ("resume", "resume_s", "s"),
+                        ("GPU memory parked", "used_mib_parked", "MiB"),
+                        ("losses equal step for step", "losses_equal_step_for_step", ""),
+                    ),
+                ),
+            ),
+        ),
+        "notebook-gpu.json": Headline(
+            tables=(
+                _values(
+                    "{gpu}: a kernel holding {tensor_gib} GiB, idle for {idle_suspend_s} s",
+                    (
+                        ("suspended after", "suspended_after_idle_s", "s"),
+                        ("GPU memory parked", "used_mib_parked", "MiB"),
+                        ("next cell's result after", "cell_start_to_result_s", "s"),
+                        ("the same tensor after the resume", "same_sum", ""),
+                    ),
+                ),
+            ),
+        ),
+    }
+)
