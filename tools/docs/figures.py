@@ -302,6 +302,27 @@ def _target(name: str, data: Any, target: headlines.Target) -> List[str]:
     ]
 
 
+def _table_rows(name: str, data: Any, row: headlines.Row, each: Optional[str]) -> List[str]:
+    """`row` of `data`, or with `each` the row for every item of that list (paths within an item)."""
+    if each is None:
+        items: List[Tuple[str, Any]] = [("", data)]
+    else:
+        found = lookup(data, each, name)
+        if not isinstance(found, list):
+            raise FigureError(f"{name} has no list {each!r} to show a row per item of")
+        items = [(f"{each}[{i}].", item) for i, item in enumerate(found)]
+    lines = []
+    for at, item in items:
+        try:
+            cells = [_with_unit(figure_at(item, path, name), row.unit) for path in row.paths]
+            lines.append(_row([label(row.label, item, name), *cells]))
+        except FigureError as err:
+            if not at:
+                raise
+            raise FigureError(f"{name} {at.rstrip('.')}: {err}") from None
+    return lines
+
+
 def headline(name: str, data: Any, spec: headlines.Headline) -> List[str]:
     """The markdown of a file's headline: its tables, before and after, its targets."""
     lines: List[str] = []
@@ -314,8 +335,7 @@ def headline(name: str, data: Any, spec: headlines.Headline) -> List[str]:
                 raise FigureError(
                     f"{name}: headline row {row.label!r} has {len(row.paths)} paths for {len(table.columns) - 1} columns"
                 )
-            cells = [_with_unit(figure_at(data, path, name), row.unit) for path in row.paths]
-            lines.append(_row([label(row.label, data, name), *cells]))
+            lines += _table_rows(name, data, row, table.each)
         lines.append("\n")
     if spec.comparison is not None:
         ab = spec.comparison

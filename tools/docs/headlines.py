@@ -6,6 +6,7 @@ built (tools/docs/figures.py renders these above the file's full, folded, table)
 in tools/docs/figures.py, plus `[*]`: the median over every item of that list
 (`rounds[*].after.mutate_32_clients_p99_ms`). A label may cite a figure in braces
 (`placement at {placement.devices} GPUs`), and `{#rounds}` is the number of items of a list.
+A table with `each` has a row per item of a list (a report's runs).
 A path the file lacks fails the build and tests/docs/test_figures.py, naming the file and path.
 To give a file a headline, add an entry to HEADLINES keyed by its name in benchmarks/results/.
 """
@@ -24,9 +25,13 @@ class Row(NamedTuple):
 
 
 class Table(NamedTuple):
+    """With `each`, the path of a list: its one row is written once, its label and paths relative
+    to an item, and shown for every item of the list (as many rows as the file has runs)."""
+
     columns: Tuple[str, ...]  # the first heads the labels
     rows: Tuple[Row, ...]
     caption: str = ""  # a line above the table
+    each: Optional[str] = None
 
 
 class Compare(NamedTuple):
@@ -619,6 +624,70 @@ HEADLINES.update(
                         ("next cell's result after", "cell_start_to_result_s", "s"),
                         ("the same tensor after the resume", "same_sum", ""),
                     ),
+                ),
+            ),
+        ),
+    }
+)
+
+
+_SCALING = Headline(
+    tables=(
+        Table(
+            ("{machine.accelerator}", "GPUs", "images/s", "speedup", "efficiency"),
+            (Row("{label}", ("gpus", "images_per_second", "speedup", "efficiency")),),
+            "{settings.model}, {settings.data} data, batch {settings.batch_size}:",
+            each="runs",
+        ),
+    ),
+)
+_SHARE = Headline(
+    tables=(
+        Table(
+            ("{machine.accelerator}", "jobs on one GPU", "images/s, all jobs", "÷ one whole job", "fairness"),
+            (Row("{label}", ("jobs", "images_per_second", "aggregate_vs_whole", "fairness")),),
+            "{settings.model}, {settings.data} data, batch {settings.batch_size}:",
+            each="runs",
+        ),
+    ),
+)
+_CUDA_TRAINER = Headline(
+    tables=(
+        Table(
+            ("{settings.model} on {settings.data}, {machine.device}", "value"),
+            (
+                Row("gpupool train", ("trainer_images_per_second",), "images/s"),
+                Row("a hand-written loop", ("hand_loop_images_per_second",), "images/s"),
+                Row("trainer ÷ hand loop, best epochs", ("ratio",)),
+                Row("trainer ÷ hand loop, median of {#round_ratios} rounds", ("median_ratio",)),
+            ),
+        ),
+    ),
+    targets=(_ratio_target("trainer ÷ hand loop, best epochs"),),
+)
+
+HEADLINES.update(
+    {
+        "bench_scaling_cpu.json": _SCALING,
+        "gpu-bench/r50-scaling-synthetic/report.json": _SCALING,
+        "gpu-bench/r50-scaling-jpeg/report.json": _SCALING,
+        "bench_share_cpu.json": _SHARE,
+        "gpu-bench/r50-share/report.json": _SHARE,
+        "gpu-bench/r50-share-hooks-same-run/report.json": _SHARE,
+        "gpu-bench/r50-share-mps/report.json": _SHARE,
+        "gpu-bench/small-share/report.json": _SHARE,
+        "gpu-bench/trainer_resnet50_cuda.json": _CUDA_TRAINER,
+        "gpu-bench/lightning_resnet50_cuda.json": HEADLINES["lightning.json"],
+        "dashboard_before_after.json": Headline(
+            tables=(
+                Table(
+                    (
+                        "rendering {bench_runs.old-3.gpus} GPUs, in turn",
+                        "page, ms (min, median)",
+                        "live part, ms (min, median)",
+                    ),
+                    (Row("{code}", ("page_ms_min_median", "live_ms_min_median")),),
+                    each="render_only",
                 ),
             ),
         ),
