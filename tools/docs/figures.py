@@ -6,8 +6,9 @@ tests/docs/test_figures.py):
 - In a page MkDocs builds, the marker `{{ fig("pool.json", "placement.place_ms") }}` is replaced
   at build time by the value at that path of that file (tools/docs/hooks.py; a third argument
   rounds it: `{{ fig("pool.json", "placement.place_ms", 1) }}`), and
-  `{{ bench_table("pool.json") }}` by the tables of the whole file (or, with more arguments,
-  only of the paths named: `{{ bench_table("simulate.json", "summary") }}`).
+  `{{ bench_table("pool.json") }}` by the file's headline (tools/docs/headlines.py), its machine
+  in a line, and folded under "All figures" the tables of the whole file (or, with more
+  arguments, only of the paths named: `{{ bench_table("simulate.json", "summary") }}`).
 - Anywhere else (README.md, CHANGELOG.md), or where a number must stay literal: a number tagged with
   an HTML comment right after it (a unit may stand between), `0.915 ms<!-- fig pool.json
   placement.place_ms -->`; the test fails unless the JSON's value, rounded to the decimals shown,
