@@ -78,7 +78,7 @@ def test_suspend_stops_and_moves_the_memory_out_resume_brings_it_back(usage, chi
 
     assert parked == Parked((a, b), (1000 + 200 + 300) * MIB)
     assert state(a) == state(b) == "T"
-    assert state(c) == "S"
+    assert state(c) != "T"  # untouched: running or sleeping
     assert read(usage) == {GPU0: {str(c): 50}, GPU1: {}}
 
     backend.resume(parked, {})
