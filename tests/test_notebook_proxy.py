@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 
 from gpupool.notebook import wire  # noqa: E402
+from gpupool.notebook.launch import internal_connection  # noqa: E402
 from gpupool.notebook.proxy import KernelProxy  # noqa: E402
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -27,7 +29,8 @@ def ports() -> Dict[str, Any]:
 
 
 def url(info: Dict[str, Any], channel: str) -> str:
-    return f"tcp://127.0.0.1:{info[channel + '_port']}"
+    port = info[channel + "_port"]
+    return f"tcp://{info['ip']}:{port}" if info["transport"] == "tcp" else f"ipc://{info['ip']}-{port}"
 
 
 def message(msg_type: str, content: Optional[Dict[str, Any]] = None) -> List[bytes]:
@@ -53,8 +56,9 @@ class Gate:
 
 
 @pytest.fixture
-def rig() -> Iterator[Any]:
-    front, back = ports(), ports()
+def rig(tmp_path: Path) -> Iterator[Any]:
+    # the kernel's side as the provisioner writes it: abstract Unix sockets, no TCP port to race for
+    front, back = ports(), internal_connection({"key": b"k"}, tmp_path / "kernel-gpupool.json")
     gate = Gate()
     proxy = KernelProxy(front, back, gate)
     proxy.start()
@@ -128,3 +132,13 @@ def test_iopub_status_is_read_and_heartbeats_are_answered_while_parked(rig: Any)
     kernel["hb"].rcvtimeo = 300
     with pytest.raises(zmq.Again):
         kernel["hb"].recv()
+
+
+def test_the_kernel_side_is_abstract_sockets_in_a_private_file(tmp_path: Path) -> None:
+    path = tmp_path / "kernel-gpupool.json"
+    info = internal_connection({"key": b"secret", "kernel_name": "k"}, path)
+    assert info["transport"] == "ipc" and info["ip"].startswith("@gpupool-kernel-")
+    assert {info[f"{c}_port"] for c in CHANNELS} == {1, 2, 3, 4, 5}
+    assert json.loads(path.read_text()) == info and info["key"] == "secret"
+    assert path.stat().st_mode & 0o777 == 0o600, "it holds the key"
+    assert internal_connection({}, tmp_path / "other.json")["ip"] != info["ip"], "each kernel its own names"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,19 +55,18 @@ class KernelSettings:
         )
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((ip, 0))
-        return int(probe.getsockname()[1])
-
-
 def internal_connection(frontend: Mapping[str, Any], path: Path) -> Dict[str, Any]:
-    """Write the kernel's own connection file beside the frontend's (mode 0600: it holds the key)."""
-    ip = "127.0.0.1"
-    info: Dict[str, Any] = {f"{channel}_port": _free_port(ip) for channel in CHANNELS}
+    """Write the kernel's own connection file beside the frontend's (mode 0600: it holds the key).
+
+    The kernel listens on Linux abstract Unix sockets (ZeroMQ's ipc transport, `@name`), not on
+    TCP ports: a free port picked now could be taken by another process before the kernel binds
+    it (the kernel starts only once its claim is granted), and an abstract socket leaves no file
+    behind when the kernel is killed. Like the loopback ports of a plain kernel, they are
+    reachable from this host, and every message needs the key's signature."""
+    info: Dict[str, Any] = {f"{channel}_port": n for n, channel in enumerate(CHANNELS, 1)}
     info.update(
-        ip=ip,
-        transport="tcp",
+        ip=f"@gpupool-kernel-{secrets.token_hex(8)}",  # the sockets are @gpupool-kernel-HEX-1 .. -5
+        transport="ipc",
         key=_text(frontend.get("key", b"")),
         signature_scheme=frontend.get("signature_scheme", "hmac-sha256"),
         kernel_name=frontend.get("kernel_name", ""),
