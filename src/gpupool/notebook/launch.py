@@ -1,7 +1,7 @@
-"""How a kernel starts under a lease: `python -m gpupool run ... -- KERNEL ARGV` on ports of its own.
+"""How a kernel starts under a lease: `python -m gpupool run ... -- KERNEL ARGV` on sockets of its own.
 
 The frontend keeps the ports jupyter_client chose (the proxy binds them); the kernel gets an
-internal connection file with fresh ports and the same key, so every message it signs is valid
+internal connection file with sockets of its own and the same key, so every message it signs is valid
 on both sides and the proxy never re-signs.
 """
 

@@ -2,7 +2,7 @@
 
 A LocalProvisioner whose process is `gpupool run` (the runner: env, hook, tree ownership,
 release on every exit path; each start, restarts too, is a new lease) with the wrapped kernel
-on ports of its own, a proxy between those and the ports the frontend knows, and a gate that
+on sockets of its own, a proxy between those and the ports the frontend knows, and a gate that
 suspends the lease while the kernel idles. The runner gets SIGTERM when the Jupyter process
 dies (PR_SET_PDEATHSIG), so it ends the kernel and releases. Signals other than SIGTERM go to
 the kernel's own process group: an interrupt reaches the kernel, never the runner.
