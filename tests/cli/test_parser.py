@@ -25,3 +25,12 @@ def test_run_help_is_wrapped_to_the_width_in_columns(tmp_path, columns):
     assert max(len(line) for line in options) <= columns - 2
     if columns > 100:  # a wide terminal gets wide lines, not the 80-column default
         assert max(len(line) for line in options) > FALLBACK_COLUMNS
+
+
+@pytest.mark.parametrize("group", ["claim", "config", "queue", "token", "kube", "bench"])
+def test_a_group_without_its_subcommand_prints_its_help_and_exits_2(tmp_path, group):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "gpupool", group], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"usage: gpupool {group} "), done.stderr

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .groups import help_when_bare
 from .pool_options import add_pool_arguments
 
 
@@ -41,12 +42,7 @@ def register(subparsers: Any) -> None:
     for p in (scaling, share):
         _common(p)
         p.set_defaults(func=_bench)
-    bench.set_defaults(func=lambda args: _no_kind(bench))
-
-
-def _no_kind(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    help_when_bare(bench)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

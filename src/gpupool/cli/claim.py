@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from .groups import help_when_bare
 from .pool_options import add_pool_arguments, connect_one, print_pool
 
 if TYPE_CHECKING:
@@ -43,11 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_pool_arguments(s)
     s.set_defaults(func=handle_priority)
 
-    def handle_bare(_args: argparse.Namespace) -> int:
-        p.print_help(sys.stderr)
-        return 2
-
-    p.set_defaults(func=handle_bare)
+    help_when_bare(p)
 
 
 def handle_hold(args: argparse.Namespace) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING
 
+from .groups import help_when_bare
 from .pool_options import add_pool_arguments, pool_kwargs
 
 if TYPE_CHECKING:
@@ -28,11 +28,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_pool_arguments(show)
     show.set_defaults(func=handle_show)
 
-    def handle_bare(_args: argparse.Namespace) -> int:
-        p.print_help(sys.stderr)
-        return 2
-
-    p.set_defaults(func=handle_bare)
+    help_when_bare(p)
 
 
 def handle_show(args: argparse.Namespace) -> int:

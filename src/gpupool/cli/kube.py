@@ -16,6 +16,7 @@ from pathlib import Path
 from ..core.errors import InvalidInput
 from ..kube.dra import DEFAULT_DRIVER
 from ..kube.dra.cdi import DEFAULT_CDI_DIR
+from .groups import help_when_bare
 from .server import add_enforcement_arguments, add_preempt_argument, node_enforcement
 
 
@@ -23,11 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     kube = subparsers.add_parser("kube", help="Kubernetes: webhooks + scheduler extender, node agent, certificates")
     verbs = kube.add_subparsers(dest="kube_command", metavar="KUBE_COMMAND")
 
-    def handle_bare(_args: argparse.Namespace) -> int:
-        kube.print_help(sys.stderr)
-        return 2
-
-    kube.set_defaults(func=handle_bare)
+    help_when_bare(kube)
 
     p = verbs.add_parser("webhook", help="serve /mutate, /validate, /healthz and the scheduler extender")
     p.add_argument("--listen", default="0.0.0.0:8443", metavar="HOST:PORT")

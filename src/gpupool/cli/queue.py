@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 from ..core.suspension import PREEMPT_MODES
+from .groups import help_when_bare
 from .pool_options import add_pool_arguments, connect_one, print_pool
 
 
@@ -68,11 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_pool_arguments(s)
     s.set_defaults(func=handle_delete)
 
-    def handle_bare(_args: argparse.Namespace) -> int:
-        p.print_help(sys.stderr)
-        return 2
-
-    p.set_defaults(func=handle_bare)
+    help_when_bare(p)
 
 
 def _idle(text: str) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..core.errors import GpupoolError, InvalidInput, Unauthorized
+from .groups import help_when_bare
 from .pool_options import print_pool
 
 
@@ -76,11 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             v.add_argument("--out", required=True, metavar="TAR", help="bundle to write with the new token")
         v.set_defaults(func={"list": handle_list, "revoke": handle_revoke, "rotate": handle_rotate}[verb])
 
-    def handle_bare(_args: argparse.Namespace) -> int:
-        p.print_help(sys.stderr)
-        return 2
-
-    p.set_defaults(func=handle_bare)
+    help_when_bare(p)
 
 
 def handle_create(args: argparse.Namespace) -> int:
