@@ -185,15 +185,7 @@ def _run_once(
         )
         say(f"Choosing GPUs from server list [{addresses}]")
         if attempt == 1:
-            client, lease = choose_and_claim(
-                clients,
-                claim,
-                current_holder(options.label),
-                wait_s=wait_s,
-                ttl_s=options.ttl_s,
-                progress=say,
-                waiting_view=_waiting_view(options),
-            )
+            client, lease = _claim(clients, claim, options, say, wait_s)
         else:
             client, lease = _claim_again(clients, claim, options, say)
         attest_lease(client, lease, warn)  # before the command starts: the node's watchdog then sees its tree
@@ -287,6 +279,21 @@ def _run_once(
             watch.join(timeout=2.0)
 
 
+def _claim(
+    clients: List[PoolClient], claim: Claim, options: RunOptions, say: Callable[[str], None], wait_s: float
+) -> Tuple[PoolClient, Lease]:
+    """`claim` as this run asks it: its holder and TTL, its progress lines and its waiting view."""
+    return choose_and_claim(
+        clients,
+        claim,
+        current_holder(options.label),
+        wait_s=wait_s,
+        ttl_s=options.ttl_s,
+        progress=say,
+        waiting_view=_waiting_view(options),
+    )
+
+
 def _claim_again(
     clients: List[PoolClient], claim: Claim, options: RunOptions, say: Callable[[str], None]
 ) -> Tuple[PoolClient, Lease]:
@@ -295,15 +302,7 @@ def _claim_again(
     told = False
     while True:
         try:
-            return choose_and_claim(
-                clients,
-                claim,
-                current_holder(options.label),
-                wait_s=MAX_WAIT_S,
-                ttl_s=options.ttl_s,
-                progress=say,
-                waiting_view=_waiting_view(options),
-            )
+            return _claim(clients, claim, options, say, MAX_WAIT_S)
         except ServerUnreachable as err:
             if not told:
                 say(f"warning: {err.message}; trying again every {RECLAIM_RETRY_S:g}s")
