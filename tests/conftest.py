@@ -55,6 +55,24 @@ class ServerProcess:
     def stop(self, sig: int = signal.SIGTERM) -> int:
         return stop_process(self.proc, sig)
 
+    def hold_whole_gpus(self, count: int) -> List[str]:
+        """`count` whole GPUs held by admin leases of the longest TTL (the pool full for claims to
+        wait); their lease ids."""
+        import httpx
+
+        from gpupool.core.model import MAX_TTL_S
+
+        ids = []
+        for _ in range(count):
+            answer = httpx.post(
+                f"{self.url}/v1/leases",
+                json={"claim": {"requests": [{"count": 1, "fraction": 1.0}]}, "ttl_s": MAX_TTL_S},
+                headers=self.headers(),
+            )
+            assert answer.status_code == 201, answer.text
+            ids.append(answer.json()["id"])
+        return ids
+
     def client_env(self, tmp_path: Path) -> Dict[str, str]:
         """The env of a `gpupool run` against this server: none of the developer's GPUPOOL_* or
         ~/.gpupool, no embedded pool of its own, the admin token."""

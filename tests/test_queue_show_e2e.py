@@ -18,8 +18,6 @@ from typing import Dict, List
 import httpx
 from waiting import wait_until
 
-from gpupool.core.model import MAX_TTL_S
-
 
 def gpupool(env: Dict[str, str], *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpupool", *argv], env=env, capture_output=True, text=True, timeout=60)
@@ -37,15 +35,7 @@ def test_queue_show_lists_the_order_that_then_happens(server_factory, tmp_path: 
     admin = server.headers()
     for name in ("a", "b"):
         assert httpx.put(f"{server.url}/v1/queues/{name}", json={"quota": 0}, headers=admin).status_code == 200
-    blockers = []
-    for _ in range(3):
-        answer = httpx.post(
-            f"{server.url}/v1/leases",
-            json={"claim": {"requests": [{"count": 1, "fraction": 1.0}]}, "ttl_s": MAX_TTL_S},
-            headers=admin,
-        )
-        assert answer.status_code == 201, answer.text
-        blockers.append(answer.json()["id"])
+    blockers = server.hold_whole_gpus(3)
     flags = tmp_path / "flags"
     flags.mkdir()
     script = f': > {flags}/"$0".started; while [ ! -e {flags}/stop ]; do sleep 0.05; done'

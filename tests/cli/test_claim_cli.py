@@ -15,7 +15,6 @@ import httpx
 from waiting import wait_until
 
 from gpupool.core.errors import Forbidden, InvalidInput, NotFound
-from gpupool.core.model import MAX_TTL_S
 
 
 def gpupool(env: Dict[str, str], token: str, *argv: str) -> subprocess.CompletedProcess:
@@ -37,15 +36,7 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
         answer = httpx.post(f"{server.url}/v1/tokens", json={"name": name}, headers=admin)
         assert answer.status_code == 201, answer.text
         tokens[name] = answer.json()["token"]
-    blockers = []
-    for _ in range(2):
-        answer = httpx.post(
-            f"{server.url}/v1/leases",
-            json={"claim": {"requests": [{"count": 1, "fraction": 1.0}]}, "ttl_s": MAX_TTL_S},
-            headers=admin,
-        )
-        assert answer.status_code == 201, answer.text
-        blockers.append(answer.json()["id"])
+    blockers = server.hold_whole_gpus(2)
     flags = tmp_path / "flags"
     flags.mkdir()
     script = f': > {flags}/"$0".started; while [ ! -e {flags}/stop ]; do sleep 0.05; done'
