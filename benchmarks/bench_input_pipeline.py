@@ -19,7 +19,6 @@ Writes benchmarks/results/input_pipeline.json (or --out) and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
 import torch  # noqa: E402
+from results_file import load_average, write_and_show  # noqa: E402  (beside this script)
 
 from gpupool.train.data import ImageFiles, make_loader  # noqa: E402
 
@@ -164,7 +164,7 @@ def main() -> int:
         "raw_images_per_cpu_second": round(max(raw_cpu), 1),
         "loader_images_per_worker_cpu_second": round(max(ours_cpu), 1),
         "cpu_ratio": round(max(ours_cpu) / max(raw_cpu), 3),
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_at_end": load_average(),
         "rounds": {
             "raw": [round(x, 1) for x in raw],
             "loader_per_worker": [round(x, 1) for x in ours],
@@ -172,9 +172,7 @@ def main() -> int:
             "loader_cpu": [round(x, 1) for x in ours_cpu],
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_and_show(result, args.out)
     return 0
 
 

@@ -30,7 +30,6 @@ Writes benchmarks/results/lightning.json (or --out) and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -52,6 +51,7 @@ except ImportError:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_trainer import PlainFiles, bench_data, machine, settings, trainer_run  # noqa: E402
+from results_file import load_average, write_and_show  # noqa: E402  (beside this script)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from gpupool.train.data import Split  # noqa: E402
@@ -243,15 +243,13 @@ def main() -> int:
         "round_ratios": [round(x, 3) for x in round_ratios],
         "cpu_time_median_ratio": round(statistics.median(cpu_ratios), 3) if device.type == "cpu" else None,
         "cpu_time_round_ratios": [round(x, 3) for x in cpu_ratios] if device.type == "cpu" else None,
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_at_end": load_average(),
         "epochs": {
             "trainer": [round(x, 1) for x in trainer_rates],
             "lightning": [round(x, 1) for x in lightning_rates],
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_and_show(result, args.out)
     return 0
 
 

@@ -17,7 +17,6 @@ Writes benchmarks/results/objstore.json (or --out) and prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from bench_input_pipeline import make_jpegs  # noqa: E402
+from results_file import load_average, write_and_show  # noqa: E402  (beside this script)
 
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.bucket_data import BucketFiles  # noqa: E402
@@ -160,16 +160,14 @@ def main() -> int:
         "target_ratio": 0.8,
         "cold_ratio": round(max(cold) / max(local), 3),
         "upload_seconds": round(upload_s, 2),
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_at_end": load_average(),
         "rounds": {
             "local": [round(x, 1) for x in local],
             "bucket_cold": [round(x, 1) for x in cold],
             "bucket_cached": [round(x, 1) for x in cached],
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_and_show(result, args.out)
     return 0
 
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from results_file import load_average, write_and_show  # noqa: E402  (beside this script)
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from gpupool.train.config import build_config  # noqa: E402
@@ -273,13 +274,11 @@ def main() -> int:
         "median_ratio": round(statistics.median(round_ratios), 3),
         "pooled_median_ratio": round(statistics.median(trainer_rates) / statistics.median(hand_rates), 3),
         "round_ratios": [round(x, 3) for x in round_ratios],
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_at_end": load_average(),
         "epochs": {"trainer": [round(x, 1) for x in trainer_rates], "hand_loop": [round(x, 1) for x in hand_rates]},
         "synthetic_images_per_second": round(synth, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_and_show(result, args.out)
     return 0
 
 
