@@ -8,7 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.core.model import Claim, Device, Holder, Lease, Slice, pod_of_label
+from gpupool.core.model import MAX_TTL_S, Claim, Device, Holder, Lease, Slice, pod_of_label
 from gpupool.core.queues import QueuedClaim
 from gpupool.core.status import PoolStatus
 from gpupool.core.suspension import RUNNING, SUSPENDED
@@ -28,6 +28,7 @@ from gpupool.server.dashboard import COOKIE, build
 from gpupool.server.dashboard import render as draw
 from gpupool.server.dashboard.history import History
 from gpupool.server.dashboard.view import holder_text
+from tests.waiting import wait_until
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -241,26 +242,28 @@ def test_an_oversized_sign_in_form_is_refused(client):
 def test_a_waiting_claim_shows_in_the_queue_with_its_reason(client, pool):
     import threading
 
-    from gpupool.core.errors import Unavailable
-
+    full = []
     for _ in range(2):  # both GPUs full
-        assert client.post("/v1/leases", json={"claim": {"requests": [{"count": 1, "fraction": 1.0}]}}, headers=H)
+        whole = {"claim": {"requests": [{"count": 1, "fraction": 1.0}]}, "ttl_s": MAX_TTL_S}  # outlives the test
+        answer = client.post("/v1/leases", json=whole, headers=H)
+        assert answer.status_code == 201, answer.text
+        full.append(answer.json()["id"])
+    granted = []
+    # The claim waits until the test frees a GPU (its wait far longer than any render): the page
+    # is checked while it certainly still waits, however slow the machine.
     waiting = threading.Thread(
-        target=lambda: pytest.raises(
-            Unavailable, pool.claim, Claim.single(1, fraction=0.5), Holder("carol", 9, "h"), 1.5
-        )
+        target=lambda: granted.append(pool.claim(Claim.single(1, fraction=0.5), Holder("carol", 9, "h"), 300))
     )
     waiting.start()
     try:
-        deadline = time.monotonic() + 5
-        while not pool.queue() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        (queued,) = pool.queue()
+        (queued,) = wait_until(pool.queue, 60, "carol's claim in the queue")
         assert queued.holder.name == "carol" and queued.claim.requests[0].fraction == 0.5
         html = client.get("/ui/live", headers=H).text
         assert "why it waits" in html and "carol@h:9" in html and "1 GPU(s) with 0.5 of the memory each" in html
     finally:
-        waiting.join()
+        pool.release(full[0])  # the GPU carol waits for
+        waiting.join(60)
+    assert not waiting.is_alive() and len(granted) == 1 and granted[0].holder.name == "carol"
     assert pool.queue() == []
 
 
