@@ -1,0 +1,17 @@
+// Command kube-scheduler is the upstream kube-scheduler of the pinned Kubernetes release, built as a
+// test-bed component for gpupool (see tools/kube-cluster/README.md).
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewSchedulerCommand()))
+}
