@@ -44,6 +44,13 @@ def gpupool(*args: str, tmp_path) -> subprocess.CompletedProcess:
             ["agent", "--kubelet-dir", ".", "--devices", "emulated:1x1GiB", "--listen", "127.0.0.1:0", "--state", "st"],
             "outside a cluster pass --no-reap",
         ),
+        (
+            ["webhook", "--listen", "127.0.0.1:0", "--kubeconfig", "nope.yaml"],
+            "--kubeconfig 'nope.yaml' does not exist",
+        ),
+        (["agent", "--kubeconfig", "nope.yaml"], "--kubeconfig 'nope.yaml' does not exist"),
+        (["certs", "--out", "tls", "--ip", "node-a"], "--ip 'node-a' is not an IP address, e.g. --ip 127.0.0.1"),
+        (["scheduler-config", "--cluster-ip", "127.0.0.1", "--port", "70000"], "--port 70000 must be a TCP port"),
     ],
 )
 def test_bad_input_exits_2_with_the_fix(args, message, tmp_path):

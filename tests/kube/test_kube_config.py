@@ -14,7 +14,7 @@ from gpupool.core.errors import InvalidInput
 
 pytest.importorskip("kubernetes")
 
-from gpupool.kube.config import IN_CLUSTER_FIRST, IN_CLUSTER_ONLY, KUBECONFIG_FIRST, api_client, load
+from gpupool.kube.config import IN_CLUSTER_FIRST, IN_CLUSTER_ONLY, KUBECONFIG_FIRST, api_client, load, use_kubeconfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpupool"
 
@@ -55,6 +55,25 @@ def test_in_cluster_only_outside_a_pod_is_one_line_naming_the_fix(tmp_path, monk
     assert "\n" not in message
     assert message.startswith("the agent reaps leases of gone pods through the Kubernetes API, not reachable here")
     assert "service account" in message and message.endswith("outside a cluster pass --no-reap")
+
+
+def test_a_given_kubeconfig_is_the_only_source_whatever_the_order(tmp_path, monkeypatch):
+    # A component run as a plain process (a local control plane) with its service account's token.
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "user", "https://10.9.9.9:6443")))
+    given = kubeconfig(tmp_path / "agent", "https://127.0.0.1:6443")
+    use_kubeconfig(str(given))
+    try:
+        for order in (IN_CLUSTER_ONLY, KUBECONFIG_FIRST, IN_CLUSTER_FIRST):
+            assert load("the agent reaps leases of gone pods", "pass --no-reap", order).host == "https://127.0.0.1:6443"
+        given.write_text("{not: [yaml")
+        with pytest.raises(InvalidInput) as err:
+            load("the agent reaps leases of gone pods", "pass --no-reap", IN_CLUSTER_ONLY)
+        assert f"--kubeconfig {given}:" in err.value.message and "service account" not in err.value.message
+    finally:
+        use_kubeconfig(None)
+    with pytest.raises(InvalidInput):
+        use_kubeconfig(str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize(

@@ -242,7 +242,9 @@ class GpupoolSide:
     def healthz(self) -> Optional[Dict[str, Any]]:
         """The webhook's /healthz answer (its count of node agents it reads), None while it does not answer."""
         context = ssl.create_default_context(cafile=str(self.tls / "ca.crt"))
-        context.check_hostname = False  # the URL's 127.0.0.1 is in the certificate; hostname checks are the API server's
+        context.check_hostname = (
+            False  # the URL's 127.0.0.1 is in the certificate; hostname checks are the API server's
+        )
         try:
             with urllib.request.urlopen(self.webhook_url + "/healthz", timeout=5, context=context) as answer:
                 return dict(json.loads(answer.read()))

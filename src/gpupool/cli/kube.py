@@ -75,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST_PATH",
         help="host folder the agents mount as /dev/shm (default /run/gpupool/mps/shm)",
     )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="outside a pod: reach the API server with this kubeconfig (its service account's token) "
+        "instead of the pod's service account",
+    )
     p.set_defaults(func=handle_webhook)
 
     p = verbs.add_parser("agent", help="node agent: device plugin + the node's pool server")
@@ -111,6 +117,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"the DRA driver name (default {DEFAULT_DRIVER})")
     p.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"where DRA writes CDI specs (default {DEFAULT_CDI_DIR})")
     p.add_argument("--no-device-plugin", action="store_true", help="with --dra: serve DRA only")
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="outside a pod: reach the API server with this kubeconfig (its service account's token) "
+        "instead of the pod's service account",
+    )
     add_preempt_argument(p)
     add_enforcement_arguments(p)
     p.set_defaults(func=handle_agent)
@@ -120,6 +132,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--service", default="gpupool-webhook")
     p.add_argument("--namespace", default="gpupool-system")
     p.add_argument("--days", type=int, default=365)
+    p.add_argument(
+        "--ip",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="an IP address the certificate also holds, for a webhook registered by URL (repeatable)",
+    )
     p.add_argument("--ca-cert", help="existing CA to renew with (rotation keeps caBundle valid)")
     p.add_argument("--ca-key")
     p.set_defaults(func=handle_certs)
@@ -131,6 +150,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "host network reaches (Service DNS does not resolve there); TLS checks the Service's DNS name.",
     )
     p.add_argument("--cluster-ip", required=True, help="the gpupool-webhook Service's ClusterIP")
+    p.add_argument("--port", type=int, default=443, help="the Service's port (default 443), or the webhook's own")
     p.add_argument("--namespace", default="gpupool-system")
     p.add_argument("--kubeconfig", default="/etc/kubernetes/scheduler.conf", help="the scheduler's own kubeconfig")
     p.add_argument(
@@ -189,6 +209,10 @@ def handle_webhook(args: argparse.Namespace) -> int:
     ):
         if path and not os.path.isfile(path):
             raise InvalidInput(f"{flag} {path!r} does not exist: {fix}")
+    if args.kubeconfig:
+        from ..kube.config import use_kubeconfig
+
+        use_kubeconfig(args.kubeconfig)
     token = Path(args.agent_token_file).read_text().strip() if args.agent_token_file else ""
     in_cluster = args.agents == "kube"
     scheme = "https" if args.agent_ca else "http"
@@ -240,6 +264,10 @@ def handle_agent(args: argparse.Namespace) -> int:
 
     if args.reap_interval <= 0:
         raise InvalidInput(f"--reap-interval {args.reap_interval:g}: give a positive number of seconds, e.g. 30")
+    if args.kubeconfig:
+        from ..kube.config import use_kubeconfig
+
+        use_kubeconfig(args.kubeconfig)
     config = AgentConfig(
         kubelet_dir=args.kubelet_dir,
         devices=args.devices,
@@ -274,8 +302,15 @@ def handle_certs(args: argparse.Namespace) -> int:
 
     if bool(args.ca_cert) != bool(args.ca_key):
         raise InvalidInput("give both --ca-cert and --ca-key to renew with an existing CA, or neither")
+    import ipaddress
+
+    for address in args.ip:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise InvalidInput(f"--ip {address!r} is not an IP address, e.g. --ip 127.0.0.1") from None
     ca, crt, key = write_certs(
-        args.out, service_names(args.service, args.namespace), args.days, args.ca_cert, args.ca_key
+        args.out, service_names(args.service, args.namespace), args.days, args.ca_cert, args.ca_key, args.ip
     )
     wrote = [str(ca), str(crt), str(key)]
     if not (Path(args.out) / "agent-ca.crt").exists():  # kept across rotations: every agent issues from it
@@ -293,6 +328,7 @@ def handle_scheduler_config(args: argparse.Namespace) -> int:
     config = scheduler_config(
         args.cluster_ip,
         namespace=args.namespace,
+        port=args.port,
         kubeconfig=args.kubeconfig,
         ca_file=args.ca_file,
         bind=args.bind,

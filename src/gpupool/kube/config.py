@@ -2,14 +2,16 @@
 
 The node agent, the webhook and the extender run in a pod (its service account first); the
 job executor runs on a user's machine ($KUBECONFIG first). Each names the order, the loading
-and its one-line error are here.
+and its one-line error are here. A component run as a plain process (on a local control plane:
+`make cluster-up`) is given a kubeconfig with its service account's token instead
+(`--kubeconfig FILE`, `use_kubeconfig`), which then is the only source of that process.
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from ..core.errors import InvalidInput
 
@@ -28,6 +30,19 @@ IN_CLUSTER_ONLY = (Source.IN_CLUSTER,)
 IN_CLUSTER_FIRST = (Source.IN_CLUSTER, Source.KUBECONFIG)
 KUBECONFIG_FIRST = (Source.KUBECONFIG, Source.IN_CLUSTER)
 
+# A component's --kubeconfig: one identity per process, so one setting per process.
+_given: Optional[str] = None
+
+
+def use_kubeconfig(path: Optional[str]) -> None:
+    """Every later `load` of this process reads the kubeconfig `path` alone, whatever order its
+    caller names (None: back to the callers' orders). For a component run outside a pod with its
+    service account's token (`--kubeconfig FILE`)."""
+    global _given
+    if path is not None and not os.path.isfile(path):
+        raise InvalidInput(f"--kubeconfig {path!r} does not exist: give a kubeconfig file (kubectl config view --raw)")
+    _given = path
+
 
 def load(purpose: str, fix: str, order: Sequence[Source] = IN_CLUSTER_FIRST) -> Configuration:
     """The first configuration of `order` that loads, else InvalidInput naming each reason and `fix`.
@@ -42,7 +57,7 @@ def load(purpose: str, fix: str, order: Sequence[Source] = IN_CLUSTER_FIRST) -> 
     except ImportError:
         raise InvalidInput(f"{purpose} needs the kube extra: pip install 'gpupool[kube]'") from None
     reasons: List[str] = []
-    for source in order:
+    for source in order if _given is None else (Source.KUBECONFIG,):
         cfg = client.Configuration()
         try:
             if source is Source.IN_CLUSTER:
@@ -50,11 +65,14 @@ def load(purpose: str, fix: str, order: Sequence[Source] = IN_CLUSTER_FIRST) -> 
             else:
                 # $KUBECONFIG read now: the kubernetes package reads it once, when first imported.
                 config.load_kube_config(
-                    config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg, persist_config=False
+                    config_file=_given or os.environ.get("KUBECONFIG") or None,
+                    client_configuration=cfg,
+                    persist_config=False,
                 )
         except (config.ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as err:
             # One line: a YAML error spans several.
-            reasons.append(f"{source.value}: {' '.join(str(err).split()).rstrip('.') or type(err).__name__}")
+            where = f"--kubeconfig {_given}" if _given else source.value
+            reasons.append(f"{where}: {' '.join(str(err).split()).rstrip('.') or type(err).__name__}")
             continue
         return cfg
     raise InvalidInput(f"{purpose} through the Kubernetes API, not reachable here ({'; '.join(reasons)}); {fix}")

@@ -126,6 +126,8 @@ def scheduler_config(
             f"kubectl -n {namespace} get service {service} -o jsonpath='{{.spec.clusterIP}}'"
         ) from None
     host = f"[{address}]" if address.version == 6 else str(address)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidInput(f"--port {port!r} must be a TCP port from 1 to 65535, e.g. --port 443")
     extender: Dict[str, Any] = {
         "urlPrefix": f"https://{host}:{port}/extender",
         "filterVerb": "filter",
