@@ -1,7 +1,8 @@
-"""The one CA builder: private CAs, the serving certificates they sign, and how both reach the disk.
+"""The one CA builder: private CAs, the serving and client certificates they sign, and how they reach the disk.
 
 Used by `--tls auto` (server.tls) and by the Kubernetes certificates (kube.certs: the webhook's
-CA and the node agents'). A private key is written 0600 from its creation, whatever the umask:
+CA and the node agents'), and by the local control plane of tools/kube_cluster (the API server's
+serving and client certificates). A private key is written 0600 from its creation, whatever the umask:
 a new file opened O_EXCL with mode 0600 beside the target, then renamed over it, so no reader
 ever sees it wider, nor half written (the webhook re-reads its files when they change).
 cryptography is imported where it is used: the server starts without it when TLS is off.
@@ -147,6 +148,35 @@ def issue_server_cert(
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def issue_client_cert(
+    ca_cert: x509.Certificate, ca_key: SigningKey, user: str, groups: Sequence[str], days: int
+) -> Tuple[x509.Certificate, SigningKey]:
+    """A client certificate (P-256) signed by the CA for `user` (CN) in `groups` (O, one per
+    group): how the Kubernetes API server reads a client certificate's identity."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, user))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return cert, key
