@@ -222,6 +222,22 @@ def test_two_gpus_each_with_the_share_are_two_distinct_gpus(api, extender):
     ]
 
 
+def test_binds_between_two_refreshes_are_not_given_one_slice(api, extender):
+    # No refresh of the agents' state in between (it comes every few seconds; kube-scheduler binds
+    # several pods in that time): the second bind counts the first one's GPU at once.
+    first = api.add(user_pod("q1", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "40"}))
+    second = api.add(user_pod("q2", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "40"}))
+    third = api.add(user_pod("q3", {"gpupool.io/gpu-amount": "1", "gpupool.io/gpu-percent": "70"}))
+    for pod in (first, second):
+        assert extender(binding_args(pod, "node-a")) == {"Error": ""}
+    chosen = [Choice.decode(p["metadata"]["annotations"][ann.CHOICE]).gpus["train"] for p in (first, second)]
+    # GPU-a-0 is 60 % used: 40 % fits there once; the second goes to GPU-a-1.
+    assert chosen == [(NODE_A[0].uuid,), (NODE_A[1].uuid,)]
+    # 70 % fits on neither now (100 % and 40 % used): the bind says so and records nothing.
+    error = extender(binding_args(third, "node-a"))["Error"]
+    assert "0 of 2 matching GPUs have that much free" in error and ann.CHOICE not in third["metadata"]["annotations"]
+
+
 @pytest.mark.parametrize(
     "change, node, says",
     [

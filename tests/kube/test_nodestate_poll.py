@@ -94,3 +94,31 @@ def test_a_wrong_token_is_an_agent_not_answering(server_factory):
     assert "node-a" not in cluster.states()
     with socket.create_connection(("127.0.0.1", port_of(agent.url))):
         pass  # the agent still serves: only this poll was refused
+
+
+def test_an_assumed_bind_counts_until_the_pod_list_shows_it():
+    from gpupool.core.model import Claim, Device
+
+    gpu = Device("GPU-a-0", 0, "Test GPU", 10000, "node-a")
+    claim = Claim.single(1, fraction=0.5)
+    listed: dict = {}
+    now = [100.0]
+    status = {"devices": [gpu.to_dict() | {"allocated_mib": 0}], "leases": []}
+    cluster = ClusterState(
+        lambda: {"node-a": "http://agent"}, fetch=lambda url: status, pending=lambda: listed, clock=lambda: now[0]
+    )
+    cluster.refresh()
+    cluster.assume("node-a", "uid-1", claim)
+    assert cluster.states()["node-a"].allocated == {"GPU-a-0": 5000}  # at once, before any refresh
+    cluster.refresh()  # listed before the bind: the list does not show it yet
+    assert cluster.states()["node-a"].allocated == {"GPU-a-0": 5000}
+    listed["node-a"] = [("uid-1", claim)]
+    cluster.refresh()  # the list has it now: counted once, not twice
+    assert cluster.states()["node-a"].allocated == {"GPU-a-0": 5000}
+    listed.clear()  # the pod is gone: nothing is left of the assumed bind
+    cluster.refresh()
+    assert cluster.states()["node-a"].allocated == {"GPU-a-0": 0}
+    cluster.assume("node-a", "uid-2", claim)  # bound, then deleted at once: forgotten after max_age_s
+    now[0] += 31
+    cluster.refresh()
+    assert cluster.states()["node-a"].allocated == {"GPU-a-0": 0}

@@ -50,6 +50,8 @@ class WebhookApp:
         self.metrics = WebhookMetrics()
         # fragaware's mix: the claims of the pods prioritized here (in memory: a restart learns again)
         self.mix = LearnedMix()
+        # One bind at a time: each places its pod on the state the previous one left (assumed).
+        self._bind_lock = threading.Lock()
 
     def handle(self, method: str, path: str, body: bytes) -> Tuple[int, Any]:
         """Answer one request; admission and extender calls are counted and timed for GET /metrics."""
@@ -204,7 +206,8 @@ class WebhookApp:
         if self.api is None:
             return 200, {"Error": "gpupool extender: bind needs the Kubernetes API: start the webhook in a cluster"}
         try:
-            return 200, handle_bind(data, self.cluster.states(), self.api, self.mix.frag)
+            with self._bind_lock:
+                return 200, handle_bind(data, self.cluster.states(), self.api, self.mix.frag, self.cluster.assume)
         except Exception as err:  # the protocol reports errors in the result, with HTTP 200
             log.exception("extender bind failed")
             return 200, {"Error": f"gpupool extender: {err}"}

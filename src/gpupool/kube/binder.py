@@ -12,22 +12,32 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from ..core.errors import GpupoolError
 from ..core.fragmentation import Fragmentation
+from ..core.model import Claim
 from . import annotations as ann
 from .apiclient import ApiError, KubeApi
-from .choice import choose, runner_claims
+from .choice import choose, pinned_claim, runner_claims
 from .extender import NodeState, message_field
 
 log = logging.getLogger(__name__)
 
 
+Bound = Callable[[str, str, Claim], None]
+"""Told of each pod bound with a choice: (node, pod UID, its claim pinned to the chosen GPUs)."""
+
+
 def handle_bind(
-    args: Mapping[str, Any], states: Mapping[str, NodeState], api: KubeApi, frag: Optional[Fragmentation] = None
+    args: Mapping[str, Any],
+    states: Mapping[str, NodeState],
+    api: KubeApi,
+    frag: Optional[Fragmentation] = None,
+    bound: Optional[Bound] = None,
 ) -> Dict[str, Any]:
-    """ExtenderBindingArgs -> ExtenderBindingResult ({"Error": ""} once the pod is bound)."""
+    """ExtenderBindingArgs -> ExtenderBindingResult ({"Error": ""} once the pod is bound); `bound`
+    is told of the pod and its pinned claim, so that the next bind counts it (ClusterState.assume)."""
     name, namespace, uid, node = (
         str(message_field(args, k) or "") for k in ("PodName", "PodNamespace", "PodUID", "Node")
     )
@@ -61,6 +71,10 @@ def handle_bind(
         return {"Error": f"gpupool extender: pod {namespace}/{name}: {err.message}"}
     if choice is not None:
         log.info("bound %s/%s to %s on GPUs %s", namespace, name, node, choice.encode())
+        annotations = {**((pod.get("metadata") or {}).get("annotations") or {}), **written}
+        claim = pinned_claim({"metadata": {"annotations": annotations}})
+        if bound is not None and claim is not None:
+            bound(node, str((pod.get("metadata") or {}).get("uid") or uid), claim)
     return {"Error": ""}
 
 

@@ -53,6 +53,9 @@ class ClusterState:
         self._workers = workers
         self._lock = threading.Lock()
         self._raw: Dict[str, Tuple[float, NodeState]] = {}
+        # Pods this process has just bound (uid -> node, pinned claim, when), counted until the
+        # API's pod list shows them: two binds between refreshes must not be given one slice.
+        self._assumed: Dict[str, Tuple[str, Claim, float]] = {}
         self._snapshot: Dict[str, NodeState] = {}
         self._sizes: List[int] = []
         self._stop = threading.Event()
@@ -87,6 +90,17 @@ class ClusterState:
         self._sizes = sorted({d.memory_mib for s in snapshot.values() for d in s.devices})
         self._snapshot = snapshot
 
+    def assume(self, node: str, uid: str, claim: Claim) -> None:
+        """Count pod `uid`, just bound to `node` with `claim` (pinned to its GPUs), at once: the
+        next bind reads it before any refresh, and refreshes keep it until the pod list has it."""
+        with self._lock:
+            self._assumed[uid] = (node, claim, self._clock())
+            state = self._snapshot.get(node)
+            if state is not None and uid not in state.holders:
+                snapshot = dict(self._snapshot)
+                snapshot[node] = state.with_pending([(uid, claim)])
+                self._publish(snapshot)
+
     def states(self) -> Mapping[str, NodeState]:
         """The current snapshot (a dict never mutated after publication)."""
         return self._snapshot
@@ -119,18 +133,34 @@ class ClusterState:
             with ThreadPoolExecutor(max_workers=min(self._workers, len(targets))) as pool:
                 results = dict(pool.map(one, targets.items()))
         now = self._clock()
-        pending = self._pending() if self._pending else {}
+        listed = self._pending() if self._pending else {}
         with self._lock:
             raw = {n: v for n, v in self._raw.items() if n in targets}
             for node, state in results.items():
                 if state is not None:
                     raw[node] = (now, state)
             self._raw = raw
+            pending = self._with_assumed(listed, raw, now)
             snapshot = {}
             for node, (seen, state) in raw.items():
                 if now - seen <= self._max_age_s:
                     snapshot[node] = state.with_pending(pending.get(node, ())) if pending else state
             self._publish(snapshot)
+
+    def _with_assumed(
+        self, listed: Mapping[str, Sequence[Tuple[str, Claim]]], raw: Mapping[str, Tuple[float, NodeState]], now: float
+    ) -> Dict[str, List[Tuple[str, Claim]]]:
+        """The listed pods plus the assumed binds the list or the agents do not show yet (under the lock);
+        an assumed bind is dropped once shown, or after `max_age_s` (its pod was deleted at once)."""
+        pending = {node: list(pods) for node, pods in listed.items()}
+        shown = {uid for pods in listed.values() for uid, _ in pods}
+        shown |= {uid for _, state in raw.values() for uid in state.holders}
+        for uid, (node, claim, when) in list(self._assumed.items()):
+            if uid in shown or now - when > self._max_age_s:
+                del self._assumed[uid]
+            else:
+                pending.setdefault(node, []).append((uid, claim))
+        return pending
 
     def start(self, interval_s: float = 2.0) -> None:
         """Refresh every `interval_s` in a daemon thread."""
@@ -178,8 +208,10 @@ def kube_targets(port: int, scheme: str = "http") -> Targets:  # pragma: no cove
 
 
 def kube_pending() -> Pending:  # pragma: no cover - needs an API server
-    """Pods bound to a node with a gpupool claim (in cluster), for `NodeState.with_pending`: on the
-    GPUs the extender's bind recorded for them, else wherever their claim fits."""
+    """Pods bound to a node with a gpupool claim and not ended (in cluster), for
+    `NodeState.with_pending`, which skips those whose runner holds its lease: on the GPUs the
+    extender's bind recorded for them, else wherever their claim fits. Running ones too: a
+    container runs a moment before its runner has claimed."""
     from .choice import pinned_claim
     from .extender import pod_claim
 
@@ -187,7 +219,9 @@ def kube_pending() -> Pending:  # pragma: no cover - needs an API server
 
     def pending() -> Dict[str, List[Tuple[str, Claim]]]:
         out: Dict[str, List[Tuple[str, Claim]]] = {}
-        pods = api.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
+        pods = api.list_pod_for_all_namespaces(
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        )
         for pod in pods.items:
             if not pod.spec.node_name or not (pod.metadata.annotations or {}).get("gpupool.io/claim"):
                 continue
