@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo demo-sharing lint docs test test-fast test-loaded gpu-check bench deploy undeploy clean
+.PHONY: all install pyz demo demo-sharing lint docs test test-fast test-loaded gpu-check bench deploy undeploy cluster-build cluster-up cluster-down clean
 
 all: install pyz
 
@@ -44,7 +44,7 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: install pyz lint docs
+test: install pyz lint docs cluster-build
 	$(BIN)/python -m pytest -q
 
 test-fast: install pyz
@@ -86,6 +86,24 @@ deploy:
 
 undeploy:
 	kubectl delete -k deploy/ --ignore-not-found
+
+# A real Kubernetes control plane on loopback (tools/kube_cluster): etcd, kube-apiserver,
+# controller-manager, kube-scheduler calling gpupool's extender, kwok with NODES nodes of GPUS
+# GPUs and gpupool's components, built from the Go modules pinned in tools/kube-cluster (cold
+# build: see docs/guides/kubernetes.md; then cached). `eval "$$(make -s cluster-up)"` sets KUBECONFIG.
+NODES ?= 4
+GPUS  ?= 8
+# `make test` builds them first (a cold build inside a test would outrun its timeout); where Go
+# is absent the cluster tests skip and say so.
+cluster-build:
+	@if command -v go >/dev/null; then tools/kube-cluster/build.sh >/dev/null; \
+	else echo "cluster-build: no Go here; the cluster tests will skip"; fi
+
+cluster-up: install pyz
+	NODES=$(NODES) GPUS=$(GPUS) $(BIN)/python -m tools.kube_cluster up
+
+cluster-down:
+	$(BIN)/python -m tools.kube_cluster down
 
 clean:
 	rm -rf dist build site .pytest_cache .hypothesis src/*.egg-info
