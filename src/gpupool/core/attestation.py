@@ -32,6 +32,11 @@ TICKET_FIELD = "attest"
 # Read from the runner's environment: the node's socket as the runner sees it (a pod mounts the
 # node agent's folder there), instead of the path in the claim's answer.
 SOCKET_ENV = "GPUPOOL_ATTEST_SOCKET"
+# Read from the runner's environment: the seconds `gpupool run` (and a local job's supervisor) waits
+# for a node that cannot take its attestation now (busy, restarting) before it gives up without
+# starting the command (default ATTEST_WAIT_S).
+ATTEST_WAIT_ENV = "GPUPOOL_ATTEST_WAIT"
+ATTEST_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,16 @@ class CheckpointFailed(GpupoolError):
     exit_code = 1
 
 
+class NotAttested(GpupoolError):
+    """The run could not prove its lease to the pool's node (the node refused, or stayed busy or
+    down for the whole wait), so its command was not started: the node's watchdog would have
+    counted its processes as unleased."""
+
+    code = "not_attested"
+    http_status = 503
+    exit_code = 9
+
+
 # General classes before their subclasses: the first class of an HTTP status is its reading.
 _CLASSES: Tuple[Type[GpupoolError], ...] = (
     GpupoolError,
@@ -159,6 +169,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
     Preempted,  # after Unavailable: a bare 409 reads as a full pool
     CheckpointFailed,  # after GpupoolError: a bare 500 reads as a server error
+    NotAttested,  # after ServerUnreachable: a bare 503 reads as an unreachable server
 )
 _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}
