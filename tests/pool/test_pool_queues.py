@@ -49,19 +49,20 @@ def by_name(pool: Pool) -> dict:
 
 def test_a_borrows_b_preempts_the_borrowed_lease_and_is_granted_when_it_ends(pool):
     kept = pool.claim(whole("a"), Holder("alice"))
-    borrowed = pool.claim(whole("a"), Holder("alice"))
+    # Its grace outlasts the test however slow the machine: b gets it by the release, never the reaping.
+    borrowed = pool.claim(whole("a", grace=120), Holder("alice"))
     queues = by_name(pool)
     assert queues["a"].allocated == pytest.approx(2.0) and queues["a"].borrowed == pytest.approx(1.0)
 
     got: list = []
     claimer = threading.Thread(target=lambda: got.append(pool.claim(whole("b"), Holder("bob"), wait_s=0)))
     claimer.start()
-    watched = pool.watch(borrowed.id, 10)  # returns as soon as it is preempted
-    assert watched.preempted_at is not None and watched.preempt_grace_s == 0.5
+    watched = pool.watch(borrowed.id, 60)  # returns as soon as it is preempted
+    assert watched.preempted_at is not None and watched.preempt_grace_s == 120
     assert pool.lease(kept.id).preempted_at is None  # within a's quota: never preempted for b
     assert got == []  # b waits for the borrower to stop
     pool.release(borrowed.id, "alice")
-    claimer.join(10)
+    claimer.join(60)
     assert len(got) == 1 and got[0].queue == "b"
     assert got[0].slices[0].device_uuid == borrowed.slices[0].device_uuid
     queues = by_name(pool)
@@ -158,14 +159,18 @@ def test_usage_accounts_gpu_seconds(clocked):
         pool.usage(since=math.nan)
 
 
-def test_usage_is_near_wall_clock_truth(pool):
-    started = time.time()
+def test_usage_lies_within_the_wall_clock_span_of_the_lease(pool):
+    before_claim = time.time()
     lease = pool.claim(Claim.single(1, fraction=0.5, queue="a"), Holder("alice"))
-    time.sleep(0.5)
+    claimed = time.time()
+    time.sleep(0.5)  # GPU time to account
+    releasing = time.time()
     pool.release(lease.id)
-    truth = (time.time() - started) * 0.5
-    (row,) = pool.usage(since=started - 1)
-    assert row.gpu_seconds == pytest.approx(truth, rel=0.05)
+    released = time.time()
+    (row,) = pool.usage(since=before_claim - 1)
+    # The lease began inside the claim call and ended inside the release call (half a GPU):
+    # bounds that hold however long either call takes on a loaded machine.
+    assert 0.5 * (releasing - claimed) <= row.gpu_seconds <= 0.5 * (released - before_claim) + 0.001
 
 
 def test_queue_validation_and_lifecycle(pool):
@@ -215,11 +220,12 @@ def test_watch_times_out_and_says_when_the_lease_is_gone(pool):
         pool.watch(lease.id, 1)
 
 
-def _hold_until_preempted(state_dir: str, ready, done) -> None:
-    """A borrower in its own process: holds a lease, heartbeats, releases as soon as it is preempted."""
+def _hold_until_preempted(state_dir: str, ready, done, grace: float) -> None:
+    """A borrower in its own process: holds a lease, heartbeats, releases as soon as it is preempted.
+    Its TTL outlasts the test: its leases end by release or reaping, never expiry."""
     pool = Pool(state_dir)
-    pool.claim(whole("a"), Holder("alice"), ttl_s=60)
-    lease = pool.claim(whole("a"), Holder("alice"), ttl_s=60)
+    pool.claim(whole("a"), Holder("alice"), ttl_s=3600)
+    lease = pool.claim(whole("a", grace=grace), Holder("alice"), ttl_s=3600)
     ready.put(lease.id)
     while pool.watch(lease.id, 0.5).preempted_at is None:
         pool.heartbeat(lease.id)
@@ -228,26 +234,32 @@ def _hold_until_preempted(state_dir: str, ready, done) -> None:
     time.sleep(60)  # keeps its within-quota lease until killed
 
 
-def _spawn_holder(tmp_path):
+def _spawn_holder(tmp_path, grace: float):
     ctx = mp.get_context("spawn")
     ready, done = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_hold_until_preempted, args=(str(tmp_path), ready, done))
+    proc = ctx.Process(target=_hold_until_preempted, args=(str(tmp_path), ready, done, grace))
     proc.start()
-    return proc, ready.get(timeout=30), done
+    return proc, ready.get(timeout=60), done
+
+
+def _ended_as(pool: Pool, lease_id: str) -> str:
+    (reason,) = pool.store.connection().execute("SELECT reason FROM lease_history WHERE lease_id = ?", (lease_id,))
+    return str(reason[0])
 
 
 @pytest.mark.slow
 def test_a_borrower_in_another_process_is_told_at_once_and_releases(pool, tmp_path):
-    proc, borrowed, done = _spawn_holder(tmp_path)
+    # A grace no slow machine outlasts: the borrower's own release, not the reaping, ends its lease.
+    proc, borrowed, done = _spawn_holder(tmp_path, grace=120)
     try:
         started = time.monotonic()
         lease = pool.claim(whole("b", grace=30), Holder("bob"))  # its wait: the grace, though 0 was asked
-        assert done.get(timeout=10) == "released"
-        # told through watch and released: sooner than the reaping (its grace 0.5 s + the margin)
-        assert time.monotonic() - started < 0.5 + PREEMPT_REAP_MARGIN_S
+        assert done.get(timeout=60) == "released"
+        print(f"granted {time.monotonic() - started:.2f} s after the claim (the reaping: 120 s + margin)")
         assert lease.queue == "b"
         with pytest.raises(NotFound):
             pool.lease(borrowed)
+        assert _ended_as(pool, borrowed) == "released"  # told through watch, and it released
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
@@ -255,22 +267,18 @@ def test_a_borrower_in_another_process_is_told_at_once_and_releases(pool, tmp_pa
 
 @pytest.mark.slow
 def test_a_borrower_killed_mid_preemption_loses_no_lease(pool, tmp_path):
-    ctx = mp.get_context("spawn")
-    ready, done = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_hold_until_preempted, args=(str(tmp_path), ready, done))
-    proc.start()
-    borrowed = ready.get(timeout=30)
+    proc, borrowed, _ = _spawn_holder(tmp_path, grace=0.5)
     os.kill(proc.pid, signal.SIGKILL)  # it will never release: the pool reaps it after the grace
     proc.join(10)
     started = time.monotonic()
     lease = pool.claim(whole("b", grace=0.2), Holder("bob"))
     waited = time.monotonic() - started
     assert lease.queue == "b"
-    assert waited < 0.2 + PREEMPT_REAP_MARGIN_S + 2
+    # reaped after its grace + margin: no sooner, and long before its TTL (3600 s) would end it
+    assert 0.5 + PREEMPT_REAP_MARGIN_S - 0.5 <= waited < 600, waited
     leases = {x.id: x for x in pool.status().leases}
     assert borrowed not in leases and len(leases) == 2  # a's within-quota lease stays until its TTL
-    (reaped,) = pool.store.connection().execute("SELECT reason FROM lease_history WHERE lease_id = ?", (borrowed,))
-    assert reaped == ("preempted",)
+    assert _ended_as(pool, borrowed) == "preempted"
 
 
 def test_priority_orders_the_waiting_line_of_a_pool_without_queues(tmp_path):

@@ -32,7 +32,7 @@ def test_owner_suspends_the_memory_goes_back_and_resume_takes_it_again(pool):
     lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
     asked = pool.suspend(lease.id, "alice")
     assert asked.state == SUSPENDING and asked.suspension.by == "owner"
-    assert pool.watch(lease.id, 5).state == SUSPENDING  # the runner's cue, at once
+    assert pool.watch(lease.id, 60).state == SUSPENDING  # the runner's cue, at once
     assert allocated(pool) == 8192  # held until the runner says it is parked
     parked = pool.report_parked(lease.id, "alice", host_bytes=123)
     assert parked.state == SUSPENDED and parked.slices == () and allocated(pool) == 0
@@ -110,13 +110,14 @@ def test_a_suspended_lease_waiting_for_room_goes_before_later_claims(pool):
     both = [pool.claim(whole(), Holder("bob")) for _ in range(2)]
     assert pool.resume(first.id, "alice").state == SUSPENDED  # no room: it holds a ticket
     got: list = []
-    late = threading.Thread(target=lambda: got.append(pool.claim(whole(), Holder("carol"), wait_s=5)))
+    # carol's wait outlasts the test on any machine: she is granted by the second release
+    late = threading.Thread(target=lambda: got.append(pool.claim(whole(), Holder("carol"), wait_s=300)))
     late.start()
     pool.release(both[0].id)
-    resumed = pool.watch(first.id, 5)
+    resumed = pool.watch(first.id, 60)
     assert resumed.state == RESUMING
     pool.release(both[1].id)
-    late.join(10)
+    late.join(300)
     assert got and got[0].holder.name == "carol"
 
 
@@ -126,20 +127,21 @@ def test_preemption_suspends_the_borrower_which_resumes_when_room_is_back(tmp_pa
         pool.set_queue(QueueSpec("a", 1))
         pool.set_queue(QueueSpec("b", 1))
         pool.claim(whole("a"), Holder("alice"))
-        borrowed = pool.claim(whole("a"), Holder("alice"))
+        # a grace no slow machine outlasts: b is granted by the parking, never the reaping
+        borrowed = pool.claim(whole("a", grace=120), Holder("alice"))
         got: list = []
-        claimer = threading.Thread(target=lambda: got.append(pool.claim(whole("b"), Holder("bob"), wait_s=10)))
+        claimer = threading.Thread(target=lambda: got.append(pool.claim(whole("b"), Holder("bob"), wait_s=300)))
         claimer.start()
-        watched = pool.watch(borrowed.id, 5)
+        watched = pool.watch(borrowed.id, 60)
         assert watched.state == SUSPENDING and watched.preempted_at is not None
         assert watched.suspension.by == "preemption" and watched.suspension.want_resume
         parked = pool.report_parked(borrowed.id, "alice")
         assert parked.preempted_at is None and parked.state == SUSPENDED
-        claimer.join(10)
+        claimer.join(300)
         assert got, "b's claim was granted once the borrower was parked"
         assert pool.watch(borrowed.id, 0.3).state == SUSPENDED  # no room while b runs
         pool.release(got[0].id)
-        assert pool.watch(borrowed.id, 5).state == RESUMING
+        assert pool.watch(borrowed.id, 60).state == RESUMING
     finally:
         pool.close()
 
@@ -153,7 +155,7 @@ def test_a_queue_that_does_not_suspend_preempts_as_before_and_says_how(tmp_path,
         pool.claim(whole("a"), Holder("alice"))
         borrowed = pool.claim(whole("a"), Holder("alice"))
         threading.Thread(target=lambda: pool.claim(whole("b"), Holder("bob"), wait_s=0), daemon=True).start()
-        watched = pool.watch(borrowed.id, 5)
+        watched = pool.watch(borrowed.id, 60)
         assert watched.preempted_at is not None and watched.state == RUNNING
         assert watched.suspension.mode == mode
     finally:
