@@ -45,3 +45,49 @@ def test_the_supervisor_attests_and_its_replicas_are_attributed(shell, server_fa
     assert {p["pid"]: p["lease_id"] for p in record["processes"]} == dict.fromkeys(pids, lease["id"])
     assert "not attested" not in (shell.state / "jobs" / "attested" / "logs" / "supervisor.log").read_text()
     shell.run("cancel", "attested")
+
+
+def test_a_supervisor_the_node_refuses_starts_no_replica(shell, server_factory, tmp_path):
+    """Fail closed: a supervisor whose node refuses its attestation ends the job before any replica runs."""
+    import socket
+    import threading
+
+    from gpupool.core.attestation import SOCKET_ENV
+
+    refusing = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    refusing.bind(str(tmp_path / "node.sock"))
+    refusing.listen(4)
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = refusing.accept()
+            except OSError:
+                return
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(b'{"error": {"code": "forbidden", "message": "the key is not lease x\'s"}}\n')
+
+    threading.Thread(target=refuse, daemon=True).start()
+    server = server_factory()
+    shell.env.update(GPUPOOL_TOKEN=server.token or "", **{SOCKET_ENV: str(tmp_path / "node.sock")})
+    mark = tmp_path / "ran"
+    spec = {
+        "name": "refused",
+        "framework": "pytorch",
+        "roles": {
+            "worker": {
+                "replicas": 1,
+                "command": ["python", "-c", f"open({str(mark)!r}, 'w')"],
+                "gpu": {"count": 1, "fraction": 0.25},
+            }
+        },
+    }
+    try:
+        shell.run("submit", "--server", server.url, shell.write_spec(spec))
+        state = shell.wait_for("refused", lambda s: s["status"] == "Failed", timeout=60)
+    finally:
+        refusing.close()
+    assert "was not attested to the pool's node (the key is not lease x's)" in state["message"], state
+    assert not mark.exists() and not any(r.get("pid") for r in state["replicas"].values())
+    assert httpx.get(f"{server.url}/v1/status", headers=server.headers()).json()["leases"] == []
