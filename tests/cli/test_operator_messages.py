@@ -56,14 +56,16 @@ def test_no_room_advice_is_given_once_and_not_to_a_claim_that_waits(tmp_path: Pa
     env = dict(clean_env(tmp_path), GPUPOOL_DEVICES="emulated:1x16GiB")
     state = ["--state", str(tmp_path / "s")]
     marker = tmp_path / "held"
-    hold = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(30)"
+    hold = (
+        f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"  # held until the test kills it
+    )
     holder = subprocess.Popen(
         [sys.executable, "-m", "gpupool", "run", *state, "-p", "1", "--", sys.executable, "-c", hold],
         env=env,
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_until(marker.exists, 20, "the first run's command")
+        wait_until(marker.exists, 60, "the first run's command")
         refused = subprocess.run(
             [sys.executable, "-m", "gpupool", "run", *state, "-p", "1", "--", "true"],
             capture_output=True,

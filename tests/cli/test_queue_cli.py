@@ -99,15 +99,17 @@ def test_a_bad_since_is_an_exit_2_one_liner(tmp_path, since):
 def test_usage_on_the_embedded_pool_as_table_json_and_csv(tmp_path):
     env = embedded_env(tmp_path)
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
+    launched = time.time()
     done = gpupool("run", "-n", "1", "-p", "0.5", "--queue", "team-a", "--", "sleep", "1", env=env)
+    lived = time.time() - launched  # the lease lay within the run's life
     if done.returncode != 0 and "--queue" in done.stderr:
         pytest.skip("gpupool run --queue is not there yet (RUNNER)")
     assert done.returncode == 0, done.stderr
     data = json.loads(gpupool("usage", "--json", "--since", "1h", env=env).stdout)
     assert data["by"] == "queue" and data["until"] - data["since"] == pytest.approx(3600, abs=5)
     rows = {r["key"]: r for r in data["usage"]}
-    # half a GPU for about a second
-    assert 0.4 <= rows["team-a"]["gpu_seconds"] <= 5 and rows["team-a"]["leases"] == 1
+    # half a GPU for the command's second at least, and no longer than the run lived
+    assert 0.5 <= rows["team-a"]["gpu_seconds"] <= 0.5 * lived and rows["team-a"]["leases"] == 1
     table = gpupool("usage", env=env).stdout
     assert table.splitlines()[0] == f"pool: embedded {env['GPUPOOL_STATE']}"
     assert table.splitlines()[1].split() == ["QUEUE", "GPU-HOURS", "LEASES"] and "team-a" in table

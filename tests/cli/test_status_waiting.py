@@ -23,24 +23,25 @@ def test_status_lists_a_waiting_claim_with_its_reason(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = env_for(tmp_path)
     gpupool = [sys.executable, "-m", "gpupool"]
+    # The holder holds, and the waiter waits, until the test kills them: far longer than its checks.
     holder = subprocess.Popen(
-        [*gpupool, "run", "--state", str(state), "-p", "1", "--", sys.executable, "-c", "import time; time.sleep(60)"],
+        [*gpupool, "run", "--state", str(state), "-p", "1", "--", sys.executable, "-c", "import time; time.sleep(600)"],
         env=env,
         stderr=subprocess.DEVNULL,
     )
     waiter = None
     try:
         wait_until(
-            lambda: (state / "pool.db").exists() and _status(gpupool, state, env)["leases"], 20, "the first lease"
+            lambda: (state / "pool.db").exists() and _status(gpupool, state, env)["leases"], 60, "the first lease"
         )
         waiter = subprocess.Popen(
-            [*gpupool, "run", "--state", str(state), "-p", "0.5", "--wait", "60", "--label", "second", "--", "true"],
+            [*gpupool, "run", "--state", str(state), "-p", "0.5", "--wait", "600", "--label", "second", "--", "true"],
             env=env,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: _status(gpupool, state, env)["waiting"], 20, "the second claim waiting")
+        wait_until(lambda: _status(gpupool, state, env)["waiting"], 60, "the second claim waiting")
         # the reason is written once the pool tried the claim (a poll or two)
-        wait_until(lambda: _status(gpupool, state, env)["waiting"][0]["reason"], 20, "the claim's reason")
+        wait_until(lambda: _status(gpupool, state, env)["waiting"][0]["reason"], 60, "the claim's reason")
         (row,) = _status(gpupool, state, env)["waiting"]
         assert row["position"] == 1 and row["label"] == "second" and "0.5" in row["claim"]
         assert "free" in row["reason"] or "fit" in row["reason"] or "GPU" in row["reason"], row

@@ -206,11 +206,13 @@ def test_restore_refuses_while_a_run_holds_a_lease_and_names_it(held, tmp_path):
     marker = tmp_path / "started"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(held.parent / "home"))
-    hold = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(30)"
+    hold = (
+        f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"  # held until the test kills it
+    )
     argv = ["run", "--state", str(held), "-p", "0.25", "--", sys.executable, "-c", hold]
     run = subprocess.Popen([sys.executable, "-m", "gpupool", *argv], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(marker.exists, 20, "the run's command")
+        wait_until(marker.exists, 60, "the run's command")
         refused = gpupool(held, "restore", "--state", "S", str(copy))
         assert refused.returncode == 2, refused.stderr
         assert f"{run.pid}" in refused.stderr and "let them end" in refused.stderr, refused.stderr
