@@ -127,8 +127,8 @@ def test_full_parser_and_help_list_every_command():
 
 
 # Where os._exit stays: a forked child that must not run the parent's exit handlers (the guard's
-# fork, a preexec_fn before exec).
-FORKED_CHILDREN = {"runner/guard.py", "runner/prctl.py"}
+# fork, a preexec_fn before exec, the clone3 child before exec).
+FORKED_CHILDREN = {"runner/guard.py", "runner/prctl.py", "runner/spawn.py"}
 
 
 def _is_sys_modules(node: ast.AST) -> bool:

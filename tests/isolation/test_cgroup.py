@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.cgroup import LeaseCgroup, cgroup2_mount, lease_cgroup_parent, own_cgroup
 from gpupool.isolation.env import LEASE_CGROUP_ENV
@@ -92,24 +94,52 @@ def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed(kill_file):
 
 
 @writable
-def test_a_tree_that_forked_first_is_moved_parents_first():
-    cgroup = LeaseCgroup.create("fedcba9876543210")
+@pytest.mark.parametrize("graceful", [True, False], ids=["terminate", "freeze-and-kill-each"])
+def test_a_tree_that_forks_all_the_time_ends_at_once(tmp_path, graceful):
+    """A member that forks a successor every half millisecond (and exits) has no pid that lives
+    long enough to be listed and signalled: frozen first, every member is signalled."""
+    cgroup = LeaseCgroup.create("a0b1c2d3e4f5")
     assert cgroup is not None
-    child = subprocess.Popen(["sh", "-c", "sleep 303 & sleep 304 & wait"])
+    stamp = tmp_path / "stamp"
+    fd = os.open(os.path.join(cgroup.path, "cgroup.procs"), os.O_WRONLY)
+    hopper = Path(__file__).parents[1] / "runner" / "hopper.py"
+    child = subprocess.Popen([sys.executable, str(hopper), str(stamp), "60"], preexec_fn=lambda: os.write(fd, b"0"))
     try:
-        deadline = time.monotonic() + 10
-        tree = []
-        while len(tree) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-            tree = [child.pid] + [
-                int(x) for x in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
-            ]
-        assert cgroup.move(tree) == tree
-        assert sorted(cgroup.pids()) == sorted(tree)
-        assert cgroup.move(tree) == [], "those already in it are not moved again"
+        os.close(fd)
+        wait_until(lambda: stamp.exists() and stamp.read_text(), 20, "the hopper hops")
+        assert child.wait(timeout=10) == 0, "the hopper's first process exits at once"
+        assert cgroup.populated()
+        if graceful:
+            assert cgroup.terminate(0.5)
+        else:
+            assert cgroup.kill(kill_file=False)
+        assert not cgroup.populated()
+        last = stamp.read_text()
         assert cgroup.remove()
-        assert child.wait(timeout=5) == -9
+        time.sleep(0.1)  # ten of its stamps
+        assert stamp.read_text() == last, "the hopper still hops"
     finally:
-        child.kill()
-        child.wait()
+        Path(f"{stamp}.stop").touch()
+        cgroup.remove()
+
+
+@writable
+def test_terminate_gives_a_grace_then_kills():
+    cgroup = LeaseCgroup.create("graceful")
+    assert cgroup is not None
+    fd = os.open(os.path.join(cgroup.path, "cgroup.procs"), os.O_WRONLY)
+    # One member ends at SIGTERM, the other ignores it and needs the SIGKILL.
+    polite = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: os.write(fd, b"0"))
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 301"], preexec_fn=lambda: os.write(fd, b"0"))
+    try:
+        os.close(fd)
+        wait_until(lambda: len(cgroup.pids()) >= 3, 10, "the members started")
+        assert cgroup.terminate(0.3)
+        assert polite.wait(timeout=5) == -15
+        assert stubborn.wait(timeout=5) == -9
+        assert "frozen 0" in Path(cgroup.path, "cgroup.events").read_text(), "thawed after the end"
+    finally:
+        for child in (polite, stubborn):
+            child.kill()
+            child.wait()
         cgroup.remove()

@@ -1,17 +1,19 @@
 """One cgroup v2 per lease, below the runner's own (stdlib only): what the kernel counts as the
 lease's processes, whatever they do to their env, session, parent or name, and ends at once.
 
-The runner creates `gpupool-<lease id>-<runner pid>`, the guard moves the command's tree into it
-once the command has run for JOIN_AFTER_S, and at release or when the runner dies the whole
-cgroup is killed (`cgroup.kill`, Linux >= 5.14; before that frozen, each member SIGKILLed,
-thawed), waited empty (`cgroup.events`: populated 0) and removed.
+The runner creates `gpupool-<lease id>-<runner pid>` and the guard starts the command inside it
+(`runner/spawn.py`: born there by clone3, or joined between fork and exec), so every process the
+command ever forks is a member from its first instruction: a daemon that forks a successor every
+half millisecond has no moment outside it. The end of the lease (the command's exit, a lost,
+released or preempted lease, the runner's kill -9 seen by the guard) freezes the cgroup, so
+nothing in it forks while it is signalled, then SIGTERMs (`terminate`) or SIGKILLs (`kill`:
+`cgroup.kill`, Linux >= 5.14, else each member) every member, thaws it, waits it empty
+(`cgroup.events`: populated 0) and removes it.
 
-Why not join before exec: moving a process takes the kernel's cgroup write lock, which waits for
-an RCU grace period (12-18 ms here) with every cgroup mkdir and rmdir on the host held behind
-it; paid at every start it made `gpupool run -- true` 35 % slower. What forks before the move is
-still the guard's (it is their subreaper), and the move finds it there. Where cgroup v2 is not mounted or not
-writable (most containers, a user's systemd session) `LeaseCgroup.create` says None and the
-runner's guard, the command's subreaper, ends the tree alone.
+Where cgroup v2 is not mounted or not writable (most containers, a user's systemd session) or
+`GPUPOOL_LEASE_CGROUP=off`, `LeaseCgroup.create` says None and the runner's guard, the command's
+subreaper, ends the tree alone by walking it: a process that re-forks faster than a walk of
+/proc outruns that.
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ from typing import TYPE_CHECKING
 from .env import LEASE_CGROUP_ENV
 
 if TYPE_CHECKING:
-    from typing import Iterable, List, Mapping, Optional, Tuple
+    from typing import List, Mapping, Optional, Tuple
 
 # The value of LEASE_CGROUP_ENV that keeps a lease out of a cgroup of its own.
 OFF = "off"
 NAME_PREFIX = "gpupool-"
 # After cgroup.kill the kernel still tears the processes down; wait at most this long for empty.
 KILL_SETTLE_S = 2.0
-# How long a command runs before its tree is moved into the lease's cgroup: a short command never
-# pays for the move (see above).
-JOIN_AFTER_S = 0.1
+# A freeze completes once every member has stopped at its next kernel exit; a member stuck in the
+# kernel (uninterruptible I/O) delays it: signal the members after at most this long regardless.
+FREEZE_SETTLE_S = 0.5
 _POLL_S = 0.002
 # While waiting for an empty cgroup, kill again every this many polls.
 _REKILL_EVERY = 10
@@ -94,7 +96,8 @@ def lease_cgroup_parent(environ: Optional[Mapping[str, str]] = None) -> Optional
 
 
 class LeaseCgroup:
-    """A lease's cgroup folder: move processes in, list them, kill them, remove it."""
+    """A lease's cgroup folder: list its processes, end them, remove it (the guard starts the
+    command in it: `runner/spawn.py`)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -116,15 +119,6 @@ class LeaseCgroup:
             return None
         return cls(path)
 
-    def move(self, pids: Iterable[int]) -> List[int]:
-        """Move `pids` (not yet in it) into the cgroup, parents first; returns those moved."""
-        present = set(self.pids())
-        moved: List[int] = []
-        for pid in pids:
-            if pid not in present and self._write("cgroup.procs", str(pid).encode()):
-                moved.append(pid)  # a process that ended meanwhile fails (ESRCH): skipped
-        return moved
-
     def pids(self) -> List[int]:
         """The processes in the cgroup now ([] once it is gone)."""
         try:
@@ -141,28 +135,54 @@ class LeaseCgroup:
         except OSError:
             return False
 
-    def kill(self, settle_s: float = KILL_SETTLE_S, kill_file: bool = True) -> bool:
-        """SIGKILL every process in the cgroup and wait until it is empty; returns whether it is.
-
-        `kill_file=False` does what a kernel without cgroup.kill gets (freeze, SIGKILL each, thaw).
-        """
-        if not self.populated():  # nothing to kill: no write, which would wait for a move in flight
+    def terminate(self, grace_s: float, settle_s: float = KILL_SETTLE_S) -> bool:
+        """SIGTERM every member at once, SIGKILL what is left after `grace_s`; returns whether the
+        cgroup is empty. Frozen while it is listed and signalled: no member forks past it."""
+        if not self.populated():
             return True
-        if not (kill_file and self._write("cgroup.kill", b"1")):
-            kill_file = False
-            self._kill_frozen()
-        deadline = time.monotonic() + settle_s
-        rounds = 0
-        while self.populated():
-            if time.monotonic() > deadline:
-                return False
-            rounds += 1
-            if not kill_file:  # catch what forked between the listing and the kill
-                self._kill_each()
-            elif rounds % _REKILL_EVERY == 0:  # a process moved in after the kill
-                self._write("cgroup.kill", b"1")
+        frozen = self._freeze()
+        try:
+            self._signal_each(signal.SIGTERM)
+            self._signal_each(signal.SIGCONT)  # a stopped member sees its SIGTERM now, once thawed
+        finally:
+            if frozen:
+                self._write("cgroup.freeze", b"0")
+        deadline = time.monotonic() + max(grace_s, 0.0)
+        while self.populated() and time.monotonic() < deadline:
             time.sleep(_POLL_S)
-        return True
+        return self.kill(settle_s)
+
+    def kill(self, settle_s: float = KILL_SETTLE_S, kill_file: bool = True) -> bool:
+        """Freeze the cgroup, SIGKILL every member, thaw it and wait until it is empty; returns
+        whether it is.
+
+        `kill_file=False` does what a kernel without cgroup.kill gets: each member listed, once
+        the freeze holds, and SIGKILLed (a frozen v2 task dies of it).
+        """
+        if not self.populated():  # nothing to kill: no write at all (the common case, at every run's end)
+            return True
+        frozen = self._write("cgroup.freeze", b"1")  # nothing forks from here on
+        try:
+            if not (kill_file and self._write("cgroup.kill", b"1")):
+                kill_file = False
+                if frozen:
+                    self._frozen_within(FREEZE_SETTLE_S)
+                self._signal_each(signal.SIGKILL)
+            deadline = time.monotonic() + settle_s
+            rounds = 0
+            while self.populated():
+                if time.monotonic() > deadline:
+                    return False
+                rounds += 1
+                if not kill_file:  # catch what was forked before the freeze held
+                    self._signal_each(signal.SIGKILL)
+                elif rounds % _REKILL_EVERY == 0:  # a process moved in after the kill
+                    self._write("cgroup.kill", b"1")
+                time.sleep(_POLL_S)
+            return True
+        finally:
+            if frozen:
+                self._write("cgroup.freeze", b"0")
 
     def remove(self, settle_s: float = KILL_SETTLE_S) -> bool:
         """Kill what is left and remove the cgroup folder; returns whether it is gone."""
@@ -179,17 +199,32 @@ class LeaseCgroup:
                     return False
                 time.sleep(_POLL_S)
 
-    def _kill_frozen(self) -> None:
-        """Linux < 5.14: freeze (nothing forks while we list), SIGKILL each member, thaw."""
-        frozen = self._write("cgroup.freeze", b"1")
-        self._kill_each()
-        if frozen:
-            self._write("cgroup.freeze", b"0")
+    def _freeze(self) -> bool:
+        """Freeze the cgroup and wait (FREEZE_SETTLE_S at most) until it is; returns whether the
+        kernel took the freeze (Linux >= 5.2), to be thawed by the caller."""
+        if not self._write("cgroup.freeze", b"1"):
+            return False
+        self._frozen_within(FREEZE_SETTLE_S)
+        return True
 
-    def _kill_each(self) -> None:
+    def _frozen_within(self, timeout_s: float) -> bool:
+        """Wait until `cgroup.events` says frozen 1 (or the cgroup is gone), `timeout_s` at most."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with open(os.path.join(self.path, "cgroup.events"), "rb") as handle:
+                    if b"frozen 1" in handle.read():
+                        return True
+            except OSError:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def _signal_each(self, signum: int) -> None:
         for pid in self.pids():
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
 

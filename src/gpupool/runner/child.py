@@ -117,10 +117,18 @@ def start(
                     preexec()
 
             return subprocess.Popen(argv, env=child_env, preexec_fn=setup)
-    except FileNotFoundError:
-        raise InvalidInput(f"command {command[0]!r} was not found: check the name or give a full path") from None
-    except PermissionError:
-        raise InvalidInput(f"command {command[0]!r} is not executable: check its permissions") from None
+    except OSError as err:
+        raise not_startable(command, err) from None
+
+
+def not_startable(command: Sequence[str], err: OSError) -> Exception:
+    """What to raise when exec of `command` failed with `err`: InvalidInput, naming the fix, for
+    a command that is not there or not executable; `err` itself otherwise."""
+    if isinstance(err, FileNotFoundError):
+        return InvalidInput(f"command {command[0]!r} was not found: check the name or give a full path")
+    if isinstance(err, PermissionError):
+        return InvalidInput(f"command {command[0]!r} is not executable: check its permissions")
+    return err
 
 
 class Terminal:

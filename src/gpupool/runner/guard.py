@@ -4,13 +4,14 @@ lease's processes when the runner dies.
 The parent-death signal reaches only a direct child, and a process can leave its group, session
 and GPUPOOL_LEASE_ID behind (`env -u ... setsid`, a double fork). So the guard is the command's
 parent and a child subreaper: every orphan of the tree re-parents to it, never to init, while it
-lives; where cgroup v2 is writable the guard also moves the command's tree into the lease's own
-cgroup once it has run for JOIN_AFTER_S, which the kernel then kills as a whole. The guard blocks on
-a pipe whose write end only the runner holds; EOF without the runner's "done" line means the
-runner is gone (kill -9 included): the guard kills the cgroup, ends its descendants, the command's
-group and every process started with GPUPOOL_LEASE_ID=<this lease>, removes the run's folder, and
-exits. It relays the command's exit status to the runner over a second pipe. A fork, not a new
-interpreter: it costs the runner about a millisecond.
+lives; where cgroup v2 is writable the guard starts the command inside the lease's own cgroup
+(`spawn.py`: a member before its first instruction, and so is all it ever forks), which is then
+frozen and killed as a whole. The guard blocks on a pipe whose write end only the runner holds;
+EOF without the runner's "done" line means the runner is gone (kill -9 included): the guard kills
+the cgroup, ends its descendants, the command's group and every process started with
+GPUPOOL_LEASE_ID=<this lease>, removes the run's folder, and exits. It relays the command's exit
+status to the runner over a second pipe. A fork, not a new interpreter: it costs the runner about
+a millisecond.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ import os
 import select
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import GpupoolError, InvalidInput
-from ..isolation.proctree import alive, descendants
 from ..logs import get_logger
 from .child import start
 from .prctl import become_subreaper, parent_death_signal
@@ -34,9 +33,13 @@ from .tree import end_tree, reap_all
 from .workdir import remove_tree
 
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence, Set, Tuple
+    from typing import Mapping, Optional, Sequence, Set, Tuple, Union
 
     from ..isolation.cgroup import LeaseCgroup
+    from .spawn import Born
+
+    # The command as the guard started it: what has its pid (kept referenced until it is reaped).
+    Started = Union[subprocess.Popen[bytes], Born]
 
 log = get_logger(__name__)
 
@@ -45,8 +48,6 @@ _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # and its exit status (Popen's returncode: -N for signal N).
 _PID, _INVALID, _FAILED, _EXIT = b"p", b"e", b"f", b"x"
 _DONE = b"d\n"
-# Moving a tree into the lease's cgroup: passes at most (a new pass only after one moved some).
-_JOIN_PASSES = 5
 
 
 class GuardedChild:
@@ -226,19 +227,17 @@ def _serve(
     try:
         os.setpgid(0, 0)  # out of the runner's group: a Ctrl-C to it must not reach the guard
         become_subreaper()
-        child = _start(command, env, report_fd)  # first: the runner waits for it (Popen closes the child's fds)
+        # First: the runner waits for it (the child gets stdin, stdout and stderr only).
+        child = _start(command, env, report_fd, cgroup)
         _close_all_but({control_fd, report_fd})  # the runner's pipes, sockets, the DB; stdio just below
         if child is None:
             if cgroup is not None:
                 cgroup.remove()
             return
-        mover = _Mover(cgroup) if cgroup is not None else None
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         runner_died, reaped = _relay(control_fd, report_fd, child.pid)
-        if mover is not None:
-            mover.stop()
         if runner_died:
             _end_lease(lease_id, child.pid, reaped, grace_s, cgroup, workdir)
         reap_all()
@@ -246,8 +245,11 @@ def _serve(
         os._exit(0)  # no atexit, no finalizers of the runner's copied state
 
 
-def _start(command: Sequence[str], env: Mapping[str, str], report_fd: int) -> Optional[subprocess.Popen[bytes]]:
-    """Start the command as the guard's child; report its pid, or why it could not start, to the runner."""
+def _start(
+    command: Sequence[str], env: Mapping[str, str], report_fd: int, cgroup: Optional[LeaseCgroup]
+) -> Optional[Started]:
+    """Start the command as the guard's child, inside `cgroup` where there is one; report its pid,
+    or why it could not start, to the runner."""
     # The command must see the forwarded signals as a command run directly does: default action,
     # not blocked (exec keeps a blocked mask and ignored signals).
     for signum in _IGNORED:
@@ -260,41 +262,20 @@ def _start(command: Sequence[str], env: Mapping[str, str], report_fd: int) -> Op
             arm()
 
     try:
-        child = start(command, env, setup)
-    except InvalidInput as err:
-        _say(report_fd, _INVALID + _one_line(err.message))
+        if cgroup is None:
+            child: Started = start(command, env, setup)
+        else:
+            from .spawn import start_in_cgroup  # ctypes' clone3: only where there is a cgroup to start in
+
+            child = start_in_cgroup(command, env, cgroup, setup)
+    except (InvalidInput, GpupoolError) as err:
+        _say(report_fd, (_INVALID if isinstance(err, InvalidInput) else _FAILED) + _one_line(err.message))
         return None
     except Exception as err:  # out of processes, a preexec failure: the runner says why
         _say(report_fd, _FAILED + _one_line(repr(err)))
         return None
     _say(report_fd, _PID + str(child.pid).encode())
     return child  # kept referenced: a collected Popen could reap the command behind our back
-
-
-class _Mover:
-    """Moves the command's whole tree (the guard's descendants, parents first) into the lease's
-    cgroup after JOIN_AFTER_S, from a thread, while the guard goes on relaying."""
-
-    def __init__(self, cgroup: LeaseCgroup) -> None:
-        self.cgroup = cgroup
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpupool-guard-cgroup", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """No more moves: wait for one in flight (a kill must not race it; a grace period at most)."""
-        self._stop.set()
-        self._thread.join(timeout=1.0)
-
-    def _run(self) -> None:
-        from ..isolation.cgroup import JOIN_AFTER_S
-
-        if self._stop.wait(JOIN_AFTER_S):
-            return
-        me = os.getpid()
-        for _ in range(_JOIN_PASSES):  # what forked while a pass ran is found by the next one
-            if self._stop.is_set() or not self.cgroup.move(pid for pid in descendants(me) if alive(pid)):
-                return
 
 
 def _relay(control_fd: int, report_fd: int, main: int) -> Tuple[bool, bool]:

@@ -30,6 +30,7 @@ from .workdir import make_workdir, remove_tree
 if TYPE_CHECKING:
     from typing import Callable, List, Optional, Sequence, Set, Tuple
 
+    from ..isolation.cgroup import LeaseCgroup
     from .child import Child
     from .preemption import PreemptionWatch
     from .waitline import WaitLine
@@ -215,15 +216,16 @@ def _run_once(
         child = guard.child() if guard is not None else start(command, env, parent_death_signal())
         relay.child = child
         keep = {child.pid} | ({guard.pid} if guard is not None else set())
+        cgroup = guard.cgroup if guard is not None else None  # the tree's container, where there is one
         on_lost = None
         if options.on_lease_loss == "kill":
-            on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn)
+            on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn, cgroup)
         # Imported here, after the command started: `gpupool run`'s start-up stays as light as it was.
         from .preemption import PreemptionWatch
         from .suspender import Suspender
 
         suspender = Suspender(client, lease.id, child.pid, keep - {child.pid}, options.suspend_backend, warn)
-        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn), suspender)
+        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender)
         heartbeat = Heartbeat(
             client,
             lease.id,
@@ -310,7 +312,9 @@ def _claim_again(
             time.sleep(RECLAIM_RETRY_S)
 
 
-def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> Callable[[Lease], None]:
+def _preempt_stopper(
+    pgid: int, keep: Set[int], warn: Callable[[str], None], cgroup: Optional[LeaseCgroup] = None
+) -> Callable[[Lease], None]:
     """What the watch does when the lease is preempted: say so, SIGTERM the command's tree,
     SIGKILL what is left after the lease's grace. The main thread's child.wait() then returns."""
 
@@ -318,12 +322,19 @@ def _preempt_stopper(pgid: int, keep: Set[int], warn: Callable[[str], None]) -> 
         from .preemption import preemption_notice  # imported already: the watch calling this lives there
 
         warn(preemption_notice(lease, "the command"))
-        _signal_tree(pgid, keep, lease.preempt_grace_s, "after the preemption")
+        _signal_tree(pgid, keep, lease.preempt_grace_s, "after the preemption", cgroup)
 
     return stop
 
 
-def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None]) -> Callable[[], None]:
+def _ender(
+    lease_id: str,
+    pgid: int,
+    keep: Set[int],
+    grace_s: float,
+    warn: Callable[[str], None],
+    cgroup: Optional[LeaseCgroup] = None,
+) -> Callable[[], None]:
     """What the heartbeat thread does when the lease is gone: say so and end the whole tree. The
     main thread's child.wait() then returns, and the runner exits with LeaseLost.exit_code."""
 
@@ -332,18 +343,21 @@ def _ender(lease_id: str, pgid: int, keep: Set[int], grace_s: float, warn: Calla
             f"lease {lease_id} was lost (expired or released by an admin): ending the command; "
             "use --on-lease-loss warn to keep it running"
         )
-        _signal_tree(pgid, keep, grace_s, "after the lease was lost")
+        _signal_tree(pgid, keep, grace_s, "after the lease was lost", cgroup)
 
     return end
 
 
-def _signal_tree(pgid: int, keep: Set[int], grace_s: float, why: str) -> None:
-    """End the command's tree from a watcher thread: SIGTERM, SIGKILL after `grace_s`.
+def _signal_tree(pgid: int, keep: Set[int], grace_s: float, why: str, cgroup: Optional[LeaseCgroup] = None) -> None:
+    """End the command's tree from a watcher thread: SIGTERM, SIGKILL after `grace_s`; the lease's
+    cgroup first, frozen while it is signalled (a walk of /proc cannot outrun a tree that forks).
 
     Only signals: the main thread alone waits for (reaps) the child, so its pid stays ours. A
     failure is logged, not raised: the main thread's release path ends the tree again.
     """
     try:
+        if cgroup is not None:
+            cgroup.terminate(grace_s)
         end_tree(pgid, grace_s, exclude=keep - {pgid})
     except Exception:
         log.exception("ending the tree %s", why)
@@ -355,6 +369,8 @@ def _end_run_tree(child: Child, guard: Optional[Guard], grace_s: float, lease: O
     exclude = {guard.pid} if guard is not None else set()
     lease_id = lease.id if lease is not None else None
     try:
+        if guard is not None and guard.cgroup is not None:  # all of it at once, frozen while signalled
+            guard.cgroup.terminate(grace_s)
         if child.poll() is None:  # an error left it running: end it first, so wait() cannot hang
             end_tree(child.pid, grace_s, exclude=exclude, lease_id=lease_id)
             child.wait(timeout=5)
