@@ -253,6 +253,8 @@ def test_shutdown_restart_and_interrupt_leave_nothing_behind(notebooks: Notebook
         time.sleep(0.5)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=10)
+        while reply["msg_type"] == "kernel_info_reply":  # late: wait_for_ready asks again after 1 s
+            reply = kc.get_shell_msg(timeout=10)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert run_cell(kc, "print('alive')")[0].strip() == "alive"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+SOCKETS_PREFIX = "gpupool-kernel-"  # the kernel's sockets: TMPDIR/gpupool-kernel-XXXXXXXX/k-1 .. k-5
+# A Unix socket's path holds at most 107 bytes: a longer TMPDIR gives way to /tmp.
+SOCKET_PATH_MAX = 107
 # How long a starting kernel queues for its share (the frontend shows it as connecting).
 CLAIM_WAIT_S = 3600
 
@@ -58,14 +62,20 @@ class KernelSettings:
 def internal_connection(frontend: Mapping[str, Any], path: Path) -> Dict[str, Any]:
     """Write the kernel's own connection file beside the frontend's (mode 0600: it holds the key).
 
-    The kernel listens on Linux abstract Unix sockets (ZeroMQ's ipc transport, `@name`), not on
-    TCP ports: a free port picked now could be taken by another process before the kernel binds
-    it (the kernel starts only once its claim is granted), and an abstract socket leaves no file
-    behind when the kernel is killed. Like the loopback ports of a plain kernel, they are
-    reachable from this host, and every message needs the key's signature."""
+    The kernel listens on Unix sockets (ZeroMQ's ipc transport) in a folder of its own, mode
+    0700, not on TCP ports: a free port picked now could be taken by another process before the
+    kernel binds it (the kernel starts only once its claim is granted), and only this user can
+    reach a socket there. Abstract sockets (`@name`) would leave no file behind, but every local
+    user can list (/proc/net/unix) and reach them: one could then replay the kernel's own signed
+    output to it, which it accepts, and keep it busy without the proxy seeing. `remove_sockets`
+    removes the folder."""
+    base = tempfile.gettempdir()
+    if len(base) + len(SOCKETS_PREFIX) + 16 > SOCKET_PATH_MAX:
+        base = "/tmp"
+    folder = tempfile.mkdtemp(prefix=SOCKETS_PREFIX, dir=base)  # mode 0700, a new name
     info: Dict[str, Any] = {f"{channel}_port": n for n, channel in enumerate(CHANNELS, 1)}
     info.update(
-        ip=f"@gpupool-kernel-{secrets.token_hex(8)}",  # the sockets are @gpupool-kernel-HEX-1 .. -5
+        ip=os.path.join(folder, "k"),  # the sockets are FOLDER/k-1 .. k-5
         transport="ipc",
         key=_text(frontend.get("key", b"")),
         signature_scheme=frontend.get("signature_scheme", "hmac-sha256"),
@@ -75,6 +85,13 @@ def internal_connection(frontend: Mapping[str, Any], path: Path) -> Dict[str, An
     with os.fdopen(fd, "w") as out:
         json.dump(info, out)
     return info
+
+
+def remove_sockets(info: Mapping[str, Any]) -> None:
+    """Remove the folder of the kernel's sockets that `internal_connection` made."""
+    folder = os.path.dirname(str(info.get("ip", "")))
+    if os.path.basename(folder).startswith(SOCKETS_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _text(value: Any) -> str:

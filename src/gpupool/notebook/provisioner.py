@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Float, Integer, Unicode
 
-from .launch import KernelSettings, internal_connection, kernel_pid, runner_command
+from .launch import KernelSettings, internal_connection, kernel_pid, remove_sockets, runner_command
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional
@@ -46,6 +46,7 @@ class GpupoolProvisioner(LocalProvisioner):
     _proxy: Optional[KernelProxy] = None
     _gate: Optional[KernelGate] = None
     _internal: Optional[Path] = None
+    _backend: Optional[Dict[str, Any]] = None  # the kernel's own connection
 
     @property
     def settings(self) -> KernelSettings:
@@ -71,7 +72,7 @@ class GpupoolProvisioner(LocalProvisioner):
             else Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-{self.kernel_id}.json"
         )
         self._internal = base.with_name(base.stem + "-gpupool.json")
-        internal_connection(self.connection_info, self._internal)
+        self._backend = internal_connection(self.connection_info, self._internal)
         label = self.label
         notebook = kwargs.get("env", {}).get("JPY_SESSION_NAME", "")
         if notebook:  # the frontend's notebook path: shown beside the label in status
@@ -91,16 +92,14 @@ class GpupoolProvisioner(LocalProvisioner):
             raise
 
     def _start_proxy(self) -> None:
-        import json
-
         from jupyter_client.session import Session
 
         from ..client.resolve import connect_all
         from .gate import KernelGate
         from .proxy import KernelProxy
 
-        assert self._internal is not None
-        backend = json.loads(self._internal.read_text())
+        backend = self._backend
+        assert backend is not None
         info = self.connection_info
         key = info.get("key", b"")
         session = Session(
@@ -182,4 +181,7 @@ class GpupoolProvisioner(LocalProvisioner):
         if self._internal is not None:
             self._internal.unlink(missing_ok=True)
             self._internal = None
+        if self._backend is not None:
+            remove_sockets(self._backend)
+            self._backend = None
         await super().cleanup(restart)
