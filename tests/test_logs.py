@@ -11,7 +11,14 @@ import time
 
 import httpx
 
-from gpupool.logs import CONTINUATION, escape_controls, escaping_formatter
+from gpupool.logs import (
+    CONTINUATION,
+    MAX_LOG_MESSAGE_CHARS,
+    MAX_LOGGED_CHARS,
+    clip,
+    escape_controls,
+    escaping_formatter,
+)
 
 FORGED = "a\nFAKE LINE 2026-11-25 00:00:00,000 gpupool.server WARNING admin token leaked\r\x1b[2Jb\u2028c"
 
@@ -68,3 +75,24 @@ def test_a_newline_in_a_holder_field_forges_no_line_of_a_real_servers_log(tmp_pa
     assert "a\\nFAKE LINE" in text, text  # the claim was logged, escaped
     assert not [line for line in text.splitlines() if line.startswith("FAKE")], text
     assert "\x1b" not in text and "\u2028" not in text
+
+
+def test_bidirectional_and_other_invisible_characters_are_escaped_too():
+    # Issue 34 item 5: U+202E turns 'job\u202etxt.exe' into what reads as 'jobexe.txt'.
+    for char in ("\u202e", "\u202a", "\u2066", "\u2069", "\u200e", "\u200b", "\u061c", "\ufeff", "\U000e0001"):
+        escaped = escape_controls(f"job{char}txt")
+        assert escaped.isprintable() and char not in escaped and repr(char)[1:-1] in escaped, repr(char)
+    assert escape_controls("ünïcode 漢字 ✓") == "ünïcode 漢字 ✓"  # printable text is left alone
+
+
+def test_a_long_client_string_is_logged_cut_short_with_a_marker():
+    formatter = escaping_formatter("%(levelname)s %(message)s")
+    label = "L" * 900_000
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "lease %s granted to %s", ("abc", label), None)
+    line = formatter.format(record)
+    assert line.startswith("INFO lease abc granted to LLL") and "more characters]" in line
+    assert len(line) < MAX_LOGGED_CHARS + 100
+    assert record.args == ("abc", label)  # the record itself is untouched (other handlers)
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "joined: " + "x" * 100_000, (), None)
+    assert len(formatter.format(record)) < MAX_LOG_MESSAGE_CHARS + 100  # an f-string or a str() too
+    assert clip("short") == "short" and clip("ab" * 10, 4) == "abab...[16 more characters]"

@@ -8,7 +8,8 @@ above (and everything, once `logging` is loaded) to `logging.getLogger(name)`, a
 
 `defer(setup)` lets the CLI postpone its `logging.basicConfig` to the first record that needs it.
 `escaping_formatter()` is the formatter of every log gpupool writes: a record is one line, whatever
-control characters a client put in the names it logs. Stdlib only; every floor may import it.
+control or bidirectional characters a client put in the names it logs, and of bounded length
+(`clip`), whatever their size. Stdlib only; every floor may import it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import logging as _logging_module
-    from typing import Any, Callable, Dict, Optional
+    from typing import Any, Callable, Optional
 
 # logging's levels, for `isEnabledFor` without importing it.
 DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 # What a continuation line of a record (its traceback) starts with, so no line of it reads as a record.
 CONTINUATION = "  "
+# A string argument of a record (a holder's label, a filter, a token name: client text) is cut to
+# this many characters, and a record's message to MAX_LOG_MESSAGE_CHARS (an f-string, an object's
+# str): a client's megabyte never becomes a megabyte line.
+MAX_LOGGED_CHARS = 2048
+MAX_LOG_MESSAGE_CHARS = 8192
 
 _pending: Optional[Callable[[], None]] = None
 
@@ -96,19 +102,43 @@ def get_logger(name: str) -> Logger:
     return Logger(name)
 
 
-_ESCAPES: Dict[int, str] = {}
+def clip(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """`text`, or its first `limit` characters and a marker that says how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more characters]"
+
+
+class _Escapes(dict):  # type: ignore[type-arg]
+    """str.translate's table: a character that is not printable (C0, DEL, C1, U+2028/2029, the
+    bidirectional overrides and isolates such as U+202E, zero-width and other format characters,
+    unassigned code points) as repr() writes it, a printable one as itself. Nothing is kept: the
+    table stays empty however many characters clients send."""
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        return char if char.isprintable() else repr(char)[1:-1]
+
+
+_ESCAPES = _Escapes()
 
 
 def escape_controls(text: str) -> str:
-    """`text` with its control characters (C0, DEL, C1, U+2028/2029) written as escapes, as repr()
-    writes them: a newline in a holder's host or a lease label never starts a forged log line, and
-    no terminal escape sequence reaches the operator's terminal."""
+    """`text` with every character that is not printable written as an escape, as repr() writes
+    it: a newline in a holder's host or a lease label never starts a forged log line, no terminal
+    escape sequence reaches the operator's terminal, and no U+202E reverses what a line says."""
     if text.isprintable():  # the common case, in C
         return text
-    if not _ESCAPES:
-        for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029):
-            _ESCAPES[code] = repr(chr(code))[1:-1]
     return text.translate(_ESCAPES)
+
+
+def _clipped_args(args: Any) -> Any:
+    """A record's arguments with each string cut by `clip` (the same object when none is long)."""
+    if isinstance(args, tuple) and any(isinstance(a, str) and len(a) > MAX_LOGGED_CHARS for a in args):
+        return tuple(clip(a) if isinstance(a, str) else a for a in args)
+    if isinstance(args, dict) and any(isinstance(a, str) and len(a) > MAX_LOGGED_CHARS for a in args.values()):
+        return {k: clip(a) if isinstance(a, str) else a for k, a in args.items()}
+    return args
 
 
 def escaping_formatter(fmt: str = LOG_FORMAT) -> _logging_module.Formatter:
@@ -119,9 +149,13 @@ def escaping_formatter(fmt: str = LOG_FORMAT) -> _logging_module.Formatter:
 
     class EscapingFormatter(logging.Formatter):
         def formatMessage(self, record: logging.LogRecord) -> str:
+            record.message = clip(record.message, MAX_LOG_MESSAGE_CHARS)
             return escape_controls(super().formatMessage(record))
 
         def format(self, record: logging.LogRecord) -> str:
+            args = _clipped_args(record.args)
+            if args is not record.args:  # a copy: other handlers see the record as it was made
+                record = logging.makeLogRecord(dict(record.__dict__, args=args))
             head, sep, rest = super().format(record).partition("\n")  # the head has no newline left
             if not sep:
                 return head

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from waiting import wait_until
 
 from gpupool.core.model import MAX_TTL_S, Claim, Device, Holder, Lease, Slice, pod_of_label
 from gpupool.core.queues import QueuedClaim
@@ -28,7 +29,6 @@ from gpupool.server.dashboard import COOKIE, build
 from gpupool.server.dashboard import render as draw
 from gpupool.server.dashboard.history import History
 from gpupool.server.dashboard.view import holder_text
-from tests.waiting import wait_until
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -76,14 +76,14 @@ def test_sign_in_with_the_form_sets_an_httponly_cookie(client, pool):
     assert client.get("/ui/live").json()["error"]["code"] == "unauthorized"
 
 
-def test_token_in_the_url_becomes_the_cookie_and_leaves_the_url(client):
+def test_a_token_in_the_url_is_refused_and_becomes_no_cookie(client):
+    # Issue 34 item 5: a URL keeps the token in the history, in logs and in Referer headers.
     r = client.get(f"/?token={ADMIN}&q=alice", follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/?q=alice"
-    assert "HttpOnly" in r.headers["set-cookie"]
-    assert r.headers["referrer-policy"] == "no-referrer"
-    assert client.get("/?q=alice").status_code == 200
-    client.cookies.clear()
-    assert client.get("/?token=nope-nope-nope-nope", follow_redirects=False).status_code == 401
+    assert r.status_code == 400 and "set-cookie" not in r.headers
+    assert "not accepted" in r.text and "paste it into this form" in r.text and ADMIN not in r.text
+    assert r.headers["referrer-policy"] == "same-origin"  # no dashboard URL reaches another site
+    assert client.get("/?q=alice", follow_redirects=False).status_code == 200  # the sign-in form
+    assert 'name="token"' in client.get("/?q=alice").text
 
 
 def test_bearer_header_works_too_and_the_page_is_locked_down(client):

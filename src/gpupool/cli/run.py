@@ -107,7 +107,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def handle(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.isolation_mode import IsolationMode
-    from ..core.model import MAX_TTL_S, MAX_WAIT_S, MIN_TTL_S, Claim, GpuRequest, Policy, check_queue_name
+    from ..core.model import (
+        MAX_TTL_S,
+        MAX_WAIT_S,
+        MIN_TTL_S,
+        Claim,
+        GpuRequest,
+        Policy,
+        check_label,
+        check_queue_name,
+    )
     from ..core.quantity import parse_fraction, parse_memory_mib
     from ..runner import RunOptions, progress, run
 
@@ -151,7 +160,7 @@ def handle(args: argparse.Namespace) -> int:
         claim=claim,
         wait_s=args.wait,
         ttl_s=args.ttl,
-        label=args.label,
+        label=check_label(args.label),
         quiet=args.quiet,
         say=say,
         on_lease_loss=args.on_lease_loss,

@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..logs import clip
+
 if TYPE_CHECKING:
     from typing import Any, Dict, Tuple, Type
+
+# A value a message names is cut to this many characters (with a marker saying how many more): a
+# message is one short line even when the value is a megabyte.
+SHOWN_CHARS = 60
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`value` as a message names it: its repr, cut past `limit` characters of its text."""
+    text = value if isinstance(value, str) else str(value)
+    return repr(clip(text, limit)) if len(text) > limit else repr(value)
 
 
 class GpupoolError(Exception):

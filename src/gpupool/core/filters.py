@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidClaim
-from .quantity import parse_memory_mib
+from .errors import InvalidClaim, InvalidInput, shown
+from .quantity import MAX_NUMBER_DIGITS, parse_memory_mib
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Protocol
@@ -32,8 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 KEYS = ("device.name", "device.uuid", "device.index", "device.memory", "server.addr")
 _NUMERIC_KEYS = ("device.index", "device.memory")
-# Compiled on first use (re caches it): most runs name no filter.
-_FILTER_PATTERN = r"^\s*([a-zA-Z_.]+)\s*(>=|<=|=)\s*(.+?)\s*$"
+# The longest filter text: a glob or a size is tens of characters. Checked before any regex reads it.
+MAX_FILTER_CHARS = 256
+# Compiled on first use (re caches it): most runs name no filter. Matched on the stripped text, so no
+# part of it looks for trailing spaces (a lazy value before `\s*$` took seconds on 10,000 of them).
+_FILTER_PATTERN = r"([a-zA-Z_.]+)\s*(>=|<=|=)\s*(.+)"
+_INDEX_PATTERN = r"[0-9]+"  # ASCII digits: str.isdigit() takes '²', which int() refuses
 
 
 @dataclass(frozen=True)
@@ -46,19 +50,32 @@ class Filter:
 
     @classmethod
     def parse(cls, text: str) -> Filter:
-        """Parse 'device.memory>=16GiB' and friends; unknown keys are rejected."""
-        match = re.match(_FILTER_PATTERN, text)
+        """Parse 'device.memory>=16GiB' and friends; unknown keys are rejected. Every message names
+        the filter cut short (`shown`): a filter may be a client's megabyte."""
+        named = f"filter {shown(text)}"
+        if len(text) > MAX_FILTER_CHARS:
+            raise InvalidInput(
+                f"{named} is {len(text)} characters long, over the {MAX_FILTER_CHARS} allowed: "
+                "use e.g. device.name=*A100* or device.memory>=16384"
+            )
+        match = re.fullmatch(_FILTER_PATTERN, text.strip())
         if not match:
-            raise InvalidClaim(f"filter {text!r} is not KEY=VALUE: use e.g. device.name=*A100* or device.memory>=16384")
+            raise InvalidClaim(f"{named} is not KEY=VALUE: use e.g. device.name=*A100* or device.memory>=16384")
         key, op, value = match.group(1).lower(), match.group(2), match.group(3)
         if key not in KEYS:
-            raise InvalidClaim(f"filter key {key!r} is unknown: use one of {', '.join(KEYS)}")
+            raise InvalidClaim(f"filter key {shown(key)} is unknown: use one of {', '.join(KEYS)}")
         if op != "=" and key not in _NUMERIC_KEYS:
-            raise InvalidClaim(f"filter {text!r}: {key} only supports '=' (globs allowed), not {op!r}")
+            raise InvalidClaim(f"{named}: {key} only supports '=' (globs allowed), not {op!r}")
         if key == "device.memory":
-            value = str(parse_memory_mib(value, what=f"filter {text!r} memory"))
-        elif key == "device.index" and not value.isdigit():
-            raise InvalidClaim(f"filter {text!r}: device.index needs a whole number, e.g. device.index=0")
+            value = str(parse_memory_mib(value, what=f"filter {key}{op}"))
+        elif key == "device.index":
+            if not re.fullmatch(_INDEX_PATTERN, value):
+                raise InvalidClaim(f"{named}: device.index needs a whole number, e.g. device.index=0")
+            if len(value) > MAX_NUMBER_DIGITS:
+                raise InvalidInput(
+                    f"{named}: the index has {len(value)} digits, over the {MAX_NUMBER_DIGITS} allowed: "
+                    "give a GPU's index as `gpupool status` shows it, e.g. device.index=0"
+                )
         return cls(key, op, value)
 
     def to_text(self) -> str:

@@ -14,6 +14,10 @@ from .errors import InvalidInput
 if TYPE_CHECKING:
     from typing import Any, Dict, Mapping, Optional
 
+# The MPS daemon's folder below the state dir (its pipe and log folders): other users' processes
+# reach its pipes, so the state dir's privacy (store.private) leaves it to its own modes.
+MPS_DIR = "mps"
+
 
 class IsolationMode(enum.Enum):
     """How a lease's limits are held on a node."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from .errors import GpupoolError, InvalidClaim, InvalidInput
+from .errors import GpupoolError, InvalidClaim, InvalidInput, shown
 from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of the states
 from .suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Suspension
 
@@ -50,6 +50,9 @@ MAX_PREEMPT_GRACE_S = 3600.0
 # as Unsatisfiable anyway).
 MAX_REQUESTS_PER_CLAIM = 256
 MAX_GPUS_PER_REQUEST = 4096
+# A holder's label, name and host are text for people (a pod's 'pod:NS/NAME:UID' label is at most
+# 358 characters): longer ones are refused, as they are shown in every view and written in logs.
+MAX_LABEL_CHARS = 512
 # Linux's PID_MAX_LIMIT (2^22, include/linux/threads.h): no pid is ever above it. holder.pid is a
 # label, but one out of range (2^64, -1) is a client's mistake or a probe, never a process.
 PID_MAX = 4194304
@@ -94,6 +97,15 @@ def check_pid(pid: object) -> int:
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid <= PID_MAX:
         raise InvalidClaim(f"holder.pid {pid!r} is not a process id: give one between 1 and {PID_MAX}, or 0 for none")
     return pid
+
+
+def check_label(text: str, what: str = "--label") -> str:
+    """`text` if it is at most MAX_LABEL_CHARS characters long, else InvalidClaim naming it cut short."""
+    if len(text) > MAX_LABEL_CHARS:
+        raise InvalidClaim(
+            f"{what} {shown(text)} is {len(text)} characters long, over the {MAX_LABEL_CHARS} allowed: shorten it"
+        )
+    return text
 
 
 def _optional_seconds(
@@ -360,12 +372,14 @@ class Holder(NamedTuple):
     label: str = ""
 
     def describe(self) -> str:
-        parts = [self.name or "?"]
-        if self.host or self.pid:
-            parts.append(f"{self.host}:{self.pid}")
-        if self.label:
-            parts.append(self.label)
-        return "@".join(parts[:2]) + (f" [{self.label}]" if self.label else "")
+        """For logs: the name (the token's, with auth), then the process and host the client gave,
+        marked as its word (no pid of a holder is ever acted on: the watchdog goes by what the
+        kernel says, enforcement/attribution.py), then the label."""
+        said = [f"holder pid {self.pid}"] if self.pid else []
+        if self.host:
+            said.append(f"host {self.host}")
+        claimed = f" ({', '.join(said)}, as the client says)" if said else ""
+        return (self.name or "?") + claimed + (f" [{self.label}]" if self.label else "")
 
     @property
     def pod_uid(self) -> str:
@@ -520,6 +534,8 @@ __all__: List[str] = [
     "MAX_GPUS_PER_REQUEST",
     "PID_MAX",
     "check_pid",
+    "MAX_LABEL_CHARS",
+    "check_label",
     "check_idle",
     "PREEMPT_REAP_MARGIN_S",
     "MIN_IDLE_SUSPEND_S",

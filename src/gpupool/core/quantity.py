@@ -16,7 +16,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from .errors import InvalidInput
+from .errors import InvalidInput, shown
 
 if TYPE_CHECKING:
     from fractions import Fraction
@@ -33,6 +33,11 @@ _LONG = (
 )
 # Fractions of a byte (their denominators): valid Kubernetes suffixes, never a memory size anyone means.
 _SUB_BYTE = {"m": (10**3, "10^-3"), "u": (10**6, "10^-6"), "n": (10**9, "10^-9")}
+# The most digits a number gpupool reads may have (a size, a device index), and the largest decimal
+# exponent of a size: no memory or index anyone means comes near, Python refuses to read integers
+# of over 4,300 digits (a ValueError, which became a 500), and 10**(10**9) would take the CPU.
+MAX_NUMBER_DIGITS = 30
+MAX_EXPONENT = 30
 # sign, number (`8`, `8.5`, `.5`, `8.`), then a suffix or a decimal exponent.
 _QUANTITY_RE = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|([A-Za-z]*))\s*$")
 
@@ -41,12 +46,17 @@ def parse_memory_mib(text: object, what: str = "memory", bare: int = MIB) -> int
     """A memory size in whole MiB, rounded down; `bare` is what a number without a unit counts
     (MIB on the command line and in job specs, BYTE in Kubernetes resources)."""
     raw = str(text).strip()
-    match = _QUANTITY_RE.match(raw)
     bare_name = "MiB" if bare == MIB else "bytes"
     fix = f"write e.g. 8Gi (8 GiB = 8192 MiB), 8G (8e9 bytes = 7629 MiB) or 8192Mi; a bare number is {bare_name}"
+    # Before the regex and int(): a long text costs nothing to refuse, and is named cut short.
+    if len(raw) > MAX_NUMBER_DIGITS + 8:  # the digits, a sign, a point, the longest unit or exponent
+        raise InvalidInput(f"{what} {shown(raw)} is {len(raw)} characters long, too long for a size: {fix}")
+    match = _QUANTITY_RE.match(raw)
     if not match:
         raise InvalidInput(f"{what} {text!r} is not a size: {fix}")
     number, exponent, suffix = _number(match.group(1)), match.group(2), match.group(3) or ""
+    if exponent and abs(int(exponent[1:])) > MAX_EXPONENT:
+        raise InvalidInput(f"{what} {shown(raw)}: the exponent is beyond e{MAX_EXPONENT}, no memory size; {fix}")
     if exponent:
         number = _exact(number) * _exact(10) ** int(exponent[1:])
         suffix = ""

@@ -6,7 +6,8 @@ Two rules, each with its own mode (kill, warn, off), and idle reclaim (idle.py):
 - unleased: a process on a pooled GPU that belongs to no live lease, for longer
   than the grace period (so a command still ending just after its release is spared).
 
-Each action is logged with lease, holder, pid and MiB, counted per reason, and
+Each action is logged with the process's pid and uid (the driver's and the kernel's word), its lease,
+the lease's holder (its pid and host marked as the client's word) and MiB, counted per reason, and
 kept among the recent actions of the usage record that every view reads.
 """
 
@@ -165,11 +166,25 @@ class Watchdog:
             action = EnforcementAction(now, reason, mode, pid, uuid, mib, lease.id if lease else "", holder)
             self._recent.append(action)
             self._totals[reason.value] += 1
-            log.warning("watchdog %s%s", action.describe(), "" if pid in targets else " (spared: not killable)")
+            log.warning(
+                "watchdog %s; pid %d runs as %s (the kernel's word)%s",
+                action.describe(),
+                pid,
+                _owner(pid),
+                "" if pid in targets else " (spared: not killable)",
+            )
         if mode is EnforceMode.KILL and targets:
             killed = self.terminate(targets, self.config.term_grace_s)
             if killed:
                 log.warning("watchdog: pid(s) %s ignored SIGTERM and were killed", killed)
+
+
+def _owner(pid: int) -> str:
+    """'uid N' of process `pid` as the kernel has it (the owner of /proc/PID), or why not."""
+    try:
+        return f"uid {os.stat(f'/proc/{pid}').st_uid}"
+    except OSError:
+        return "an unknown uid (the process is gone)"
 
 
 def _slice_mib(lease: Lease) -> Dict[str, int]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import InvalidInput, Unavailable
-from ..core.isolation_mode import IsolationMode, NodeIsolation
+from ..core.isolation_mode import MPS_DIR, IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .env import MPS_LOG_ENV, MPS_PIPE_ENV
 
@@ -59,7 +59,7 @@ class MpsUnavailable(InvalidInput):
 
 def mps_dirs(state_dir: Path) -> Tuple[Path, Path]:
     """The pipe and log folders of the pool's MPS daemon: STATE/mps/pipe and STATE/mps/log."""
-    root = Path(state_dir) / "mps"
+    root = Path(state_dir) / MPS_DIR
     return root / "pipe", root / "log"
 
 

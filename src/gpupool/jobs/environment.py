@@ -8,8 +8,9 @@ TF_CONFIG would silently break the rendezvous every other replica relies on.
 from __future__ import annotations
 
 import re
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from ..train.storage import REDACTED, redact
 from .plan import Endpoints, Replica, role_of
 from .rendezvous import rendezvous_env
 from .spec import JobSpec
@@ -24,6 +25,29 @@ ROLE_ENV = "GPUPOOL_ROLE"
 REPLICA_INDEX_ENV = "GPUPOOL_REPLICA_INDEX"
 RESTART_COUNT_ENV = "GPUPOOL_RESTART_COUNT"
 CHECKPOINTS_ENV = "GPUPOOL_CHECKPOINTS"  # the spec's checkpoints: (the trainer's default --out)
+
+
+# Variables whose names say they hold a secret (AWS_SECRET_ACCESS_KEY, HF_TOKEN, DB_PASSWORD,
+# AZURE_STORAGE_CONNECTION_STRING ...): a dry run prints REDACTED for their values.
+SECRET_ENV_RE = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|KEY|PRIVATE|CONNECTION_STRING", re.IGNORECASE)
+
+
+def redacted_env(env: Mapping[str, str]) -> Dict[str, str]:
+    """`env` for people to read: the value of a secret-looking name as REDACTED, and in every other
+    value a URL's password or signature (`train.storage.redact`)."""
+    return {name: REDACTED if value and SECRET_ENV_RE.search(name) else redact(value) for name, value in env.items()}
+
+
+def redacted_manifest(obj: Any) -> Any:
+    """A copy of Kubernetes objects for people to read: each container env entry {name, value} of a
+    secret-looking name with its value REDACTED, and every string `redact`ed."""
+    if isinstance(obj, dict):
+        if set(obj) >= {"name", "value"} and isinstance(obj["value"], str) and SECRET_ENV_RE.search(str(obj["name"])):
+            return {**obj, "value": REDACTED if obj["value"] else ""}
+        return {key: redacted_manifest(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [redacted_manifest(item) for item in obj]
+    return redact(obj) if isinstance(obj, str) else obj
 
 
 def job_env(name: str, job_dir: str, checkpoints: str = "") -> Dict[str, str]:

@@ -113,17 +113,26 @@ def _queue(value: Any) -> str:
 
 
 def _checkpoints(value: Any) -> str:
-    """A bucket URL of a known scheme, or a path; never one carrying credentials."""
+    """A bucket URL of a known scheme, or a path; never one carrying credentials or a signature
+    (the value goes into every replica's env and the manifests). Messages show it redacted."""
     if not isinstance(value, str):
         _refuse(f"{value!r} must be a URL such as s3://bucket/jobs/NAME, or a path")
+    shown = storage.redact(repr(value))
     proto = storage.scheme(value)
-    if proto and proto not in storage.BACKENDS:
-        _refuse(f"{value!r}: unknown scheme {proto!r}; use s3://, gs://, az:// or file://, or a path")
-    if proto and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+    if storage.has_userinfo(value):
         _refuse(
-            f"{value!r} carries credentials; remove them and name a Secret holding them in storageSecret "
+            f"{shown} carries credentials; remove them and name a Secret holding them in storageSecret "
             "(locally the SDK finds them in the environment)"
         )
+    signed = storage.secret_query_keys(value)
+    if signed:
+        _refuse(
+            f"{shown} carries a signature or credential ({', '.join(signed)}): a presigned URL is one "
+            "object's, for a while; give the bucket's URL, e.g. s3://bucket/jobs/NAME, and the credentials in "
+            "storageSecret (locally the SDK finds them in the environment)"
+        )
+    if proto and proto not in storage.BACKENDS:
+        _refuse(f"{shown}: unknown scheme {proto!r}; use s3://, gs://, az:// or file://, or a path")
     return value
 
 
@@ -380,7 +389,7 @@ def explain(err: ValidationError) -> Tuple[str, str]:
         message = f"{value!r}: {first['msg']}"
     if len(problems) > 1:
         message += f" (and {len(problems) - 1} more)"
-    return where, message
+    return where, storage.redact(message)  # a URL's password or signature, wherever it was written
 
 
 def path(loc: Tuple[Union[int, str], ...]) -> str:

@@ -5,7 +5,8 @@ within MAX_HEADER_BYTES (431; `connection.Guarded` cuts off longer heads still a
 chunked bodies (411: every client of gpupool sends a Content-Length), a Content-Length of
 at most `max_body` (413) that fits the in-flight budget (503), and the whole body within
 `body_timeout_s` (408). Each refusal is the project's error JSON and closes the
-connection. The app then gets the body as one message.
+connection (after a 413, once the rest of the body is read and dropped: `listener.LINGER_S`).
+The app then gets the body as one message.
 
 The body grows in one buffer as it arrives rather than as a list of chunks joined at the
 end: a stalled upload holds what it sent and nothing more (not its announced length),
@@ -19,7 +20,7 @@ import asyncio
 import json
 from typing import Any, Awaitable, Dict, Optional, Tuple
 
-from .listener import MAX_HEADER_BYTES, ASGIApp, Limits, Message, Receive, Scope, Send
+from .listener import LINGER_BYTES, MAX_HEADER_BYTES, ASGIApp, Limits, Message, Receive, Scope, Send
 
 
 def error_body(code: str, message: str) -> Dict[str, Any]:
@@ -70,6 +71,8 @@ class Bounded:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         length, refusal = self._length(scope)
         if refusal is not None:
+            if refusal[0] == 413 and length <= LINGER_BYTES:
+                self.limits.linger(scope.get("client"))  # the answer, not a reset, reaches the client
             await send_error(send, *refusal)
             return
         if length == 0:  # no body (or an empty one): nothing to wait for
@@ -106,8 +109,12 @@ class Bounded:
                 "too_large",
                 f"the request head is over {MAX_HEADER_BYTES} bytes: send fewer or shorter headers",
             )
-        if length > limits.max_body:
-            return 0, (413, "too_large", f"the request body of {length} bytes is over {limits.max_body} bytes")
+        if length > limits.max_body:  # with the length: it decides whether the rest is read and dropped
+            return length, (
+                413,
+                "too_large",
+                f"the request body of {length} bytes is over {limits.max_body} bytes: send a smaller one",
+            )
         if length and limits.reading + length > limits.budget:
             return 0, (503, "unavailable", "too many request bodies in flight; retry shortly")
         return length, None

@@ -11,7 +11,8 @@ says when a request's head was complete and when its answer was done, through
 parsing HTTP a second time.
 
 Writes within one loop iteration leave as one (`_Coalesced`): uvicorn writes a response's
-head and body apart, and over TLS each write is a record of its own.
+head and body apart, and over TLS each write is a record of its own. A connection whose
+request body was refused unread (413) lingers before it closes (`Guarded.linger`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import logging
 from typing import Any, Callable, List, Optional, Tuple, Type, cast
 
-from .listener import CLOSE_GRACE_S, MAX_HEADER_BYTES, Limits
+from .listener import CLOSE_GRACE_S, LINGER_BYTES, LINGER_S, MAX_HEADER_BYTES, Limits
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,15 @@ HEAD_TOO_LARGE = _answer(
 class _Coalesced:
     """A transport whose writes within one loop iteration leave as one; the rest is the real one's."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_on_close")
+    __slots__ = ("_transport", "_loop", "_pending", "_on_close", "_closed", "lingering")
 
     def __init__(
         self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_close: Callable[[], None]
     ) -> None:
         self._transport, self._loop, self._on_close = transport, loop, on_close
         self._pending: List[bytes] = []
+        self._closed = False
+        self.lingering = False  # close() sends the answer and goes on reading (Guarded.linger)
 
     def write(self, data: bytes) -> None:
         if not self._pending:
@@ -69,8 +72,14 @@ class _Coalesced:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        self._closed = True
+        if not self.lingering:
+            self._transport.close()
         self._on_close()
+
+    def is_closing(self) -> bool:
+        """Closed for the inner protocol, also while the connection lingers (it writes nothing more)."""
+        return self._closed or self._transport.is_closing()
 
     def detach(self) -> None:
         """After connection_lost: let go of the transport (and its TLS buffers) at once.
@@ -120,6 +129,8 @@ class Guarded(asyncio.Protocol):
         self._size_check = False
         self._inner_made = False
         self._abort: Optional[asyncio.TimerHandle] = None  # set once the connection is closing
+        self._lingering = False  # closing after a refused body: what still arrives is read and dropped
+        self._dropped = 0  # bytes dropped while lingering
 
     # -- asyncio.Protocol, passed on to the inner protocol -------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,6 +159,10 @@ class Guarded(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._inner_made or self._abort is not None:  # what a closing connection still sends is dropped
+            if self._lingering:
+                self._dropped += len(data)
+                if self._dropped > LINGER_BYTES and self.transport is not None:
+                    self.transport.abort()
             return
         if not self.serving:
             self.head_bytes += len(data)
@@ -159,7 +174,7 @@ class Guarded(asyncio.Protocol):
             self.loop.call_soon(self._check_size)
 
     def eof_received(self) -> Optional[bool]:
-        if not self._inner_made:
+        if not self._inner_made or self._lingering:  # lingering: the client is done, the transport closes
             return None
         result: Optional[bool] = self.inner.eof_received()
         return result
@@ -186,6 +201,16 @@ class Guarded(asyncio.Protocol):
             self.inner.resume_writing()
 
     # -- told by the ASGI layer ------------------------------------------------------------
+    def linger(self) -> None:
+        """The request's body is refused unread (413): the close that follows the answer reads and
+        drops the rest of it first. Closing at once, with those bytes unread, makes the kernel
+        reset the connection, and a client still sending gets the reset instead of the answer.
+        Plain TCP sends the answer and a FIN at once (a half-close); either way the connection
+        ends when the client closes, after LINGER_BYTES or after LINGER_S."""
+        if self._inner_made:
+            self._coalesced.lingering = True
+            self._lingering = True
+
     def request_started(self) -> None:
         self.serving = True
         self._cancel()
@@ -237,6 +262,13 @@ class Guarded(asyncio.Protocol):
         """
         transport = self.transport
         if self._abort is None and transport is not None:
+            if self._lingering and not transport.is_closing():
+                if transport.can_write_eof():
+                    transport.write_eof()  # after the answer: the client may read it while it still sends
+                if not transport.is_reading():  # uvicorn pauses reading at 64 KiB of a body nobody reads
+                    transport.resume_reading()
+                self._abort = self.loop.call_later(LINGER_S, transport.abort)
+                return
             tls = transport.get_extra_info("ssl_object") is not None
             self._abort = self.loop.call_later(0 if cut and tls else CLOSE_GRACE_S, transport.abort)
 

@@ -11,10 +11,11 @@ a server facing strangers needs:
   HEAD_TIMEOUT_S of the connection or of the previous answer, else closed (the same
   timer ends idle keep-alive connections); see `connection.Guarded`;
 - body: read by one ASGI layer (`bounds.Bounded`) for every request, authenticated or
-  not: a Content-Length of at most the listener's `max_body` (413), the whole body
-  within BODY_TIMEOUT_S (408), all bodies being read at once within BODY_BUDGET
-  (503), at most MAX_IN_FLIGHT requests at once (503); error answers close the
-  connection;
+  not: a Content-Length of at most the listener's `max_body` (413, after which what the
+  client still sends is read and dropped, up to LINGER_BYTES within LINGER_S, so that it
+  gets the answer rather than a reset), the whole body within BODY_TIMEOUT_S (408), all
+  bodies being read at once within BODY_BUDGET (503), at most MAX_IN_FLIGHT requests at
+  once (503); error answers close the connection;
 - TLS 1.2 or later.
 
 `bind` makes the listening socket (so a busy port fails before anything starts),
@@ -46,6 +47,12 @@ MAX_HEADER_BYTES = 16 * 1024  # a request line and its headers; ours are a few h
 HEAD_TIMEOUT_S = 30.0  # a request head (and an idle keep-alive connection) within this
 MAX_CONNECTIONS = 1024
 CLOSE_GRACE_S = 1.0  # a connection being closed (TLS close_notify, an unread answer) is cut after this
+# After a 413 the client is still sending its body: a close with those bytes unread would reset the
+# connection, and the reset can destroy the answer before the client reads it. So the rest of the
+# body is read and dropped first, for at most LINGER_S and LINGER_BYTES (a body announced as longer
+# than that is not waited for). See connection.Guarded.linger.
+LINGER_S = 5.0
+LINGER_BYTES = 64 * 1024 * 1024
 BODY_TIMEOUT_S = 10.0  # a whole request body within this of its head
 BODY_BUDGET = 16 * 1024 * 1024  # bytes of request bodies being read at once, over all connections
 MAX_IN_FLIGHT = 512  # requests being served at once; more get 503
@@ -109,6 +116,13 @@ class Limits:
         connection = self.connections.get(client) if client else None
         if connection is not None:
             connection.request_ended()
+
+    def linger(self, client: Optional[Tuple[str, int]]) -> None:
+        """The body of the request on `client`'s connection is refused unread: when the connection
+        closes, it reads and drops what the client still sends (LINGER_S, LINGER_BYTES) first."""
+        connection = self.connections.get(client) if client else None
+        if connection is not None:
+            connection.linger()
 
 
 # -- the listening socket ---------------------------------------------------------------

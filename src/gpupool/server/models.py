@@ -26,6 +26,7 @@ from ..core.model import (
     MAX_EXIT_CODE,
     MAX_GPUS_PER_REQUEST,
     MAX_IDLE_SUSPEND_S,
+    MAX_LABEL_CHARS,
     MAX_PREEMPT_GRACE_S,
     MAX_PRIORITY,
     MAX_REQUESTS_PER_CLAIM,
@@ -160,10 +161,10 @@ class ClaimBody(_Body):
 class HolderRequest(_Body):
     """Who claims: labels for people (name is the token's when auth is on), never an input to a kill."""
 
-    name: Optional[str] = None
+    name: Optional[str] = Field(None, max_length=MAX_LABEL_CHARS)
     pid: Optional[Pid] = Field(None, json_schema_extra=example(4242))
-    host: Optional[str] = None
-    label: Optional[str] = None
+    host: Optional[str] = Field(None, max_length=MAX_LABEL_CHARS)
+    label: Optional[str] = Field(None, max_length=MAX_LABEL_CHARS, json_schema_extra=example("pod:ml/trainer-0:1b2c"))
 
     def to_core(self) -> Holder:
         return Holder(self.name or "", self.pid or 0, self.host or "", self.label or "")
@@ -407,6 +408,7 @@ _RULES = {
     "less_than": "must be below {lt}",
     "too_short": "needs at least {min_length} item(s)",
     "too_long": "has {actual_length} items, over the limit of {max_length}",
+    "string_too_long": "is over {max_length} characters: shorten it",
     "string_pattern_mismatch": "does not match {pattern}",
     "enum": "must be one of {expected}",
 }

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import InvalidInput, StateUnusable
 from ..logs import get_logger
 from .marker import MARKER_NAME, POOL_ID_KEY, new_pool_id, refuse_lost, write_marker
+from .private import create_database, make_private
 from .schema import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 from .tx import Tx
 
@@ -86,7 +87,7 @@ class Store:
         background_checkpoint: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.state_dir)  # holders, labels, usage and token hashes: its owner's only
         self.path = self.state_dir / DB_NAME
         if not os.access(self.state_dir, os.W_OK):
             raise StateUnusable(read_only_message(self.state_dir))
@@ -110,6 +111,7 @@ class Store:
         self._stop = threading.Event()
         # Before SQLite sees the file: it would make an empty pool of a lost one (store.marker).
         refuse_lost(self.path)
+        create_database(self.path)  # 0600 before SQLite creates it (0644 under the usual umask)
         try:
             self._init_schema()
             self._ensure_marker()

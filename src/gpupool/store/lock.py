@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import StateLocked
 from ..logs import get_logger
+from .private import STATE_FILE_MODE, make_private
 
 if TYPE_CHECKING:
     from typing import Optional, Union
@@ -30,8 +31,8 @@ class StateLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> StateLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        make_private(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, STATE_FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

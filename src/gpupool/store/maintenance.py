@@ -19,6 +19,7 @@ from ..core.errors import InvalidInput, StateUnusable
 from .db import DB_NAME, damaged_message
 from .lock import StateLock
 from .marker import POOL_ID_KEY, write_marker
+from .private import create_database
 
 if TYPE_CHECKING:
     from typing import List, Tuple, Union
@@ -72,6 +73,8 @@ def backup(state_dir: PathLike, dest: PathLike) -> Path:
         raise StateUnusable(damaged_message(source, "; ".join(problems[:3])))
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    create_database(partial)  # 0600, as the database it copies: token hashes, holders, labels
     try:
         with closing(sqlite3.connect(str(source))) as src, closing(sqlite3.connect(str(partial))) as dst:
             src.backup(dst)

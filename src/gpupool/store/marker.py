@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import StateUnusable
+from .private import STATE_FILE_MODE
 
 if TYPE_CHECKING:
     from typing import Optional
@@ -38,7 +39,9 @@ def read_marker(state_dir: Path) -> Optional[str]:
 def write_marker(state_dir: Path, pool_id: str) -> None:
     """Record `pool_id` atomically: a reader sees the whole id or no file, never a part."""
     partial = state_dir / f"{MARKER_NAME}.{os.getpid()}.partial"  # racing processes write their own
-    partial.write_text(pool_id + "\n", encoding="utf-8")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, STATE_FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(pool_id + "\n")
     os.replace(partial, state_dir / MARKER_NAME)
 
 

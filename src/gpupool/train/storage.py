@@ -3,8 +3,9 @@
 
 This is the one module that opens files by URL. Credentials are found the way each SDK finds
 them (environment, profile, workload identity); none is ever passed through here. Failures
-become one-line `StorageError`s naming the URL and the fix. fsspec is imported at first use,
-so local paths never need it.
+become one-line `StorageError`s naming the URL and the fix, with whatever secret a URL carries
+(`user:password@`, a presigned URL's signature) written as *** (`redact`). fsspec is imported at
+first use, so local paths never need it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, List, Tuple, Union
@@ -39,10 +41,57 @@ _CREDENTIALS = {
 }
 
 
+# Query parameters that are a signature or a credential: a presigned S3 URL, a signed GCS URL, an
+# Azure SAS, an OAuth token. Lower case; a URL's parameter names are compared in lower case.
+SECRET_QUERY_KEYS = frozenset(
+    {
+        "x-amz-signature",
+        "x-amz-credential",
+        "x-amz-security-token",
+        "awsaccesskeyid",
+        "signature",
+        "x-goog-signature",
+        "x-goog-credential",
+        "googleaccessid",
+        "sig",
+        "access_token",
+    }
+)
+REDACTED = "***"
+# scheme://USER:PASSWORD@ (the password up to the last '@' before a space or a quote: an AWS secret key
+# has '/' in it, and people write a raw '@') or scheme://TOKEN@ (up to the path).
+_USERINFO_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/\s'\"@:]*:[^\s'\"]*|[^/\s'\"@:]+)@")
+_SECRET_QUERY_RE = re.compile(
+    r"([?&](?:" + "|".join(re.escape(k) for k in sorted(SECRET_QUERY_KEYS)) + r")=)[^&#\s'\"]*", re.IGNORECASE
+)
+
+
+def redact(text: str) -> str:
+    """`text` with each URL's user and password, and each signature or credential of a query, as ***:
+    for any message or printout that may hold a URL someone wrote with a secret in it."""
+    return _SECRET_QUERY_RE.sub(rf"\g<1>{REDACTED}", _USERINFO_RE.sub(rf"\g<1>{REDACTED}@", text))
+
+
+def has_userinfo(url: str) -> bool:
+    """Whether `url` names a user, a password or a token before its host (what `redact` hides)."""
+    return _USERINFO_RE.match(url.strip()) is not None
+
+
+def secret_query_keys(url: str) -> List[str]:
+    """The query parameters of `url` that carry a signature or credential (SECRET_QUERY_KEYS)."""
+    query = url.partition("?")[2].partition("#")[0]
+    names = (part.partition("=")[0] for part in query.split("&") if part)
+    return [name for name in names if name.lower() in SECRET_QUERY_KEYS]
+
+
 class StorageError(InvalidInput):
-    """A URL that cannot be read or written: missing bucket, refused credentials, bad scheme."""
+    """A URL that cannot be read or written: missing bucket, refused credentials, bad scheme.
+    Its message never shows a secret a URL carries (`redact`), whatever the backend said."""
 
     code = "storage"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 def scheme(path: PathLike) -> str:

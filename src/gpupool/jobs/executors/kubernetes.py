@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 import yaml
 
 from ...core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, ServerUnreachable
+from ..environment import redacted_manifest
 from ..manifests import render_indexed, render_kubeflow
 from ..manifests.indexed import JOB_LABEL, ROLE_LABEL
 from ..manifests.versions import KubeVersion, parse_kube_version
@@ -210,7 +211,8 @@ class KubernetesExecutor(Executor):
 
     def dryrun(self, spec: JobSpec) -> DryRunInfo:
         manifests = self.render(spec)
-        text = yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False, width=120)
+        shown = redacted_manifest(manifests)  # what is printed; `manifests` is what gets created
+        text = yaml.safe_dump_all(shown, sort_keys=False, default_flow_style=False, width=120)
         return DryRunInfo(self.target, spec, manifests, text)
 
     def api(self) -> Any:

@@ -2,9 +2,13 @@
 
 Auth is the API's: the same tokens, checked by the same `LeaseApi.identify`.
 A browser cannot send a bearer header on a plain navigation, so a valid token
-given once (the sign-in form, or `/?token=...`) is kept in an HttpOnly,
-SameSite=Strict cookie (Secure under TLS) that these routes alone accept; the
-/v1 API keeps asking for the header, so the cookie can never change the pool.
+given once in the sign-in form is kept in an HttpOnly, SameSite=Strict cookie
+(Secure under TLS) that these routes alone accept; the /v1 API keeps asking for
+the header, so the cookie can never change the pool. The form is taken from this
+server's own page only (`_foreign_origin`: another site's form would sign the
+browser in as the site's own token, a login CSRF), and a token in the URL
+(`/?token=`) is refused: it stays in the browser's history, in proxies' logs
+and in Referer headers.
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ... import __version__
-from ...core.errors import NotFound, Unauthorized
+from ...core.errors import NotFound, Unauthorized, shown
 from ...core.queues import QueuedClaim
 from ...core.status import PoolStatus
 from ...pool import Pool
@@ -51,7 +55,9 @@ SECURITY_HEADERS = {
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",  # a ?token= URL must not leak to other sites
+    # No URL of the dashboard reaches another site; the sign-in form's own POST carries this origin
+    # (under no-referrer a browser sends `Origin: null`, and the form could not be told from a foreign one).
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
@@ -202,10 +208,30 @@ def _redirect(to: str) -> Response:
     return Response(status_code=303, headers=dict(SECURITY_HEADERS, location=to))
 
 
-def _login_page(request: Request, error: str = "") -> Response:
-    """The sign-in form: 200 when asked for (a browser logs every 4xx page as a console error), 401 for a bad token."""
+def _login_page(request: Request, error: str = "", status: int = 401) -> Response:
+    """The sign-in form: 200 when asked for (a browser logs every 4xx page as a console error), `status` with an error."""
     hint = "" if request.url.scheme == "https" else "Served without TLS: the token crosses the network in clear."
-    return _html(request, render.login(error, hint), status=401 if error else 200)
+    return _html(request, render.login(error, hint), status=status if error else 200)
+
+
+def _foreign_origin(request: Request) -> Optional[str]:
+    """Why a sign-in or sign-out form did not come from this server's own page, or None when it did.
+
+    A browser names the page a POST comes from in Origin (every current one, for every POST), else
+    in Referer; neither is a tool's request (curl, a script), which no other site can make a
+    browser send. The origin's host and port must be the Host the browser sent here: a proxy in
+    front must pass the Host header through.
+    """
+    source = request.headers.get("origin") or request.headers.get("referer")
+    if source is None:
+        return None
+    host = request.headers.get("host", "").lower()
+    if source != "null" and urlsplit(source).netloc.lower() == host:
+        return None
+    return (
+        f"refused: the form came from {shown(source)}, not from this server's own page: sign in at "
+        f"{request.url.scheme}://{host}/ (behind a proxy, pass the Host header through)"
+    )
 
 
 def _with_cookie(response: Response, request: Request, token: str) -> Response:
@@ -246,14 +272,13 @@ def _jobs(state: DashboardState) -> Sequence[JobRow]:
 @router.get("/")
 async def dashboard(request: Request) -> Response:
     """The dashboard; without a valid token, the sign-in page."""
-    token = request.query_params.get("token")
-    if token is not None:
-        try:
-            _api(request).identify(f"Bearer {token}")
-        except Unauthorized as err:
-            return _login_page(request, err.message)
-        rest = {k: v for k, v in request.query_params.items() if k != "token"}
-        return _with_cookie(_redirect("/" + (f"?{urlencode(rest)}" if rest else "")), request, token)
+    if "token" in request.query_params:  # not even checked: it is in the history and the logs now
+        return _login_page(
+            request,
+            "a token in the URL is not accepted (it stays in the browser's history, in logs and in Referer "
+            "headers): paste it into this form instead, and revoke it if the URL was shared",
+            status=400,
+        )
     try:
         _identify(request)
     except Unauthorized:
@@ -271,6 +296,9 @@ async def live(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     """The sign-in form: a valid token becomes the dashboard cookie."""
+    foreign = _foreign_origin(request)
+    if foreign is not None:
+        return _login_page(request, f"sign-in {foreign}", status=403)
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -287,6 +315,9 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    foreign = _foreign_origin(request)
+    if foreign is not None:  # another site may not sign the browser out either
+        return _login_page(request, f"sign-out {foreign}", status=403)
     response = _redirect("/")
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response

@@ -19,7 +19,7 @@ import yaml
 from ....core.errors import InvalidInput, Unsatisfiable
 from ....core.placement import could_ever_fit
 from ....isolation.proctree import alive
-from ...environment import expand_command, replica_env
+from ...environment import expand_command, redacted_env, replica_env
 from ...phase import Phase
 from ...plan import Endpoints, gang_claim, replicas, role_of
 from ...spec import JobSpec, spec_to_dict
@@ -74,7 +74,8 @@ class LocalExecutor(Executor):
         }
         for r in reps:
             gpu = {"CUDA_VISIBLE_DEVICES": f"<granted: group {r.group}>"} if r.group is not None else None
-            env = replica_env(spec, reps, endpoints, r, job_dir, gpu)
+            # As people may read it (a log, a terminal): no secret of the spec's env, also not in a $(VAR) of the command.
+            env = redacted_env(replica_env(spec, reps, endpoints, r, job_dir, gpu))
             planned.append(
                 {
                     "name": r.name,

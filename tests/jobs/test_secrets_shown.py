@@ -1,0 +1,82 @@
+"""Issue 34 item 5, object storage: no password, signature or secret env value is echoed by a
+message or printed by `gpupool submit --dry-run`, and a presigned URL is no `checkpoints:`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpupool.train.storage import REDACTED
+
+SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzSECRET1",
+    "HF_TOKEN": "hf_zzSECRET2",
+    "DB_PASSWORD": "zzSECRET3",
+    "AZURE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=zzSECRET4",
+}
+
+
+def _submit(tmp_path: Path, spec: dict, *args: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool", "submit", str(path), "--dry-run", "--state", str(tmp_path / "state"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _spec(**extra: object) -> dict:
+    return {"name": "secrets", "roles": {"worker": {"replicas": 1, "command": ["python", "train.py"]}}, **extra}
+
+
+@pytest.mark.parametrize("target", ["local", "kubernetes"])
+def test_dry_run_prints_no_secret_of_the_specs_env(tmp_path, target):
+    env = dict(SECRETS, DATABASE_URL="postgres://app:zzSECRET5@db:5432/app", PLAIN="shown-as-is")
+    spec = _spec(env=env)
+    spec["roles"]["worker"]["command"] = ["python", "train.py", "--hub-token", "$(HF_TOKEN)"]
+    done = _submit(tmp_path, spec, "--target", target)
+    assert done.returncode == 0, done.stderr
+    assert "zzSECRET" not in done.stdout, done.stdout
+    assert "shown-as-is" in done.stdout and "AWS_SECRET_ACCESS_KEY" in done.stdout
+    assert REDACTED in done.stdout and f"postgres://{REDACTED}@db:5432/app" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        (
+            "s3://bucket/jobs/x?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKIAzzSECRET6&X-Amz-Signature=zzSECRET7",
+            "signature",
+        ),
+        ("https://bucket.s3.amazonaws.com/jobs/x?sig=zzSECRET8&sv=2022", "signature"),
+        ("s3://AKIAEXAMPLE:wJal/zzSECRET9@bucket/jobs/x", "credentials"),
+        ("https://user:zzSECRET10@minio.example/jobs", "credentials"),
+    ],
+)
+def test_checkpoints_with_credentials_or_a_signature_are_refused_without_echoing_them(tmp_path, url, says):
+    done = _submit(tmp_path, _spec(checkpoints=url))
+    assert done.returncode == 2, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert "checkpoints" in line and says in line and "zzSECRET" not in line, line
+    assert "storageSecret" in line, line  # the fix
+
+
+def test_storage_errors_never_show_a_urls_password(tmp_path, s3_server, monkeypatch):
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    for url in ("https://user:zzSECRET11@example.invalid/digits", "s3://AKIA:wJal/zzSECRET12@no-such-bucket/digits"):
+        done = subprocess.run(
+            [sys.executable, "-m", "gpupool", "data", "digits", "--to", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "zzSECRET" not in line and f"://{REDACTED}@" in line, line
