@@ -2,7 +2,7 @@
 
 `s3_server` / `s3_bucket` give a local S3 API (moto's server mode on loopback) and a fresh bucket.
 `running_server` gives a started server (2 emulated 16 GiB GPUs, admin token,
-TTL 2 s); `server_factory(...)` starts more with other flags; `fake_mps` puts a
+TTL 60 s); `server_factory(...)` starts more with other flags; `fake_mps` puts a
 stand-in `nvidia-cuda-mps-control` first on PATH.
 """
 
@@ -98,7 +98,7 @@ def quiet_port() -> int:
         return port
 
 
-def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 20.0) -> ServerProcess:
+def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 60.0) -> ServerProcess:
     """Start a server on 127.0.0.1:0 and wait until it prints its URL and answers /healthz."""
     import httpx
 
@@ -155,8 +155,9 @@ def server_factory(tmp_path) -> Iterator:
 
 @pytest.fixture
 def running_server(server_factory) -> ServerProcess:
-    """A server with 2 emulated 16 GiB GPUs, an admin token and a 2 s default TTL."""
-    return server_factory("--ttl", "2")
+    """A server with 2 emulated 16 GiB GPUs, an admin token and a 60 s default TTL: a lease a test
+    holds outlives its checks however slow the machine; a test of expiry asks for a short TTL."""
+    return server_factory("--ttl", "60")
 
 
 # Behaves like the control daemon for what gpupool uses: `-f` serves control commands

@@ -146,7 +146,7 @@ def test_watch_answers_after_its_time_when_nothing_happens(running_server):
     r = httpx.get(f"{s.url}/v1/leases/{lease['id']}", params={"watch": "0.5"}, headers=s.headers())
     took = time.monotonic() - started
     assert r.status_code == 200 and r.json()["id"] == lease["id"] and r.json()["preempted_at"] is None
-    assert 0.4 < took < 5
+    assert 0.4 < took < 30  # at its time: not at once, and not held until the lease's TTL (60 s)
     for bad in ("0", "-1", "61", "nan", "inf", "abc", "1e400"):
         r = httpx.get(f"{s.url}/v1/leases/{lease['id']}", params={"watch": bad}, headers=s.headers())
         assert r.status_code == 400 and bad in one_line_error(r), (bad, r.text)
@@ -154,33 +154,52 @@ def test_watch_answers_after_its_time_when_nothing_happens(running_server):
     assert r.status_code == 404
 
 
+def connections_to(port: int) -> int:
+    """Established TCP connections whose local end is `port` on this host (the server's side)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as listing:
+                rows = listing.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            count += state == "01" and int(local.rsplit(":", 1)[1], 16) == port
+    return count
+
+
+@pytest.mark.slow
 def test_many_watchers_hold_no_thread_each(running_server):
-    """60 watches at once (more than the server's worker threads) answer together, and a plain
-    call is served meanwhile."""
+    """60 watches at once (more than the server's worker threads) are all connected, and a plain
+    call is served while every one of them still waits; then they all answer at their time."""
     s = running_server
-    lease = claim(s).json()
+    lease = claim(s, ttl_s=600).json()
     answers = []
+    port = int(s.url.rsplit(":", 1)[1])
 
     def watch() -> None:
-        r = httpx.get(f"{s.url}/v1/leases/{lease['id']}", params={"watch": "2"}, headers=s.headers(), timeout=30)
+        # 30 s: longer than the wait for the 60 connections and the plain call on a loaded machine
+        r = httpx.get(f"{s.url}/v1/leases/{lease['id']}", params={"watch": "30"}, headers=s.headers(), timeout=120)
         answers.append(r.status_code)
 
     threads = [threading.Thread(target=watch) for _ in range(60)]
-    started = time.monotonic()
     for t in threads:
         t.start()
-    time.sleep(0.5)
-    assert httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=5).status_code == 200
+    wait_until(lambda: connections_to(port) >= 60, 25, "the 60 watches connected")
+    # Had each watch a worker thread, the pool would be spent until the first watch answered.
+    assert httpx.get(s.url + "/v1/status", headers=s.headers(), timeout=30).status_code == 200
+    assert answers == [], "the plain call waited for a watch to answer"
     for t in threads:
-        t.join(30)
+        t.join(120)
     assert answers == [200] * 60
-    assert time.monotonic() - started < 20
 
 
 def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     """Team a fills both GPUs (one on loan); team b's claim preempts the loan, and the watch on it
-    answers at once, not at the end of its 30 s."""
-    s = server_factory("--preempt-grace", "1")
+    answers at once, not at the end of its 60 s. The loan's grace (60 s) outlasts the test's
+    release of it on any machine: b is granted by that release, never by the reaping."""
+    s = server_factory("--preempt-grace", "60")
     assert put_queue(s, "a", {"quota": 1}).status_code == 200
     assert put_queue(s, "b", {"quota": 1}).status_code == 200
     a, b = user_token(s, "alice", "a"), user_token(s, "bob", "b")
@@ -193,8 +212,8 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
         r = httpx.get(f"{s.url}/v1/leases/{lease_id}", params={"watch": seconds}, headers=s.headers(a), timeout=60)
         watched[lease_id] = (r.json(), time.monotonic() - started)
 
-    # the lease within quota is watched for 3 s (it must see no preemption), the borrowed one for 30 s
-    watchers = [threading.Thread(target=watch, args=args) for args in ((first["id"], "3"), (second["id"], "30"))]
+    # the lease within quota is watched for 3 s (it must see no preemption), the borrowed one for 60 s
+    watchers = [threading.Thread(target=watch, args=args) for args in ((first["id"], "3"), (second["id"], "60"))]
     for t in watchers:
         t.start()
     time.sleep(0.3)
@@ -202,16 +221,13 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     # wait_s 0: a claim within its quota still waits for the borrower it preempted (grace + margin)
     bob = threading.Thread(target=lambda: granted.update(r=claim(s, b, wait_s=0)))
     bob.start()
-    deadline = time.monotonic() + 15
-    while second["id"] not in watched and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert second["id"] in watched, "the watch on the borrowed lease did not answer"
+    wait_until(lambda: second["id"] in watched, 55, "the watch on the borrowed lease to answer")
     lease, took = watched[second["id"]]
-    assert lease["preempted_at"] is not None and took < 10
+    assert lease["preempted_at"] is not None and took < 55  # at the preemption, not at the end of its 60 s
     assert first["id"] not in watched or watched[first["id"]][0]["preempted_at"] is None
     # the runner's part: release the preempted lease; b is granted
     assert httpx.delete(f"{s.url}/v1/leases/{second['id']}", headers=s.headers(a)).status_code == 200
-    bob.join(30)
+    bob.join(120)
     assert granted["r"].status_code == 201 and granted["r"].json()["queue"] == "b"
     queues = {q["name"]: q for q in httpx.get(s.url + "/v1/queues", headers=s.headers()).json()["queues"]}
     assert queues["a"]["preemptions"] == 1 and queues["b"]["allocated"] == 1
@@ -219,7 +235,7 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     assert 'gpupool_queue_preemptions_total{queue="a"} 1.0' in metrics
     assert 'gpupool_queue_quota_gpus{queue="b"} 1.0' in metrics
     for t in watchers:
-        t.join(40)
+        t.join(120)
     lease, took = watched[first["id"]]
     assert lease["preempted_at"] is None and took >= 2.5  # within quota: never preempted for another queue
 
@@ -227,18 +243,21 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
 def test_usage_reports_gpu_seconds_by_queue_and_refuses_bad_queries(running_server):
     s = running_server
     assert put_queue(s, "a", {"quota": 1}).status_code == 200
+    before_claim = time.time()
     lease = claim(s, queue="a").json()
 
     def used_s() -> float:  # the server counts a live lease up to now
         r = httpx.get(s.url + "/v1/usage", params={"since": "3600", "by": "queue"}, headers=s.headers())
         return sum(row["gpu_seconds"] for row in r.json()["usage"] if row["key"] == "a")
 
-    wait_until(lambda: used_s() >= 1.0, 10, "a GPU-second on queue a")
+    wait_until(lambda: used_s() >= 1.0, 60, "a GPU-second on queue a")
     assert httpx.delete(f"{s.url}/v1/leases/{lease['id']}", headers=s.headers()).status_code == 200
+    released = time.time()
     r = httpx.get(s.url + "/v1/usage", params={"since": "3600", "by": "queue"}, headers=s.headers())
     assert r.status_code == 200, r.text
     rows = {row["key"]: row for row in r.json()["usage"]}
-    assert 0.9 <= rows["a"]["gpu_seconds"] < 10 and rows["a"]["leases"] == 1
+    # at least the second seen while it was held, at most the wall-clock span of the claim to the release
+    assert 1.0 <= rows["a"]["gpu_seconds"] <= released - before_claim and rows["a"]["leases"] == 1
     assert rows["a"]["gpu_hours"] == pytest.approx(rows["a"]["gpu_seconds"] / 3600, abs=1e-6)
     by_holder = httpx.get(s.url + "/v1/usage", params={"by": "holder"}, headers=s.headers()).json()
     assert by_holder["by"] == "holder" and by_holder["usage"]
