@@ -1,5 +1,6 @@
 """The runner's preemption watch against a scripted client: one stop per preemption, from the
-watch or the heartbeat's fallback, no busy loop against a server without long polls."""
+watch or the heartbeat's fallback, no busy loop against a server without long polls; one notice of
+the lease's end (released, its token refused), with the pool's word on how it ended."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Callable, List, Optional
 
 import pytest
 
-from gpupool.core.errors import NotFound, ServerUnreachable
+from gpupool.core.errors import NotFound, ServerUnreachable, Unauthorized
 from gpupool.core.model import Holder, Lease
 from gpupool.runner import preemption
 from gpupool.runner.preemption import PreemptionWatch
@@ -107,11 +108,57 @@ def test_errors_are_retried_and_a_gone_lease_ends_the_watch(monkeypatch: pytest.
     def flaky(n: int) -> Lease:
         if n < 3:
             raise ServerUnreachable("down")
-        raise NotFound("gone")
+        raise NotFound("lease 'lease-1' was released by an admin")
 
     client = ScriptedClient(flaky)
-    stops = Stops()
-    watch = PreemptionWatch(client, "lease-1", stops)  # type: ignore[arg-type]
+    stops, told = Stops(), Told()
+    watch = PreemptionWatch(client, "lease-1", stops, on_gone=told)  # type: ignore[arg-type]
     watch.start()
     watch.join(5)
     assert not watch.is_alive() and client.calls == 4 and not stops.leases
+    watch.join_stopper(5)
+    # The pool's word on how it ended, once: the heartbeat's NotFound after it changes nothing.
+    watch.notice_gone("lease 'lease-1' does not exist")
+    assert told.whys == ["lease 'lease-1' was released by an admin"] == [watch.gone]
+    assert told.threads[0].startswith("gpupool-ended-")
+
+
+def test_a_refused_token_ends_the_lease_and_a_stopped_watch_hears_nothing() -> None:
+    def refused(n: int) -> Lease:
+        raise Unauthorized("the token is not valid for this pool")
+
+    told = Told()
+    watch = PreemptionWatch(ScriptedClient(refused), "lease-1", Stops(), on_gone=told)  # type: ignore[arg-type]
+    watch.start()
+    watch.join(5)
+    watch.join_stopper(5)
+    assert told.whys == ["lease lease-1 can no longer be renewed: the token is not valid for this pool"]
+    # The run's own release, after it stopped the watch, is not an end to act on.
+    stopped, quiet = PreemptionWatch(ScriptedClient(refused), "lease-2", Stops(), on_gone=Told()), Told()  # type: ignore[arg-type]
+    stopped.on_gone = quiet
+    stopped.stop()
+    stopped.notice_gone("lease 'lease-2' was released by its owner ('a')")
+    assert quiet.whys == [] and stopped.gone is None
+
+
+def test_a_preempted_lease_reaped_later_is_not_a_second_stop() -> None:
+    stops, told = Stops(), Told()
+    watch = PreemptionWatch(ScriptedClient(lambda n: lease(preempted_at=1.0)), "lease-1", stops, on_gone=told)  # type: ignore[arg-type]
+    watch.start()
+    assert stops.done.wait(5)
+    watch.join(5)
+    watch.notice_gone("lease 'lease-1' was preempted and not released within its grace, so the pool reaped it")
+    watch.join_stopper(5)
+    assert len(stops.leases) == 1 and told.whys == [] and watch.gone is None
+
+
+class Told:
+    """An `on_gone` that records what it was told, and on which thread."""
+
+    def __init__(self) -> None:
+        self.whys: List[str] = []
+        self.threads: List[str] = []
+
+    def __call__(self, why: str) -> None:
+        self.whys.append(why)
+        self.threads.append(threading.current_thread().name)

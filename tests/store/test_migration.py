@@ -89,9 +89,12 @@ def test_a_schema_4_database_gains_held_tickets_and_exit_codes(tmp_path):
 
     from gpupool.store.schema import SCHEMA
 
-    # Schema 4: today's tables without the last column of tickets (held) and of lease_history (exit_code).
-    schema_4 = re.sub(r",(\s*--[^\n]*)?\n\s*(held|exit_code)\s+INTEGER[^\n]*", r"\1", SCHEMA)
-    assert "held" not in schema_4 and "exit_code" not in schema_4
+    # Schema 4: today's tables without the last column of tickets (held) and the last two of
+    # lease_history (exit_code, and ended_by, which came later): their lines go, and the comma
+    # that led to them.
+    schema_4 = re.sub(r"\n\s*(held|exit_code|ended_by)\s[^\n]*", "", SCHEMA)
+    schema_4 = re.sub(r",(\s*--[^\n]*)?((?:\n\s*--[^\n]*)*)\n\)", r"\1\2\n)", schema_4)
+    assert "held" not in schema_4 and "exit_code" not in schema_4 and "ended_by" not in schema_4
     conn = sqlite3.connect(tmp_path / DB_NAME)
     conn.executescript(schema_4)
     conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
@@ -113,5 +116,7 @@ def test_a_schema_4_database_gains_held_tickets_and_exit_codes(tmp_path):
         assert pool.hold(waiter.ticket).held  # type: ignore[union-attr]
         pool.release(lease.id, exit_code=5)
         assert {r.lease_id: r.exit_code for r in pool.history(0)} == {"old": None, lease.id: 5}
+        # Who ended a lease: not recorded for the old row, an admin for this release.
+        assert {r.lease_id: r.ended_by for r in pool.history(0)} == {"old": "", lease.id: "admin"}
     finally:
         pool.close()

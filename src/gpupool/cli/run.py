@@ -66,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--on-lease-loss",
         choices=("kill", "warn"),
         default="kill",
-        help="when the lease is lost (expired, or released by an admin): kill ends the command and "
-        "exits 6 (default), warn only says so and lets it run on",
+        help="when the lease ends under the command (released by its owner or an admin, its token revoked, "
+        "expired): kill ends the command at once and exits 6 (default), warn only says so and lets it run on",
     )
     p.add_argument(
         "--isolation",

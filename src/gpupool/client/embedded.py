@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.isolation_mode import IsolationMode, NodeIsolation
-from ..core.model import Claim, Device, Holder, Lease
+from ..core.model import Claim, Device, Holder, Lease, local_user
 from ..core.status import PoolStatus, WaitingClaim
 from ..logs import get_logger
 from .base import PoolClient
@@ -77,7 +77,8 @@ class EmbeddedPoolClient(PoolClient):
         return self._pool.heartbeat(lease_id)
 
     def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
-        self._pool.release(lease_id, None, exit_code)
+        # As the admin of the state dir, in the name of the local user: its own lease's owner.
+        self._pool.release(lease_id, None, exit_code, local_user())
 
     def status(self) -> PoolStatus:
         # The pool leaves expired leases out of its status and reclaims them on

@@ -122,7 +122,8 @@ class ServerUnreachable(GpupoolError):
 
 
 class LeaseLost(GpupoolError):
-    """The lease ended (expired, or released by an admin) while its command still ran."""
+    """The lease ended while its command still ran: released by its owner or an admin, its token
+    revoked, or expired."""
 
     code = "lease_lost"
     http_status = 410

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -406,6 +407,20 @@ class Holder(NamedTuple):
             host=str(data.get("host", "") or ""),
             label=str(data.get("label", "") or ""),
         )
+
+
+def local_user() -> str:
+    """This process's user name, as getpass.getuser() finds it (without importing getpass and
+    termios): what a lease's holder is called without a token, and who acts on an embedded pool."""
+    name = next((os.environ[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(k)), "")
+    if name:
+        return name
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):  # no passwd entry in some containers
+        return f"uid{os.getuid()}"
 
 
 class Slice(NamedTuple):

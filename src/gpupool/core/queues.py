@@ -197,6 +197,7 @@ class LeaseRecord:
     reason: str  # how it ended: store.schema.HISTORY_REASONS
     suspended_s: float = 0.0  # of its span, parked (not GPU time)
     exit_code: Optional[int] = None  # its command's, as its runner said at release (a label); None: not said
+    ended_by: str = ""  # who ended it: "owner" or "admin" (a release, a revocation); "": nobody (an expiry)
 
     @property
     def gpu_seconds(self) -> float:
@@ -216,6 +217,7 @@ class LeaseRecord:
             "gpu_seconds": round(self.gpu_seconds, 3),
             "ended": self.reason,
             "exit_code": self.exit_code,
+            "ended_by": self.ended_by,
         }
 
     @classmethod
@@ -231,6 +233,7 @@ class LeaseRecord:
             str(data.get("ended", "")),
             float(data.get("suspended_s", 0.0)),
             None if data.get("exit_code") is None else int(data["exit_code"]),
+            str(data.get("ended_by", "")),
         )
 
 

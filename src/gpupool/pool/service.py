@@ -598,18 +598,29 @@ class Pool:
                 view.next_expiry = lease.expires_at
         return lease
 
-    def release(self, lease_id: str, requester: Optional[str] = None, exit_code: Optional[int] = None) -> None:
+    def release(
+        self,
+        lease_id: str,
+        requester: Optional[str] = None,
+        exit_code: Optional[int] = None,
+        caller: Optional[str] = None,
+    ) -> None:
         """Give the lease's memory back; `requester` None acts as admin. `exit_code` is its command's,
-        as its runner says (a label kept in the history: 0-255, None when not said)."""
+        as its runner says (a label kept in the history: 0-255, None when not said). The history
+        keeps who released it: its owner when the requester, or an admin's `caller` name (an admin
+        token's, the embedded pool's local user), is its holder's name; an admin otherwise. Its
+        runner's watch is told so (`_ended`)."""
         lease_id = str(lease_id)
         exit_code = check_exit_code(exit_code)
+        asking = requester if requester is not None else caller
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
-            tx.record_end(lease_id, now, "released", exit_code)  # rolled back with the rest when it fails below
+            # Rolled back with the rest when it fails below.
+            tx.record_end(lease_id, now, "released", exit_code, BY_ADMIN, asking)
             taken = tx.take_lease(lease_id)
             if taken is None:
-                raise NotFound(_gone(lease_id))
+                raise NotFound(_ended(tx, lease_id))
             holder_name, slices = taken
             if requester is not None and requester != holder_name:
                 # Raising rolls the delete back.
@@ -627,7 +638,9 @@ class Pool:
         """One live lease; NotFound when released or expired."""
         with self.store.read() as tx:
             lease = tx.get_lease(str(lease_id))
-        if lease is None or lease.expires_at < self.clock():
+            if lease is None:
+                raise NotFound(_ended(tx, lease_id))
+        if lease.expires_at < self.clock():
             raise NotFound(_gone(lease_id))
         return lease
 
@@ -946,7 +959,7 @@ class Pool:
     def _owned(self, tx: Tx, lease_id: str, requester: Optional[str], verb: str) -> Lease:
         lease = tx.get_lease(str(lease_id))
         if lease is None:
-            raise NotFound(_gone(lease_id))
+            raise NotFound(_ended(tx, lease_id))
         if requester is not None and requester != lease.holder.name:
             raise Forbidden(
                 f"lease {lease.id} is held by {lease.holder.name!r}, not {requester!r}: "
@@ -1062,6 +1075,24 @@ def _no_claim(claim_id: object) -> str:
 
 def _gone(lease_id: object) -> str:
     return f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat came within its TTL"
+
+
+def _ended(tx: Tx, lease_id: object) -> str:
+    """Why there is no lease `lease_id`, as the history says how it ended and who ended it (what a
+    runner tells its user when its lease ends under its command); `_gone` where it has no record."""
+    how = tx.how_ended(str(lease_id))
+    if how is None:
+        return _gone(lease_id)
+    reason, by, holder = how
+    if reason == "revoked":
+        return f"lease {lease_id!r} ended: its token {holder!r} was revoked by an admin"
+    if reason == "expired":
+        return f"lease {lease_id!r} expired: no heartbeat came within its TTL"
+    if reason == "preempted":
+        return f"lease {lease_id!r} was preempted and not released within its grace, so the pool reaped it"
+    if by == BY_OWNER:
+        return f"lease {lease_id!r} was released by its owner ({holder!r})"
+    return f"lease {lease_id!r} was released" + (" by an admin" if by == BY_ADMIN else "")
 
 
 def _check_time(value: object, what: str) -> float:

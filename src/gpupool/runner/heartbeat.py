@@ -32,11 +32,12 @@ class Heartbeat(threading.Thread):
         lease_id: str,
         interval_s: float,
         warn: Callable[[str], None],
-        on_lost: Optional[Callable[[], None]] = None,
+        on_lost: Optional[Callable[[str], None]] = None,
         on_beat: Optional[Callable[[], object]] = None,
         on_lease: Optional[Callable[[Lease], None]] = None,
     ) -> None:
-        """`on_lost` (on this thread) replaces the loud warning when the lease is gone;
+        """`on_lost` (on this thread) replaces the loud warning when the lease is gone, with the
+        pool's word on how it ended;
         `on_beat` runs after every beat, successful or not (housekeeping such as reaping);
         `on_lease` gets the lease each successful beat returns (it carries `preempted_at`)."""
         super().__init__(name=f"gpupool-heartbeat-{lease_id[:8]}", daemon=True)
@@ -69,10 +70,10 @@ class Heartbeat(threading.Thread):
                     self.warn(f"heartbeat to {self.client.address} works again: lease {self.lease_id} renewed")
                 failing = False
                 retries = backoff(self.interval_s)
-            except NotFound:
+            except NotFound as err:
                 self.lost = True
                 if self.on_lost is not None:
-                    self.on_lost()
+                    self.on_lost(err.message)
                     return
                 self.warn(
                     f"WARNING: lease {self.lease_id} is LOST (expired or released on {self.client.address}); "

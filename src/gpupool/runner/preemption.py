@@ -1,9 +1,14 @@
-"""Hear at once that the pool preempted the lease, and stop the command for it.
+"""Hear at once that the pool preempted the lease, or ended it, and stop the command for it.
 
 A daemon thread long-polls `client.watch(lease_id, WATCH_S)` while the command runs; the
 heartbeat's answer carries `preempted_at` too (the fallback when a watch is cut). The first
 notice of a preemption, from either, stops the command's tree: SIGTERM, SIGKILL after the
 lease's grace. The main thread, whose `child.wait()` then returns, releases the lease.
+
+The end of the lease under the command comes the same way: a release (by its owner or an admin),
+its token revoked or an expiry answers the watch with NotFound, whose message says how it ended and
+who ended it (the pool's history), and the heartbeat's NotFound is the fallback. The first notice
+calls `on_gone` once, on a thread of its own, as a preemption's stop.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..client.base import PoolClient
-from ..core.errors import GpupoolError, NotFound
+from ..core.errors import GpupoolError, NotFound, Unauthorized
 from ..core.model import RESUMING, SUSPENDING, Lease
 from ..logs import get_logger
 
@@ -47,7 +52,8 @@ def preemption_notice(lease: Lease, what: str) -> str:
 class PreemptionWatch(threading.Thread):
     """Calls `stop_command(lease)` once, on a thread of its own, when `lease_id` is seen preempted;
     with a `suspender`, parks and restores the command when the pool asks (a preempted lease
-    that is to be suspended is parked, not stopped)."""
+    that is to be suspended is parked, not stopped). When the lease ends under the command, calls
+    `on_gone(why)` once, likewise, with the pool's word on how it ended (`gone` keeps it)."""
 
     def __init__(
         self,
@@ -55,13 +61,16 @@ class PreemptionWatch(threading.Thread):
         lease_id: str,
         stop_command: Callable[[Lease], None],
         suspender: Optional[Suspender] = None,
+        on_gone: Optional[Callable[[str], None]] = None,
     ) -> None:
         super().__init__(name=f"gpupool-watch-{lease_id[:8]}", daemon=True)
         self.client = client
         self.lease_id = lease_id
         self.stop_command = stop_command
         self.suspender = suspender
+        self.on_gone = on_gone
         self.preempted: Optional[Lease] = None
+        self.gone: Optional[str] = None
         self._stopper: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -81,13 +90,33 @@ class PreemptionWatch(threading.Thread):
             )
             self._stopper.start()
 
+    def notice_gone(self, why: str) -> None:
+        """Act on the end of the lease seen by anyone (the heartbeat's NotFound too): the first
+        sighting calls `on_gone(why)` on a thread of its own; none after a preemption (the pool
+        reaps a preempted lease after its grace) or once the run stopped the watch (its own release)."""
+        with self._lock:
+            if self.gone is not None or self.preempted is not None or self._stop_event.is_set():
+                return
+            self.gone = why
+            self._stop_event.set()
+            if self.on_gone is None:
+                return
+            self._stopper = threading.Thread(
+                target=self._end_command,
+                args=(self.on_gone, why),
+                name=f"gpupool-ended-{self.lease_id[:8]}",
+                daemon=True,
+            )
+            self._stopper.start()
+
     def stop(self) -> None:
         """End the loop; a watch in flight ends when the lease is released or the client closed."""
         with self._lock:
             self._stop_event.set()
 
     def join_stopper(self, timeout_s: float) -> None:
-        """Wait for the stopping (SIGTERM, grace, SIGKILL) to finish, if one began."""
+        """Wait for the stopping (SIGTERM, grace, SIGKILL) after a preemption or the lease's end to
+        finish, if one began."""
         stopper = self._stopper
         if stopper is not None:
             stopper.join(timeout=timeout_s)
@@ -99,7 +128,11 @@ class PreemptionWatch(threading.Thread):
             started = time.monotonic()
             try:
                 lease = self.client.watch(self.lease_id, WATCH_S)
-            except NotFound:  # released or expired: the heartbeat reports a loss, not this thread
+            except NotFound as err:  # released, its token revoked, or expired: the pool says which
+                self.notice_gone(err.message)
+                return
+            except Unauthorized as err:  # the token the lease was claimed with no longer works
+                self.notice_gone(f"lease {self.lease_id} can no longer be renewed: {err.message}")
                 return
             except Exception as err:  # a transport error: keep watching, the heartbeat is the fallback
                 message = err.message if isinstance(err, GpupoolError) else repr(err)
@@ -133,3 +166,10 @@ class PreemptionWatch(threading.Thread):
             self.stop_command(lease)
         except Exception:  # the main thread's release path ends the tree anyway
             log.exception("stopping the command after a preemption")
+
+    @staticmethod
+    def _end_command(on_gone: Callable[[str], None], why: str) -> None:
+        try:
+            on_gone(why)
+        except Exception:  # as above
+            log.exception("ending the command after its lease ended")

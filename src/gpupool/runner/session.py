@@ -14,7 +14,7 @@ from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all, pool_line
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
 from ..core.isolation_mode import IsolationMode
-from ..core.model import MAX_WAIT_S, Claim, Holder, Lease
+from ..core.model import MAX_WAIT_S, Claim, Holder, Lease, local_user
 from ..core.quantity import format_mib
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from ..isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
@@ -84,16 +84,7 @@ def progress(quiet: bool) -> Callable[[str], None]:
 
 def current_holder(label: str = "") -> Holder:
     """This process as a lease holder (a server replaces the name with its token's name)."""
-    # getpass.getuser()'s order, without importing getpass (and termios).
-    name = next((os.environ[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(k)), "")
-    if not name:
-        try:
-            import pwd
-
-            name = pwd.getpwuid(os.getuid()).pw_name
-        except (ImportError, KeyError):  # no passwd entry in some containers
-            name = f"uid{os.getuid()}"
-    return Holder(name=name, pid=os.getpid(), host=os.uname().nodename, label=label)
+    return Holder(name=local_user(), pid=os.getpid(), host=os.uname().nodename, label=label)
 
 
 def run(command: Sequence[str], options: RunOptions) -> int:
@@ -217,21 +208,22 @@ def _run_once(
         relay.child = child
         keep = {child.pid} | ({guard.pid} if guard is not None else set())
         cgroup = guard.cgroup if guard is not None else None  # the tree's container, where there is one
-        on_lost = None
-        if options.on_lease_loss == "kill":
-            on_lost = _ender(lease.id, child.pid, keep, options.grace_s, warn, cgroup)
+        ends = options.on_lease_loss == "kill"
+        on_gone = _ender(child.pid, keep, options.grace_s, warn, cgroup) if ends else _lease_gone_warning(warn)
         # Imported here, after the command started: `gpupool run`'s start-up stays as light as it was.
         from .preemption import PreemptionWatch
         from .suspender import Suspender
 
         suspender = Suspender(client, lease.id, child.pid, keep - {child.pid}, options.suspend_backend, warn)
-        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender)
+        # One path for what the pool does to the lease: the watch hears a preemption, a suspension
+        # and the lease's end (a release, its token revoked) at once; the heartbeat is the fallback.
+        watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender, on_gone)
         heartbeat = Heartbeat(
             client,
             lease.id,
             options.ttl_s / 3,
             say,
-            on_lost=on_lost,
+            on_lost=watch.notice_gone,
             on_beat=lambda: reap_orphans(keep),
             on_lease=watch.notice,
         )
@@ -244,10 +236,11 @@ def _run_once(
         if watch.preempted is not None:
             watch.join_stopper(watch.preempted.preempt_grace_s + 5)
             return _Outcome(exit_code(returncode), watch.preempted)
-        if on_lost is not None and heartbeat.lost:
+        if watch.gone is not None and ends:
+            watch.join_stopper(options.grace_s + 5)
             return _Outcome(LeaseLost.exit_code)
-        if heartbeat.lost:
-            say(f"warning: the command finished, but lease {lease.id} had been lost while it ran")
+        if watch.gone is not None:
+            say(f"warning: the command finished, but lease {lease.id} had ended while it ran")
         code = exit_code(returncode)
         if returncode < 0:
             say(f"Client command was killed by signal {-returncode} (exit code {code})")
@@ -328,24 +321,32 @@ def _preempt_stopper(
 
 
 def _ender(
-    lease_id: str,
-    pgid: int,
-    keep: Set[int],
-    grace_s: float,
-    warn: Callable[[str], None],
-    cgroup: Optional[LeaseCgroup] = None,
-) -> Callable[[], None]:
-    """What the heartbeat thread does when the lease is gone: say so and end the whole tree. The
-    main thread's child.wait() then returns, and the runner exits with LeaseLost.exit_code."""
+    pgid: int, keep: Set[int], grace_s: float, warn: Callable[[str], None], cgroup: Optional[LeaseCgroup] = None
+) -> Callable[[str], None]:
+    """What the watch does when the lease ends under the command (released by its owner or an
+    admin, its token revoked, expired): say how, as the pool tells it (`why`), and end the whole
+    tree. The main thread's child.wait() then returns, and the runner exits with LeaseLost.exit_code."""
 
-    def end() -> None:
+    def end(why: str) -> None:
         warn(
-            f"lease {lease_id} was lost (expired or released by an admin): ending the command; "
+            f"{why}: ending the command (SIGTERM, SIGKILL after {grace_s:g}s), exit code {LeaseLost.exit_code}; "
             "use --on-lease-loss warn to keep it running"
         )
-        _signal_tree(pgid, keep, grace_s, "after the lease was lost", cgroup)
+        _signal_tree(pgid, keep, grace_s, "after the lease ended", cgroup)
 
     return end
+
+
+def _lease_gone_warning(warn: Callable[[str], None]) -> Callable[[str], None]:
+    """What the watch does when the lease ends under the command with --on-lease-loss warn: say so, loudly."""
+
+    def told(why: str) -> None:
+        warn(
+            f"WARNING: {why}; the command still runs without a lease (--on-lease-loss warn): "
+            "its GPUs may be given to someone else"
+        )
+
+    return told
 
 
 def _signal_tree(pgid: int, keep: Set[int], grace_s: float, why: str, cgroup: Optional[LeaseCgroup] = None) -> None:
@@ -411,8 +412,8 @@ def _release(
     try:
         client.release(lease.id, code)
         released = 1
-    except NotFound:
-        say(f"warning: lease {lease.id} was already gone (expired or released by an admin)")
+    except NotFound as err:
+        say(f"warning: lease {lease.id} was already gone ({err.message})")
     except GpupoolError as err:
         say(f"warning: could not release lease {lease.id} ({err.message}); it expires after {lease.ttl_s:g}s")
     except Exception as err:  # the lease expires anyway; the user must hear why it lingers

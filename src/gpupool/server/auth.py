@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ..core.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from ..core.suspension import BY_ADMIN
 from ..store import Store
 
 if TYPE_CHECKING:
@@ -158,11 +159,14 @@ def list_tokens(store: Store) -> List[TokenInfo]:
 
 
 def revoke_token(store: Store, name: str) -> None:
-    """Delete the token called `name` (it stops working at once here, within CACHE_S elsewhere)."""
+    """Delete the token called `name` (it stops working at once here, within CACHE_S elsewhere), and
+    end the leases it holds in the same transaction: they could not be renewed any more, and their
+    runners, told by their watch (pool.Pool.watch), end their commands now, not at a lost heartbeat."""
     with store.write() as tx:
         if not tx.delete_token(name):
             raise NotFound(f"there is no token {name!r}: `gpupool token list` shows them")
-    log.info("revoked token %r", name)
+        ended = tx.end_leases_of(name, time.time(), "revoked", BY_ADMIN)
+    log.info("revoked token %r%s", name, f"; its leases ended: {', '.join(ended)}" if ended else "")
 
 
 def install_token(store: Store, name: str, token: str) -> bool:

@@ -102,9 +102,10 @@ class LeaseApi:
 
     def release(self, identity: Identity, lease_id: str, raw: bytes = b"") -> Dict[str, Any]:
         """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin); the body
-        (`ReleaseRequest`, optional) carries its command's exit code for the history."""
+        (`ReleaseRequest`, optional) carries its command's exit code for the history, which also
+        keeps who released it (an admin token's name is its owner's where the lease is its own)."""
         exit_code = validated(ReleaseRequest, json_object(raw)).exit_code if raw.strip() else None
-        self.pool.release(lease_id, identity.requester, exit_code)
+        self.pool.release(lease_id, identity.requester, exit_code, identity.name)
         self.metrics.releases.inc()
         return {"released": lease_id}
 

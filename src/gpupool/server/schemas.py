@@ -172,8 +172,9 @@ class LeaseRecordBody(BaseModel):
     elapsed_s: float
     suspended_s: float = Field(description="of its span, parked in host memory (not GPU time)")
     gpu_seconds: float
-    ended: str = Field(description="released, expired or preempted")
+    ended: str = Field(description="released, expired, preempted or revoked (its token)")
     exit_code: Optional[int] = Field(None, description="its command's, as its runner said at release; null: not said")
+    ended_by: str = Field("", description="who ended it: owner or admin; '' = nobody (an expiry) or not recorded")
 
 
 class HistoryBody(BaseModel):

@@ -99,7 +99,9 @@ CREATE TABLE IF NOT EXISTS lease_history (
     reason       TEXT NOT NULL,     -- HISTORY_REASONS
     preempted_at REAL,
     suspended_s  REAL NOT NULL DEFAULT 0,  -- seconds of [started_at, ended_at] it was suspended: not GPU time
-    exit_code    INTEGER                   -- its command's exit code, as its runner said at release; NULL: none said
+    exit_code    INTEGER,                  -- its command's exit code, as its runner said at release; NULL: none said
+    ended_by     TEXT NOT NULL DEFAULT ''  -- who ended it: its owner or an admin (core.suspension's BY_OWNER,
+                                           -- BY_ADMIN); '' = nobody (an expiry) or not recorded (an older row)
 );
 -- the pool over time for the dashboard's long ranges (store/samples.py): one row per minute at
 -- most, the oldest dropped past the retention. A table of its own, made on open: no version bump,
@@ -115,9 +117,10 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 """
 
-# Why a lease ended (lease_history.reason): its holder released it, no heartbeat came within its
-# TTL, or the pool reaped it after a preemption its runner did not act on.
-HISTORY_REASONS = ("released", "expired", "preempted")
+# Why a lease ended (lease_history.reason): its holder (or an admin) released it, no heartbeat came
+# within its TTL, the pool reaped it after a preemption its runner did not act on, or the token it
+# was claimed with was revoked.
+HISTORY_REASONS = ("released", "expired", "preempted", "revoked")
 
 # Columns added after schema 1, with their declarations: an older database gets them by
 # ALTER TABLE on open (idempotent: only the missing ones), a new one from SCHEMA above.
@@ -136,7 +139,13 @@ ADDED_COLUMNS = {
         ("idle_suspend_s", "REAL"),
     ),
     "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"), ("idle_suspend_s", "REAL")),
-    "lease_history": (("suspended_s", "REAL NOT NULL DEFAULT 0"), ("exit_code", "INTEGER")),
+    "lease_history": (
+        ("suspended_s", "REAL NOT NULL DEFAULT 0"),
+        ("exit_code", "INTEGER"),
+        # No schema version of its own: an older gpupool names the columns it writes, and reads
+        # none it does not know, so it opens a state dir with this column as before.
+        ("ended_by", "TEXT NOT NULL DEFAULT ''"),
+    ),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),
         ("priority", "INTEGER NOT NULL DEFAULT 0"),

@@ -10,8 +10,12 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from ..core.model import Device, Holder, Lease, Slice
-from ..core.suspension import RESUMING, SUSPENDED
+from ..core.suspension import BY_OWNER, RESUMING, SUSPENDED
 from .schema import KEY_INDEX
+
+# How many of the newest history rows `Tx.how_ended` reads: a lease whose runner still watches it
+# ended moments ago, so it is among them; an older or unknown id costs no scan of the whole history.
+ENDED_LOOKBACK = 10000
 
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -368,17 +372,26 @@ class Tx:
         return int(leases), int(tickets)
 
     # --- lease history -----------------------------------------------------------
-    def record_end(self, lease_id: str, ended_at: float, reason: str, exit_code: Optional[int] = None) -> None:
+    def record_end(
+        self,
+        lease_id: str,
+        ended_at: float,
+        reason: str,
+        exit_code: Optional[int] = None,
+        by: str = "",
+        caller: Optional[str] = None,
+    ) -> None:
         """Copy a lease that ends into the history (reason: schema.HISTORY_REASONS); call it before
         deleting the lease, in the same transaction. Its size in GPUs is its slices' MiB over their
         devices' (a device that is gone counts whole), computed by SQLite: a release stays one
         statement longer, with no rows coming back to Python. A lease that ends suspended holds no
         slices: the ones it parked give its size. Its seconds suspended (not GPU time) come from its
         suspension record: those before the record's `since`, and since then while parked. `exit_code`
-        is its command's, as its runner said (None: not said)."""
+        is its command's, as its runner said (None: not said). `by` is who ended it (BY_ADMIN, '' for
+        nobody), and BY_OWNER instead where `caller`, the name of who asked, is its holder's."""
         self.conn.execute(
             "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
-            "preempted_at, suspended_s, exit_code) SELECT l.id, l.queue, l.holder_name, "
+            "preempted_at, suspended_s, exit_code, ended_by) SELECT l.id, l.queue, l.holder_name, "
             "COALESCE(json_extract(l.holder, '$.label'), ''), COALESCE("
             "(SELECT SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END) "
             "FROM slices s LEFT JOIN devices d ON d.uuid = s.device_uuid WHERE s.lease_id = l.id), "
@@ -388,7 +401,8 @@ class Tx:
             "l.created_at, :ended_at, :reason, l.preempted_at, COALESCE("
             "(SELECT json_extract(su.record, '$.suspended_s') + CASE WHEN su.state IN (:suspended, :resuming) "
             "THEN MAX(0, :ended_at - json_extract(su.record, '$.since')) ELSE 0 END "
-            "FROM suspensions su WHERE su.lease_id = l.id), 0), :exit_code FROM leases l WHERE l.id = :lease_id",
+            "FROM suspensions su WHERE su.lease_id = l.id), 0), :exit_code, "
+            "CASE WHEN l.holder_name = :caller THEN :owner ELSE :by END FROM leases l WHERE l.id = :lease_id",
             {
                 "ended_at": ended_at,
                 "reason": reason,
@@ -396,8 +410,30 @@ class Tx:
                 "suspended": SUSPENDED,
                 "resuming": RESUMING,
                 "exit_code": exit_code,
+                "by": by,
+                "caller": caller,  # None matches no holder
+                "owner": BY_OWNER,
             },
         )
+
+    def how_ended(self, lease_id: str) -> Optional[Tuple[str, str, str]]:
+        """(reason, ended_by, holder name) of `lease_id` among the last ENDED_LOOKBACK leases that
+        ended, or None. The history has no index on lease ids (one would cost every release a page
+        written): the newest rows are read backwards by rowid, where a lease that just ended is."""
+        row = self.conn.execute(
+            "SELECT reason, ended_by, holder_name FROM lease_history WHERE lease_id = ? AND rowid > "
+            "(SELECT COALESCE(MAX(rowid), 0) FROM lease_history) - ? ORDER BY rowid DESC LIMIT 1",
+            (lease_id, ENDED_LOOKBACK),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def end_leases_of(self, holder_name: str, ended_at: float, reason: str, by: str) -> List[str]:
+        """End every lease held by `holder_name` (into the history, as `record_end`); their ids."""
+        ids = [row[0] for row in self.conn.execute("SELECT id FROM leases WHERE holder_name = ?", (holder_name,))]
+        for lease_id in ids:
+            self.record_end(lease_id, ended_at, reason, by=by)
+            self.take_lease(lease_id)
+        return ids
 
     def history(self, since: float, until: float) -> List[Tuple[str, str, str, float, float, float, float]]:
         """(queue, holder name, label, gpus, started_at, ended_at, suspended_s) of leases that ended
@@ -410,11 +446,12 @@ class Tx:
 
     def lease_records(
         self, since: float, until: float
-    ) -> List[Tuple[str, str, str, str, float, float, float, str, float, Optional[int]]]:
-        """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code) of
-        the leases that ended in [since, until], in the order they ended."""
+    ) -> List[Tuple[str, str, str, str, float, float, float, str, float, Optional[int], str]]:
+        """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code,
+        ended_by) of the leases that ended in [since, until], in the order they ended."""
         return self.conn.execute(
-            "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code "
+            "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code, "
+            "ended_by "
             "FROM lease_history WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at",
             (since, until),
         ).fetchall()

@@ -275,6 +275,8 @@ class Supervisor:
             if self.watch is not None and self.watch.preempted is not None:
                 self._requeue(self.watch.preempted)
                 continue
+            if self.watch is not None and self.watch.gone is not None:  # released, or its token revoked
+                raise JobFailed(self.watch.gone)
             if self.heartbeat is not None and self.heartbeat.lost:
                 raise JobFailed(f"lease {self.state.lease_id} was lost (no heartbeat reached the pool in time)")
             changed = False
