@@ -49,17 +49,19 @@ def test_run_over_http_with_token_env(running_server, tmp_path):
         "2",
         "-m",
         "4GiB",
+        # TTL 5 s, heartbeats every 5/3 s, a command of 7 s: the lease must be renewed to last, and
+        # only a heartbeat held back over 3 s (not a loaded machine's pause) would lose it
         "--ttl",
-        "1",
+        "5",
         "--",
         sys.executable,
         "-c",
-        f"import os,time; open({str(record)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(1.5)",
+        f"import os,time; open({str(record)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(7)",
     )
     assert done.returncode == 0, done.stderr
     assert len(record.read_text().split(",")) == 2
     assert f"Choosing GPUs from server list [{running_server.url}]" in done.stderr
-    assert "LOST" not in done.stderr  # heartbeats over HTTP kept the 1 s lease past its TTL
+    assert "LOST" not in done.stderr  # heartbeats over HTTP kept the 5 s lease past its TTL
     status = gp(env, "status", "--json", "--server", running_server.url)
     assert json.loads(status.stdout)["leases"] == []
 
