@@ -92,7 +92,7 @@ def prometheus(tmp_path_factory):
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # two scrapes at least, so that rate() has two samples
             try:
                 up = query(url, 'count_over_time(up{job="gpupool"}[1m])')
@@ -137,7 +137,7 @@ def test_the_pod_lease_joins_on_namespace_and_pod(prometheus):
 
 
 def test_every_alert_rule_evaluates(prometheus):
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while True:
         groups = httpx.get(prometheus + "/api/v1/rules", timeout=10).json()["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]

@@ -117,21 +117,25 @@ def test_close_waits_for_a_transaction_in_another_thread(tmp_path):
     from gpupool.store import Store
 
     store = Store(tmp_path)
-    inside = threading.Event()
+    inside, closing = threading.Event(), threading.Event()
     seen: list = []
+    queried: list = []
 
     def reader() -> None:
         with store.read() as tx:
             inside.set()
-            time.sleep(0.4)
+            closing.wait(60)
+            time.sleep(0.4)  # still inside when close() is called
             seen.append(tx.conn.execute("SELECT count(*) FROM leases").fetchone()[0])
+            queried.append(time.monotonic())
 
     thread = threading.Thread(target=reader)
     thread.start()
-    assert inside.wait(5)
-    started = time.monotonic()
+    assert inside.wait(60)
+    closing.set()
     store.close()
-    waited = time.monotonic() - started
-    thread.join(5)
+    closed = time.monotonic()
+    thread.join(60)
     assert seen == [0], "the reader's query ran on an open connection"
-    assert waited >= 0.2, "close() returned while the other thread was still inside its transaction"
+    # an order, not a duration: close() returned only after the reader's query, inside its transaction
+    assert queried and closed >= queried[0], "close() returned while the other thread was still inside its transaction"
