@@ -385,7 +385,9 @@ def test_restart_and_shutdown_of_a_parked_kernel_leave_nothing(notebooks: Notebo
     kc.wait_for_ready(timeout=60)
     wait_gone(old_tree)
     leases = notebooks.leases("k")
-    assert len(leases) == 1 and leases[0]["id"] != parked["id"] and leases[0]["state"] == "running", leases
+    # a new lease; on a loaded machine its 1 s idle limit may have parked it already
+    assert len(leases) == 1 and leases[0]["id"] != parked["id"], leases
+    assert leases[0]["state"] in ("running", "suspended"), leases
     assert time.monotonic() - started < 15
     assert run_cell(kc, "print(3)")[0].strip() == "3"
     notebooks.wait_state(km, "suspended", timeout=15)
