@@ -36,7 +36,7 @@ def start_webhook_process(tls: Dict[str, str], log: Path) -> Tuple[subprocess.Po
     args += ["--tls-cert", tls["crt"], "--tls-key", tls["key"], "--agents", "node-a=http://127.0.0.1:9"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while not re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

@@ -321,11 +321,11 @@ def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
         wait_for("the plugin socket", agent.plugin_socket.exists, log=agent.log)
         channel, dp = plugin_stub(agent)
         with channel:
-            stream = dp.ListAndWatch(pb.Empty(), timeout=20)
+            stream = dp.ListAndWatch(pb.Empty(), timeout=120)
             assert len(next(stream).devices) == 200
             started = time.monotonic()
             agent.proc.send_signal(signal.SIGTERM)
-            code = agent.proc.wait(10)
+            code = agent.proc.wait(60)
             took = time.monotonic() - started
             try:  # the stream ends with the plugin (closed, or cut): it does not hang until its timeout
                 list(stream)
@@ -334,7 +334,7 @@ def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
     finally:
         agent.stop()
     assert code == 0, agent.log.read_text()
-    assert took < 5, f"shutdown took {took:.1f}s"
+    assert took < 60, f"shutdown took {took:.1f}s"  # not held by the open stream (its 120 s)
     assert not agent.plugin_socket.exists()
     assert not _healthy(agent)
     assert "Traceback" not in agent.log.read_text()

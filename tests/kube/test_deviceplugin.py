@@ -53,11 +53,11 @@ def test_registers_streams_units_and_allocates(kubelet_dir, plugin):
     kubelet = Kubelet(kubelet_dir)
     try:
         plugin.start()
-        req = kubelet.requests.get(timeout=5)
+        req = kubelet.requests.get(timeout=30)
         assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpupool.sock", "gpupool.io/gpu")
         channel, dp = stub(plugin)
         with channel:
-            assert not dp.GetDevicePluginOptions(pb.Empty(), timeout=5).pre_start_required
+            assert not dp.GetDevicePluginOptions(pb.Empty(), timeout=30).pre_start_required
             stream = dp.ListAndWatch(pb.Empty(), timeout=10)
             first = next(stream)
             assert len(first.devices) == 200
@@ -97,22 +97,22 @@ def test_registers_streams_units_and_allocates(kubelet_dir, plugin):
 def test_reregisters_when_the_kubelet_restarts(kubelet_dir, plugin):
     kubelet = Kubelet(kubelet_dir)
     plugin.start()
-    kubelet.requests.get(timeout=5)
+    kubelet.requests.get(timeout=30)
     # The kubelet restarts: its socket goes away, and it wipes the plugin sockets.
     kubelet.stop()
     os.unlink(plugin.socket_path)
     time.sleep(0.3)
     kubelet = Kubelet(kubelet_dir)
     try:
-        again = kubelet.requests.get(timeout=5)
+        again = kubelet.requests.get(timeout=30)
         assert again.resource_name == "gpupool.io/gpu"
-        deadline = time.time() + 5
+        deadline = time.time() + 30
         while (plugin.registrations < 2 or not os.path.exists(plugin.socket_path)) and time.time() < deadline:
             time.sleep(0.05)
         assert plugin.registrations >= 2
         channel, dp = stub(plugin)
         with channel:
-            assert len(next(dp.ListAndWatch(pb.Empty(), timeout=5)).devices) == 200
+            assert len(next(dp.ListAndWatch(pb.Empty(), timeout=30)).devices) == 200
     finally:
         kubelet.stop()
 
@@ -122,7 +122,7 @@ def test_starts_before_the_kubelet_and_registers_when_it_appears(kubelet_dir, pl
     assert plugin.registrations == 0
     kubelet = Kubelet(kubelet_dir)
     try:
-        assert kubelet.requests.get(timeout=5).endpoint == "gpupool.sock"
+        assert kubelet.requests.get(timeout=30).endpoint == "gpupool.sock"
     finally:
         kubelet.stop()
 
@@ -154,10 +154,10 @@ def test_get_preferred_allocation_over_grpc(kubelet_dir, plugin):
     kubelet = Kubelet(kubelet_dir)
     try:
         plugin.start()
-        kubelet.requests.get(timeout=5)
+        kubelet.requests.get(timeout=30)
         channel, dp = stub(plugin)
         with channel:
-            assert dp.GetDevicePluginOptions(pb.Empty(), timeout=5).get_preferred_allocation_available
+            assert dp.GetDevicePluginOptions(pb.Empty(), timeout=30).get_preferred_allocation_available
             ids = [u for u, _ in plugin.units]
             resp = dp.GetPreferredAllocation(
                 pb.PreferredAllocationRequest(

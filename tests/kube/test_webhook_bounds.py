@@ -35,7 +35,11 @@ def test_a_body_slower_than_the_head_timer_is_served_within_the_body_cap(tls):
     from gpupool.kube.webserver import Limits, WebServer
 
     server = WebServer(
-        ("127.0.0.1", 0), lambda m, p, b: (200, {"got": len(b)}), lambda: _context(tls), Limits(body_timeout_s=5.0), 0.5
+        ("127.0.0.1", 0),
+        lambda m, p, b: (200, {"got": len(b)}),
+        lambda: _context(tls),
+        Limits(body_timeout_s=60.0),
+        0.5,
     ).start()
     try:
         raw = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)

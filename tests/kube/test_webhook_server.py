@@ -102,52 +102,53 @@ def test_issue_10_requests_get_4xx_at_once(webhook):
         (b"POST /mutate HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(nested), nested), 400),
     ):
         sock = _raw(webhook["port"], webhook["ca"])
-        sock.settimeout(3)  # "at once": the old server waited for its idle timeout on some
+        sock.settimeout(60)
         started = time.monotonic()
         sock.sendall(request)
         answers = _read_answers(sock, 1)
         assert answers and answers[0][0] == status, request[:80]
-        assert time.monotonic() - started < 2
+        # "at once": the old server waited for its head timeout (30 s) on some
+        assert time.monotonic() - started < 20
         sock.close()
 
 
-def test_stalled_uploads_hold_little_memory(webhook_limits):
+@pytest.mark.slow
+def test_stalled_uploads_hold_little_memory(tls, cluster):
     """20 clients announce 8 MB bodies and stall: at most the in-flight budget is read; the
-    rest get 503 at once, and the stalled ones 408 when their time is up."""
-    port, ca, limits = webhook_limits
+    rest get 503, and the stalled ones 408 when their time is up. The body timer (15 s) outlasts
+    the 20 connections on a loaded machine: no stalled upload times out, freeing budget for a
+    later one, before the last has been refused."""
+    limits = Limits(budget=24_000_000, body_timeout_s=15)
+    reloader = CertReloader(tls["crt"], tls["key"])
+    server = WebServer(("127.0.0.1", 0), WebhookApp(MutateConfig(), cluster).handle, reloader.context, limits).start()
     socks = []
-    for _ in range(20):
-        sock = _raw(port, ca)
-        sock.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n" + b" " * 65536)
-        socks.append(sock)
-    time.sleep(0.5)
-    refused = 0
-    for sock in socks:
-        sock.settimeout(0.2)
-        try:
-            answers = _read_answers(sock, 1)
-        except (socket.timeout, TimeoutError):
-            continue
-        refused += bool(answers and answers[0][0] == 503)
-    assert refused >= 20 - limits.budget // 8_000_000
-    assert limits.reading <= limits.budget
-    for sock in socks:
-        sock.settimeout(5)
-    late = [_read_answers(s, 1) for s in socks]
-    assert {a[0][0] for a in late if a} <= {408, 503}
-    assert limits.reading == 0
-    for sock in socks:
-        sock.close()
+    try:
+        for _ in range(20):
+            sock = _raw(server.server_address[1], tls["ca"])
+            sock.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n" + b" " * 65536)
+            socks.append(sock)
+        assert limits.reading <= limits.budget
+        for sock in socks:
+            sock.settimeout(60)
+        answers = [_read_answers(s, 1) for s in socks]
+        statuses = [a[0][0] for a in answers if a]
+        assert len(statuses) == 20 and set(statuses) <= {408, 503}, statuses
+        assert statuses.count(503) >= 20 - limits.budget // 8_000_000, statuses
+        assert limits.reading == 0
+    finally:
+        for sock in socks:
+            sock.close()
+        server.shutdown()
 
 
 def test_slow_request_head_is_cut_off(webhook_limits, monkeypatch):
     port, ca, _ = webhook_limits
     sock = _raw(port, ca)
     sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")  # ... and never the rest of the head
-    sock.settimeout(5)
+    sock.settimeout(60)
     started = time.monotonic()
     assert sock.recv(100) == b""  # closed by the server
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 20  # by its 1 s head timer, not the default 30 s
 
 
 def test_certificate_rotation_in_place(tmp_path):
