@@ -693,3 +693,27 @@ HEADLINES.update(
         ),
     }
 )
+
+HEADLINES["release.json"] = Headline(
+    tables=(
+        Table(
+            ("{rounds} releases per pool, leases' TTL {ttl_s} s", "median", "p95", "max"),
+            tuple(
+                Row(label, (f"pools.{pool}.median_s", f"pools.{pool}.p95_s", f"pools.{pool}.max_s"), "s")
+                for label, pool in (("server: release call → command gone", "server"), ("embedded pool", "embedded"))
+            ),
+        ),
+        Table(
+            ("what the runners said", "server", "embedded"),
+            (
+                Row("commands ended", ("pools.server.ended", "pools.embedded.ended")),
+                Row("runners that exited 6", ("pools.server.exit_6", "pools.embedded.exit_6")),
+                Row("lines naming who released", ("pools.server.named_who", "pools.embedded.named_who")),
+            ),
+        ),
+    ),
+    targets=(
+        Target("server: median, release call → command gone", "pools.server.median_s", "<", "target_median_s", "s"),
+        Target("embedded pool: the same", "pools.embedded.median_s", "<", "target_median_s", "s"),
+    ),
+)
