@@ -16,14 +16,23 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import pytest
 from waiting import wait_until
 
-from .test_lease_end import CGROUP_PARENT, cgroups_of, env_for, marked
+from gpupool.isolation.cgroup import NAME_PREFIX, V1, freezer_parent
+from gpupool.isolation.env import LEASE_CGROUP_ENV
 
-pytestmark = pytest.mark.skipif(CGROUP_PARENT is None, reason="cgroup v2 is not writable here (no lease cgroup)")
+from .test_lease_end import CGROUP_PARENT, env_for, marked
+
+FREEZER_PARENT = freezer_parent({})
+# The lease's cgroup in each hierarchy that is writable here: cgroup v2, and the v1 freezer (what a
+# host without a writable v2 gets; GPUPOOL_LEASE_CGROUP=v1 takes it here).
+HIERARCHIES = [
+    pytest.param("v2", marks=pytest.mark.skipif(CGROUP_PARENT is None, reason="cgroup v2 is not writable here")),
+    pytest.param(V1, marks=pytest.mark.skipif(FREEZER_PARENT is None, reason="no writable v1 freezer here")),
+]
 
 HOPPER = Path(__file__).with_name("hopper.py")
 # The hopper stops by itself after this long: long enough that surviving the lease shows.
@@ -33,6 +42,19 @@ LIFETIME_S = 40
 GONE_WAIT_S = 10.0
 # The hopper is gone once its stamp has not changed for this long (it rewrites it every 10 ms).
 STILL_S = 0.5
+
+
+def run_env(pool, tmp_path: Path, hierarchy: str) -> Dict[str, str]:
+    env = env_for(pool, "cgroup", tmp_path)
+    if hierarchy == V1:
+        env[LEASE_CGROUP_ENV] = V1
+    return env
+
+
+def cgroups_of(runner_pid: int, hierarchy: str) -> List[Path]:
+    """The lease cgroups a runner made (named after its pid, in this test's own cgroup)."""
+    parent = FREEZER_PARENT if hierarchy == V1 else CGROUP_PARENT
+    return list(Path(parent).glob(f"{NAME_PREFIX}*-{runner_pid}")) if parent else []
 
 
 def hopper_command(stamp: Path, hold: bool) -> List[str]:
@@ -69,9 +91,10 @@ def assert_gone_for_good(stamp: Path) -> None:
     assert not hoppers(stamp)
 
 
-def test_a_hopper_started_first_is_gone_after_a_kill_9_of_the_runner(pool, tmp_path):
+@pytest.mark.parametrize("hierarchy", HIERARCHIES)
+def test_a_hopper_started_first_is_gone_after_a_kill_9_of_the_runner(pool, tmp_path, hierarchy):
     stamp = tmp_path / "stamp"
-    env = env_for(pool, "cgroup", tmp_path)
+    env = run_env(pool, tmp_path, hierarchy)
     runner = pool.start("run", "-p", "0.5", "--ttl", "30", "--", *hopper_command(stamp, hold=True), env=env)
     try:
         wait_until(lambda: stamp.exists() and hoppers(stamp), 20, "the hopper started")
@@ -81,7 +104,7 @@ def test_a_hopper_started_first_is_gone_after_a_kill_9_of_the_runner(pool, tmp_p
         runner.kill()
         runner.wait(timeout=5)
         assert_gone_for_good(stamp)
-        wait_until(lambda: not cgroups_of(runner.pid), GONE_WAIT_S, "the guard removed the lease's cgroup")
+        wait_until(lambda: not cgroups_of(runner.pid, hierarchy), GONE_WAIT_S, "the guard removed the lease's cgroup")
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -89,16 +112,17 @@ def test_a_hopper_started_first_is_gone_after_a_kill_9_of_the_runner(pool, tmp_p
         stop(stamp)
 
 
-def test_a_hopper_started_first_is_gone_after_a_normal_exit(pool, tmp_path):
+@pytest.mark.parametrize("hierarchy", HIERARCHIES)
+def test_a_hopper_started_first_is_gone_after_a_normal_exit(pool, tmp_path, hierarchy):
     stamp = tmp_path / "stamp"
-    env = env_for(pool, "cgroup", tmp_path)
+    env = run_env(pool, tmp_path, hierarchy)
     runner = pool.start("run", "-q", "-p", "0.5", "--", *hopper_command(stamp, hold=False), env=env)
     try:
         _, err = runner.communicate(timeout=60)
         assert runner.returncode == 0, err
         assert stamp.exists(), "the hopper never started"
         assert_gone_for_good(stamp)
-        assert not cgroups_of(runner.pid), "the lease's cgroup was left behind"
+        assert not cgroups_of(runner.pid, hierarchy), "the lease's cgroup was left behind"
         assert pool.status()["leases"] == []
     finally:
         if runner.poll() is None:
@@ -107,11 +131,12 @@ def test_a_hopper_started_first_is_gone_after_a_normal_exit(pool, tmp_path):
         stop(stamp)
 
 
-def test_a_hopper_started_first_is_gone_after_a_release(pool, tmp_path):
+@pytest.mark.parametrize("hierarchy", HIERARCHIES)
+def test_a_hopper_started_first_is_gone_after_a_release(pool, tmp_path, hierarchy):
     """The release reaches the runner (its watch, or at worst its next heartbeat, a third of the
     TTL), which ends the lease's cgroup, frozen while signalled."""
     stamp = tmp_path / "stamp"
-    env = env_for(pool, "cgroup", tmp_path)
+    env = run_env(pool, tmp_path, hierarchy)
     runner = pool.start("run", "-p", "0.5", "--ttl", "6", "--", *hopper_command(stamp, hold=True), env=env)
     try:
         wait_until(lambda: stamp.exists() and hoppers(stamp), 20, "the hopper started")
@@ -122,7 +147,7 @@ def test_a_hopper_started_first_is_gone_after_a_release(pool, tmp_path):
         assert_gone_for_good(stamp)
         runner.communicate(timeout=30)
         assert runner.returncode != 0
-        assert not cgroups_of(runner.pid), "the lease's cgroup was left behind"
+        assert not cgroups_of(runner.pid, hierarchy), "the lease's cgroup was left behind"
     finally:
         if runner.poll() is None:
             runner.kill()

@@ -13,17 +13,26 @@ import pytest
 from waiting import wait_until
 
 from gpupool.core.errors import InvalidInput
-from gpupool.isolation.cgroup import LeaseCgroup, lease_cgroup_parent
+from gpupool.isolation.cgroup import V1, LeaseCgroup, freezer_parent, lease_cgroup_parent
+from gpupool.isolation.env import LEASE_CGROUP_ENV
 from gpupool.runner import spawn
 
-pytestmark = pytest.mark.skipif(lease_cgroup_parent({}) is None, reason="cgroup v2 is not writable here")
+V2_WRITABLE = pytest.mark.skipif(lease_cgroup_parent({}) is None, reason="cgroup v2 is not writable here")
 
 
-@pytest.fixture(params=["clone3", "join-before-exec"])
+@pytest.fixture(
+    params=[
+        pytest.param("clone3", marks=V2_WRITABLE),
+        pytest.param("join-before-exec", marks=V2_WRITABLE),
+        pytest.param("v1-freezer", marks=pytest.mark.skipif(freezer_parent({}) is None, reason="no v1 freezer")),
+    ]
+)
 def cgroup(request, monkeypatch) -> Iterator[LeaseCgroup]:
-    if request.param == "join-before-exec":  # as on a kernel or a seccomp filter without clone3
+    """A lease cgroup to start in: v2 by clone3, v2 joined before exec (as on a kernel or a
+    seccomp filter without clone3), and the v1 freezer's (always joined before exec)."""
+    if request.param == "join-before-exec":
         monkeypatch.setattr(spawn, "_clone_into", lambda *args: None)
-    made = LeaseCgroup.create(f"spawn-{request.param}")
+    made = LeaseCgroup.create(f"spawn-{request.param}", {LEASE_CGROUP_ENV: V1 if request.param == "v1-freezer" else ""})
     assert made is not None
     yield made
     made.remove()
@@ -38,7 +47,8 @@ def test_the_command_runs_in_the_cgroup_in_its_own_group_with_stdio_only(cgroup,
     out = tmp_path / "out"
     leaked_r, leaked_w = os.pipe()
     os.set_inheritable(leaked_w, True)  # what a runner could inherit from its own parent
-    script = f"grep ^0:: /proc/$$/cgroup > {out}; ps -o pgid= -p $$ >> {out}; ls /proc/$$/fd >> {out}"
+    line = ":freezer:" if cgroup.v1 else "^0::"
+    script = f"grep {line} /proc/$$/cgroup > {out}; ps -o pgid= -p $$ >> {out}; ls /proc/$$/fd >> {out}"
     try:
         child = spawn.start_in_cgroup(["sh", "-c", script], {"PATH": os.environ["PATH"]}, cgroup)
         assert reap(child.pid) == 0

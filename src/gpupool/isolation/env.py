@@ -23,7 +23,8 @@ HOOK_DEBUG_ENV = "GPUPOOL_HOOK_DEBUG"
 LEASE_ID_ENV = "GPUPOOL_LEASE_ID"
 HOOK_DIR_ENV = "GPUPOOL_HOOK_DIR"
 # Read from the runner's environment: "off" keeps a lease's processes out of a cgroup of their own
-# (the guard, their subreaper, still ends them); anything else uses one where cgroup v2 is writable.
+# (the guard, their subreaper, still ends them); "v1" takes the cgroup v1 freezer hierarchy even
+# where cgroup v2 is writable; anything else uses cgroup v2 where it is writable, else the v1 freezer.
 LEASE_CGROUP_ENV = "GPUPOOL_LEASE_CGROUP"
 # Set by `gpupool run --requeue` on a rerun after a preemption: "1", and the attempt number (2 on
 # the first rerun), so a command can tell it should resume from its checkpoint.

@@ -77,7 +77,7 @@ def start_in_cgroup(
     first instruction; `setup` runs in the child just before exec. Returns what has its `.pid`
     (a Born, or the fallback's Popen, to be kept referenced). InvalidInput when the command is not
     found or not executable, as `child.start` says it."""
-    born = _clone_into(command, env, cgroup.path, setup)
+    born = None if cgroup.v1 else _clone_into(command, env, cgroup.path, setup)  # clone3 names v2 cgroups only
     if born is not None:
         return born
     fd = os.open(os.path.join(cgroup.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
