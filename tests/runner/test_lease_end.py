@@ -105,7 +105,7 @@ def check_placement(pids: List[int], mode: str) -> None:
 
 # How long the guard may take to remove the lease's cgroup after the runner's kill -9: a
 # condition, not a speed (a loaded 2-core CI machine took over 2 s once).
-CLEANUP_WAIT_S = 10.0
+CLEANUP_WAIT_S = 30.0
 
 # Each holds the runner's command running until it is killed, and leaves processes behind that
 # hide from a sweep by process group and by GPUPOOL_LEASE_ID.
@@ -135,10 +135,12 @@ def test_kill_9_of_the_runner_leaves_nothing_of_the_lease(pool, tmp_path, mode, 
         assert list((tmp_path / "tmp").glob(PREFIX + "*")), "the runner's folder was not where expected"
         runner.kill()
         runner.wait(timeout=5)
-        wait_until(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        wait_until(lambda: not marked(mark), CLEANUP_WAIT_S, f"every process of the lease ended ({marked(mark)} left)")
         wait_until(lambda: not cgroups_of(runner.pid), CLEANUP_WAIT_S, "the guard removed the lease's cgroup")
         # Issue 23 item 8: the runner's private folder goes with it.
-        wait_until(lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), 2.0, "the runner's folder removed")
+        wait_until(
+            lambda: not list((tmp_path / "tmp").glob(PREFIX + "*")), CLEANUP_WAIT_S, "the runner's folder removed"
+        )
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -159,7 +161,7 @@ def test_a_kill_9_soon_after_the_start_leaves_nothing(pool, tmp_path, mode):
             time.sleep(delay)
             runner.kill()
             runner.wait(timeout=5)
-            wait_until(lambda m=mark: not marked(m), 2.0, f"every process ended, killed {delay:g} s in")
+            wait_until(lambda m=mark: not marked(m), CLEANUP_WAIT_S, f"every process ended, killed {delay:g} s in")
             wait_until(lambda r=runner: not cgroups_of(r.pid), CLEANUP_WAIT_S, "the guard removed the lease's cgroup")
         finally:
             if runner.poll() is None:
@@ -179,7 +181,7 @@ def test_the_issues_command_leaves_nothing_after_a_kill_9(pool, tmp_path, mode):
         wait_until(lambda: len(marked(mark, "sleep")) >= 2 or runner.poll() is not None, 15, "the daemon started")
         runner.kill()
         runner.wait(timeout=5)
-        wait_until(lambda: not marked(mark), 2.0, f"every process of the lease ended ({marked(mark)} left)")
+        wait_until(lambda: not marked(mark), CLEANUP_WAIT_S, f"every process of the lease ended ({marked(mark)} left)")
     finally:
         if runner.poll() is None:
             runner.kill()

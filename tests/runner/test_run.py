@@ -137,15 +137,15 @@ def test_two_halves_fit_third_fails_fast_or_waits(pool, tmp_path):
 
 def test_killed_runner_lease_is_reclaimed_after_ttl(pool, tmp_path):
     record, stop = tmp_path / "rec.json", tmp_path / "stop"
-    runner = pool.start("run", "-p", "0.5", "--ttl", "1", "--", sys.executable, HOLDER, str(record), str(stop))
+    # TTL 5 s: heartbeats (every 5/3 s) keep it until the kill, though a loaded machine pause them a while
+    runner = pool.start("run", "-p", "0.5", "--ttl", "5", "--", sys.executable, HOLDER, str(record), str(stop))
     try:
         read_record(record)
         assert len(pool.status()["leases"]) == 1
         runner.kill()  # kill -9: no release, no more heartbeats
-        runner.wait(timeout=5)
-        killed_at = time.time()
-        wait_until(lambda: pool.status()["leases"] == [], timeout=5, what="the lease to expire")
-        assert time.time() - killed_at > 0.3
+        runner.wait(timeout=30)
+        assert len(pool.status()["leases"]) == 1  # not released: it is left to its TTL
+        wait_until(lambda: pool.status()["leases"] == [], timeout=60, what="the lease to expire")
     finally:
         stop.touch()
 

@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, List
 
 import pytest
+from waiting import wait_until
 
 from gpupool.core.errors import LeaseLost
 from gpupool.isolation.proctree import alive
@@ -73,6 +75,7 @@ def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):
 # alone still ends the command.
 UNGUARDED = """\
 import sys
+import threading
 from gpupool.cli.workload import main
 from gpupool.runner import session
 session.Guard.spawn = lambda *args: None
@@ -153,7 +156,7 @@ def test_normal_exit_ends_the_setsid_daemon_too(pool, tmp_path):
     try:
         pids = tree_of(record)
         stop.touch()
-        _, err = runner.communicate(timeout=15)
+        _, err = runner.communicate(timeout=60)
         assert runner.returncode == 0, err
         assert [p for p in pids if alive(p)] == []  # gone before the runner exited
         assert pool.status()["leases"] == []
@@ -166,7 +169,7 @@ def test_normal_exit_ends_the_setsid_daemon_too(pool, tmp_path):
 def test_lease_released_by_an_admin_ends_the_command(pool, tmp_path):
     record = tmp_path / "tree.json"
     # -q: the lost-lease notice is shown even when quiet.
-    runner = pool.start("run", "-q", "-p", "0.5", "--ttl", "1.5", "--", sys.executable, SPAWNER, str(record))
+    runner = pool.start("run", "-q", "-p", "0.5", "--ttl", "30", "--", sys.executable, SPAWNER, str(record))
     pids: List[int] = []
     try:
         pids = tree_of(record)
@@ -175,7 +178,7 @@ def test_lease_released_by_an_admin_ends_the_command(pool, tmp_path):
         admin = dict(pool.env, LOGNAME="someone-else", USER="someone-else")
         released = pool.run("release", lease_id, env=admin)
         assert released.returncode == 0, released.stderr
-        _, err = runner.communicate(timeout=15)
+        _, err = runner.communicate(timeout=60)
         assert runner.returncode == LeaseLost.exit_code, err
         assert (
             f"gpupool: lease {lease_id!r} was released by an admin: ending the command (SIGTERM, SIGKILL after "
@@ -196,7 +199,7 @@ def test_lease_loss_in_warn_mode_lets_the_command_finish(pool, tmp_path):
         "-p",
         "0.5",
         "--ttl",
-        "1.5",
+        "30",
         "--on-lease-loss",
         "warn",
         "--",
@@ -206,16 +209,23 @@ def test_lease_loss_in_warn_mode_lets_the_command_finish(pool, tmp_path):
         str(stop),
     )
     pid = 0
+    lines: List[str] = []
+    # stderr read as it comes: the warning is waited for, not slept for
+    reader = threading.Thread(target=lambda: lines.extend(iter(runner.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
         info = read_record(record)
         pid = info["pid"]
         released = pool.run("release", info["env"]["GPUPOOL_LEASE_ID"])
         assert released.returncode == 0, released.stderr
-        time.sleep(1.5)  # two heartbeats (TTL/3) see the lease gone
+        wait_until(
+            lambda: any("WARNING: lease" in line for line in list(lines)), 60, "the runner to see the lease gone"
+        )
         assert alive(pid), "warn mode must keep the command running"
         stop.touch()
-        _, err = runner.communicate(timeout=15)
-        assert runner.returncode == 0, err
+        assert runner.wait(timeout=60) == 0, "".join(lines)
+        reader.join(30)
+        err = "".join(lines)
         assert "WARNING: lease" in err and "the command still runs without a lease" in err
         assert "had ended while it ran" in err
     finally:
@@ -237,7 +247,7 @@ def test_lease_loss_against_a_real_server(running_server, tmp_path):
             "-p",
             "0.5",
             "--ttl",
-            "1.5",
+            "30",
             "--",
             sys.executable,
             SPAWNER,
@@ -267,7 +277,7 @@ def test_lease_loss_against_a_real_server(running_server, tmp_path):
             timeout=60,
         )
         assert released.returncode == 0, released.stderr
-        _, err = runner.communicate(timeout=15)
+        _, err = runner.communicate(timeout=60)
         assert runner.returncode == LeaseLost.exit_code, err
         # The run and the release both send the admin token: the lease's own holder released it.
         assert f"lease {lease_id!r} was released by its owner ('admin')" in err

@@ -62,7 +62,7 @@ def test_on_a_terminal_one_line_is_redrawn_with_the_elapsed_time(tmp_path: Path)
             out.extend(chunk)
 
     waiter = subprocess.Popen(
-        gpupool("run", "--state", str(state), "--wait", "60", "-p", "1", "--", "true"),
+        gpupool("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=slave,
@@ -97,13 +97,13 @@ def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: 
     flags.mkdir()
     holder = hold_the_gpu(state, env, flags)
     first = subprocess.Popen(
-        gpupool("run", "-q", "--state", str(state), "--wait", "60", "-p", "1", "--", "true"),
+        gpupool("run", "-q", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stderr=subprocess.DEVNULL,
     )
     wait_until(lambda: len(waiting(state, env)) == 1, 30, "the first claim waiting")
     second = subprocess.Popen(
-        gpupool("run", "--state", str(state), "--wait", "60", "-p", "1", "--", "true"),
+        gpupool("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -156,7 +156,7 @@ def test_against_a_server_the_place_is_asked_beside_the_waiting_claim(running_se
     )
     wait_until(lambda: (flags / "held").exists(), 30, "both GPUs held")
     waiter = subprocess.Popen(
-        gpupool("run", "--server", server.url, "--wait", "60", "-p", "0.5", "--", "true"),
+        gpupool("run", "--server", server.url, "--wait", "600", "-p", "0.5", "--", "true"),
         env=env,
         stderr=subprocess.PIPE,
         text=True,
