@@ -238,6 +238,10 @@ def test_pods_without_gpu_and_other_operations_pass_untouched(client):
         ({"gpupool.io/gpu-amount": 1, "gpupool.io/gpu-fraction": 5}, {}, ["gpupool.io/gpu-fraction", "unknown"]),
         ({"gpupool.io/gpu-amount": 1}, {"bitfusion-client/filter": "colour=red"}, ["bitfusion-client/filter"]),
         ({"gpupool.io/gpu-amount": 1}, {"gpupool.io/policy": "random"}, ["gpupool.io/policy", "binpack"]),
+        # Issue 34 item 5: numbers of any length are named cut short, never a 500 or a CPU held.
+        ({"gpupool.io/gpu-amount": 1}, {"gpupool.io/filter": "device.index=" + "9" * 5000}, ["filter", "more char"]),
+        ({"gpupool.io/gpu-memory": "9" * 5000}, {}, ["gpu-memory", "too long for a size", "more characters]"]),
+        ({"gpupool.io/gpu-memory": "1e999999999"}, {}, ["gpu-memory", "beyond e30"]),
     ],
 )
 def test_bad_values_are_denied_with_the_fix(client, limits, annotations, words):

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from ..core.errors import InvalidClaim
+from ..core.errors import InvalidClaim, InvalidInput
 from ..core.filters import Filter
 from ..core.model import Policy
 from .resources import DOMAIN, GpuAsk
@@ -93,8 +93,8 @@ def read_filters(annotations: Mapping[str, str]) -> Tuple[Filter, ...]:
     key = FILTER if FILTER in annotations else BITFUSION_FILTER
     try:
         return tuple(Filter.parse(part) for part in str(raw).split(",") if part.strip())
-    except InvalidClaim as err:
-        raise InvalidClaim(f"annotation {key}: {err.message}") from None
+    except InvalidInput as err:  # a bad filter (InvalidClaim), a size or number out of bounds
+        raise type(err)(f"annotation {key}: {err.message}") from None
 
 
 def read_policy(annotations: Mapping[str, str]) -> Policy:
