@@ -85,7 +85,7 @@ def usage_since(server, started: float) -> dict:
         usage = httpx.get(f"{server.url}/v1/status", headers=server.headers()).json().get("usage") or {}
         return usage if usage.get("sampled_at", 0) > started else None
 
-    return wait_until(fresh, 10, "a fresh usage sample")  # type: ignore[return-value]
+    return wait_until(fresh, 60, "a fresh usage sample")  # type: ignore[return-value]
 
 
 def test_spoofed_holder_fields_never_reach_another_lease(watched, tmp_path):
@@ -133,11 +133,12 @@ def test_spoofed_holder_fields_never_reach_another_lease(watched, tmp_path):
         )
         # Every sample of the next grace periods: no spoofed lease is ever counted anything.
         samples = {}
-        while time.time() < started + GRACE_S + 8 * INTERVAL_S:
+        # the grace periods' time, and 5 samples at least however slowly a loaded machine takes them
+        while time.time() < started + GRACE_S + 8 * INTERVAL_S or len(samples) < 5:
+            assert time.time() < started + 120, f"only {len(samples)} fresh usage samples"
             sample = usage_since(server, started)
             samples[sample["sampled_at"]] = sample
             time.sleep(INTERVAL_S / 2)
-        assert len(samples) >= 5
         for sample in samples.values():
             assert not [p for p in sample["processes"] if p["lease_id"] in spoofed], sample["processes"]
         record = usage_since(server, max(samples))

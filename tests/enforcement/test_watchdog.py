@@ -324,7 +324,7 @@ def test_real_kill_escalates_for_a_process_that_ignores_sigterm(pool, tmp_path):
             sampler=UsageSampler(pool.devices(), str(usage)),
         )
         dog.step()
-        assert stubborn.wait(timeout=5) == -signal.SIGKILL
+        assert stubborn.wait(timeout=60) == -signal.SIGKILL
     finally:
         stubborn.kill()
         stubborn.wait()
