@@ -67,7 +67,7 @@ def test_stop_after_kill_9_ends_cleanly(fake_mps, tmp_path, monkeypatch):
     assert wait_until(lambda: not alive(pid))
     started = time.monotonic()
     daemon.stop()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # not held by the supervisor's 30 s backoff
     assert daemon.pid is None and len(daemons(fake_mps)) == 1
 
 

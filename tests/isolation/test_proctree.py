@@ -131,11 +131,12 @@ def test_terminate_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
     try:
         assert stubborn.stdout.readline().strip() == "ready"
         started = time.monotonic()
-        killed = terminate([stubborn.pid, polite.pid, stubborn.pid], grace_s=0.3)
+        # A grace long enough for the polite one to go on SIGTERM on a busy machine.
+        killed = terminate([stubborn.pid, polite.pid, stubborn.pid], grace_s=2.0)
         assert killed == [stubborn.pid]
-        assert 0.3 <= time.monotonic() - started < 3
-        assert stubborn.wait(timeout=5) == -signal.SIGKILL
-        assert polite.wait(timeout=5) == -signal.SIGTERM
+        assert 2.0 <= time.monotonic() - started < 30  # the grace kept, then no hanging on
+        assert stubborn.wait(timeout=30) == -signal.SIGKILL
+        assert polite.wait(timeout=30) == -signal.SIGTERM
     finally:
         kill_all([stubborn, polite])
 
@@ -147,9 +148,9 @@ def test_terminate_skips_gone_foreign_and_zombie_processes():
     try:
         wait_until(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10)
         started = time.monotonic()
-        # pid 1 and this process are never signalled; a zombie counts as gone at once.
-        assert terminate([zombie.pid, gone.pid, 1, os.getpid()], grace_s=5) == []
-        assert time.monotonic() - started < 1
+        # pid 1 and this process are never signalled; a zombie counts as gone at once (long before the grace).
+        assert terminate([zombie.pid, gone.pid, 1, os.getpid()], grace_s=60) == []
+        assert time.monotonic() - started < 30
     finally:
         zombie.wait()
 
@@ -180,7 +181,7 @@ def test_terminate_ends_a_whole_process_group():
         killed = terminate((), 2.0, groups=[stubborn.pid, polite.pid], reap=lambda: (stubborn.poll(), polite.poll()))
         took = time.monotonic() - started
         assert killed == [stubborn.pid]
-        assert 2.0 <= took < 8
+        assert 2.0 <= took < 30  # the grace kept, then no hanging on
         assert stubborn.returncode == -signal.SIGKILL and polite.returncode is not None
         assert not any(alive(pid) for pid in members)
         assert not any(alive(pid) for pid in group_members(stubborn.pid) + group_members(polite.pid))
@@ -190,5 +191,5 @@ def test_terminate_ends_a_whole_process_group():
 
 def test_terminate_never_signals_its_own_group_or_init():
     started = time.monotonic()
-    assert terminate((), grace_s=5, groups=[os.getpgrp(), 1, 0]) == []
-    assert time.monotonic() - started < 1
+    assert terminate((), grace_s=60, groups=[os.getpgrp(), 1, 0]) == []
+    assert time.monotonic() - started < 30  # nothing signalled: the grace is never waited
