@@ -3,8 +3,12 @@ message or printed by `gpupool submit --dry-run`, and a presigned URL is no `che
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,3 +84,33 @@ def test_storage_errors_never_show_a_urls_password(tmp_path, s3_server, monkeypa
         assert done.returncode == 2, done.stderr
         (line,) = done.stderr.strip().splitlines()
         assert "zzSECRET" not in line and f"://{REDACTED}@" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads as another local user: needs root")
+def test_a_local_jobs_spec_and_logs_are_its_owners_only():
+    shared = Path(tempfile.mkdtemp(prefix="gpupool-jobs-", dir="/tmp"))  # pytest's tmp_path is root's alone
+    try:
+        shared.chmod(0o755)
+        spec = _spec(env=SECRETS)
+        spec["roles"]["worker"]["command"] = ["true"]
+        (shared / "job.yaml").write_text(yaml.safe_dump(spec))
+        state = shared / "state"
+        done = subprocess.run(
+            [sys.executable, "-m", "gpupool", "submit", str(shared / "job.yaml"), "--state", str(state), "-f"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        spec_file = state / "jobs" / "secrets" / "spec.json"
+        assert "zzSECRET" in spec_file.read_text()  # kept as written: the job needs it
+        assert stat.S_IMODE((state / "jobs").stat().st_mode) == 0o700
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import os; os.setgid(60003); os.setuid(60003); open({str(spec_file)!r}).read()"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert probe.returncode != 0 and "PermissionError" in probe.stderr, probe.stderr
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -193,14 +193,19 @@ def _check_private(server_factory, state: Path) -> None:
     old = server_factory(state=state)
     assert _claim(old, HALF, ttl_s=600).status_code == 201
     old.stop()
-    for path in [state, *state.iterdir()]:
+    widened = [state, *(p for p in state.iterdir() if p.name.startswith(("pool.", "server.")))]
+    for path in widened:
         path.chmod(0o755 if path.is_dir() else 0o644)
+    assert any(p.name == "pool.db" for p in widened)
+    (state / "notes.txt").write_text("the operator's own file\n")
+    (state / "notes.txt").chmod(0o644)
     server = server_factory(state=state)
     assert _claim(server, HALF, ttl_s=600).status_code == 201
-    files = {p.name: _mode(p) for p in state.iterdir() if p.is_file()}
-    assert {"pool.db", "pool.db-wal", "pool.db-shm", "pool.id", "server.lock"} <= set(files), files
+    files = {p.name: _mode(p) for p in state.iterdir() if p.is_file() and p.name != "notes.txt"}
+    assert {"pool.db", "pool.db-wal", "pool.db-shm", "pool.id", "server.lock", "attest.key"} <= set(files), files
     assert set(files.values()) == {0o600}, files
     assert _mode(state) == 0o711
+    assert _mode(state / "notes.txt") == 0o644  # not gpupool's: left as it was
     # Another local user can neither read the database nor list the folder, but still reaches the
     # attestation socket (its `gpupool run` must attest).
     probe = _as_other_user(

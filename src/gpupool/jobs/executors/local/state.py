@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ....client.embedded import default_state_dir
 from ....core.errors import InvalidInput, NotFound
+from ....store.private import private_folder
 from ...phase import Phase
 
 
@@ -101,6 +102,7 @@ class JobStore:
                     f"job {name!r} is {old.status}: cancel it (gpupool cancel {name}) or change 'name' in the spec"
                 )
             shutil.rmtree(path)
+        private_folder(self.root)  # specs with their env, logs: the owner's only (store.private)
         (path / "logs").mkdir(parents=True, exist_ok=True)
         _write_json(path / "spec.json", spec)
         self.save(state)
