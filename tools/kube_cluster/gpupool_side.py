@@ -111,7 +111,8 @@ class GpupoolSide:
 
     @property
     def agent_token_file(self) -> Path:
-        return self.state / "agent-token"
+        """The agents' admin token, which `gpupool kube certs` writes beside the certificates."""
+        return self.tls / "agent-token"
 
     @property
     def webhook_url(self) -> str:
@@ -125,11 +126,6 @@ class GpupoolSide:
         self.pids.mkdir(parents=True, exist_ok=True)
         if not (self.tls / "tls.crt").exists():
             self._gpupool("kube", "certs", "--out", str(self.tls), "--ip", "127.0.0.1")
-        if not self.agent_token_file.exists():
-            import secrets
-
-            self.agent_token_file.write_text(secrets.token_urlsafe(32) + "\n")
-            self.agent_token_file.chmod(0o600)
         self.webhook_port = self.webhook_port or free_port(["127.0.0.1"])
         self.agent_port = self.agent_port or free_port([node_ip(i) for i in range(self.nodes)])
         return self
