@@ -43,7 +43,7 @@ def test_queue_show_lists_the_order_that_then_happens(server_factory, tmp_path: 
     try:
         for label, queue, priority in (("a1", "a", 0), ("b1", "b", 0), ("a2", "a", 5)):
             runs[label] = subprocess.Popen(
-                [sys.executable, "-m", "gpupool", "run", "-q", "--server", server.url, "--wait", "120"]
+                [sys.executable, "-m", "gpupool", "run", "-q", "--server", server.url, "--wait", "600"]
                 + ["-p", "1", "--queue", queue, "--priority", str(priority), "--label", label]
                 + ["--", "sh", "-c", script, label],
                 env=env,
@@ -51,7 +51,7 @@ def test_queue_show_lists_the_order_that_then_happens(server_factory, tmp_path: 
                 text=True,
             )
             count = len(runs)
-            wait_until(lambda n=count: len(shown(env, server.url)) == n, 30, f"{label} waiting")
+            wait_until(lambda n=count: len(shown(env, server.url)) == n, 60, f"{label} waiting")
 
         listed = shown(env, server.url)
         order = [w["label"] for w in listed]
@@ -69,7 +69,7 @@ def test_queue_show_lists_the_order_that_then_happens(server_factory, tmp_path: 
         started: List[str] = []
         for step, blocker in enumerate(blockers):
             assert httpx.delete(f"{server.url}/v1/leases/{blocker}", headers=admin).status_code == 200
-            wait_until(lambda n=step + 1: len(list(flags.glob("*.started"))) == n, 30, f"a run started at step {step}")
+            wait_until(lambda n=step + 1: len(list(flags.glob("*.started"))) == n, 60, f"a run started at step {step}")
             (new,) = {p.name.split(".")[0] for p in flags.glob("*.started")} - set(started)
             started.append(new)
             assert [w["label"] for w in shown(env, server.url)] == order[step + 1 :]
