@@ -48,10 +48,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _print_counts(args: argparse.Namespace, counts: Dict[str, int]) -> None:
+    from gpupool.train.storage import redact  # a URL's password or signature is never printed
+
+    to = redact(str(args.to))
     if args.json:
-        print(json.dumps({"to": str(args.to), "classes": counts, "images": sum(counts.values())}))
+        print(json.dumps({"to": to, "classes": counts, "images": sum(counts.values())}))
     else:
-        print(f"wrote {sum(counts.values())} images in {len(counts)} classes to {args.to}", file=sys.stderr)
+        print(f"wrote {sum(counts.values())} images in {len(counts)} classes to {to}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -66,7 +69,7 @@ def _target(to: str) -> Iterator[Path]:
     storage.require_bucket(to)  # before minutes of extraction, not after
     with tempfile.TemporaryDirectory(prefix="gpupool-data-") as tmp:
         yield Path(tmp)
-        print(f"copying to {to}", file=sys.stderr)
+        print(f"copying to {storage.redact(to)}", file=sys.stderr)
         storage.put_tree(tmp, to)
 
 

@@ -62,8 +62,8 @@ class RunPlace:
         return self.url is not None
 
     def shown(self) -> str:
-        """The name people know the run by."""
-        return self.url or str(self.local)
+        """The name people know the run by (a URL's password or signature as ***)."""
+        return storage.redact(self.url) if self.url else str(self.local)
 
     def pull(self) -> None:
         """Make the local copy what the bucket holds (its state files; checkpoints come with
@@ -89,7 +89,7 @@ class RunPlace:
                 storage.get_file(storage.join(folder, name), self.local / checkpoint.CHECKPOINT_FILE)
                 ckpt = checkpoint.load(self.local)
             except Exception as err:  # a torn or foreign file: the one before it is the state
-                log.warning("skipping checkpoint %s: %s", storage.join(folder, name), err)
+                log.warning("skipping checkpoint %s: %s", storage.redact(storage.join(folder, name)), err)
                 continue
             if ckpt is not None:
                 return ckpt

@@ -59,22 +59,30 @@ SECRET_QUERY_KEYS = frozenset(
 )
 REDACTED = "***"
 # scheme://USER:PASSWORD@ (the password up to the last '@' before a space or a quote: an AWS secret key
-# has '/' in it, and people write a raw '@') or scheme://TOKEN@ (up to the path).
-_USERINFO_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/\s'\"@:]*:[^\s'\"]*|[^/\s'\"@:]+)@")
+# has '/' in it, and people write a raw '@') or scheme://TOKEN@ (up to the path) ...
+_USERINFO_RE = re.compile(r"(\b([A-Za-z][A-Za-z0-9+.-]*)://)(?:[^/\s'\"@:]*:[^\s'\"]*|[^/\s'\"@:]+)@")
+# ... but for Azure's CONTAINER@ACCOUNT (adlfs' own form), which names no secret.
+_CONTAINER_AT_ACCOUNT = frozenset({"az", "abfs", "abfss"})
 _SECRET_QUERY_RE = re.compile(
     r"([?&](?:" + "|".join(re.escape(k) for k in sorted(SECRET_QUERY_KEYS)) + r")=)[^&#\s'\"]*", re.IGNORECASE
 )
 
 
+def _is_userinfo(match: re.Match[str]) -> bool:
+    return ":" in match.group(0)[len(match.group(1)) :] or match.group(2).lower() not in _CONTAINER_AT_ACCOUNT
+
+
 def redact(text: str) -> str:
     """`text` with each URL's user and password, and each signature or credential of a query, as ***:
     for any message or printout that may hold a URL someone wrote with a secret in it."""
-    return _SECRET_QUERY_RE.sub(rf"\g<1>{REDACTED}", _USERINFO_RE.sub(rf"\g<1>{REDACTED}@", text))
+    hidden = _USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}@" if _is_userinfo(m) else m.group(0), text)
+    return _SECRET_QUERY_RE.sub(rf"\g<1>{REDACTED}", hidden)
 
 
 def has_userinfo(url: str) -> bool:
     """Whether `url` names a user, a password or a token before its host (what `redact` hides)."""
-    return _USERINFO_RE.match(url.strip()) is not None
+    match = _USERINFO_RE.match(url.strip())
+    return match is not None and _is_userinfo(match)
 
 
 def secret_query_keys(url: str) -> List[str]:
