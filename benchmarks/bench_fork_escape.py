@@ -16,9 +16,10 @@ STILL_S within --window-s and no hopper process is found then; gone_s is the tim
 clock's start to its last stamp (its last sign of life: it died within a stamp period of it). A
 look at /proc alone cannot tell: no pid of the hopper lives long enough to be listed and read.
 A hopper that escaped is stopped by its stop file after the window. --before REV runs the same against REV's src/ (git archive) first,
-for the figures before the fix. Writes benchmarks/results/fork-escape.json.
+for the figures before the fix; --v1 runs the code now once more in the cgroup v1 freezer
+(`after_v1`). Writes benchmarks/results/fork-escape.json.
 
-    python benchmarks/bench_fork_escape.py [--runs 20] [--before 8555a61~1]
+    python benchmarks/bench_fork_escape.py [--runs 20] [--before 8555a61~1] [--v1]
 """
 
 from __future__ import annotations
@@ -97,13 +98,15 @@ def watch(stamp: Path, start: float, window_s: float) -> Dict[str, Any]:
     }
 
 
-def one_run(way: str, src: Path, folder: Path, window_s: float) -> Dict[str, Any]:
+def one_run(way: str, src: Path, folder: Path, window_s: float, hierarchy: str) -> Dict[str, Any]:
     folder.mkdir(parents=True)
     stamp, ended = folder / "stamp", folder / "ended"
     env = dict(os.environ, PYTHONPATH=str(src), PYTHONUNBUFFERED="1", HOME=str(folder))
     env.update(GPUPOOL_STATE=str(folder / "state"), GPUPOOL_DEVICES="emulated:1x16GiB")
     for name in ("GPUPOOL_SERVER", "GPUPOOL_CONFIG", "GPUPOOL_TOKEN", "GPUPOOL_LEASE_CGROUP"):
         env.pop(name, None)
+    if hierarchy:
+        env["GPUPOOL_LEASE_CGROUP"] = hierarchy
     argv = [sys.executable, "-m", "gpupool.cli.workload", "run", "-q", "-p", "0.5", "--"]
     runner = subprocess.Popen(
         argv + command(stamp, ended, hold=way == "kill9"),
@@ -150,7 +153,7 @@ def summary(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     }
 
 
-def measure(src: Path, runs: int, window_s: float, scratch: Path) -> Dict[str, Any]:
+def measure(src: Path, runs: int, window_s: float, scratch: Path, hierarchy: str = "") -> Dict[str, Any]:
     """Each way `runs` times against `src`: {"src", way: summary, "runs": {way: [per run]}}."""
     which = subprocess.run(
         [sys.executable, "-c", "import gpupool; print(gpupool.__file__)"],
@@ -165,8 +168,9 @@ def measure(src: Path, runs: int, window_s: float, scratch: Path) -> Dict[str, A
     for way in WAYS:
         results = []
         for i in range(runs):
-            results.append(one_run(way, src, scratch / f"{src.parent.name}-{way}-{i}", window_s))
-            print(f"{src.parent.name} {way} {i}: {results[-1]}", file=sys.stderr, flush=True)
+            folder = scratch / f"{src.parent.name}{hierarchy}-{way}-{i}"
+            results.append(one_run(way, src, folder, window_s, hierarchy))
+            print(f"{src.parent.name} {hierarchy} {way} {i}: {results[-1]}", file=sys.stderr, flush=True)
         out[way] = summary(results)
         out["runs"][way] = results
     return out
@@ -188,6 +192,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--window-s", type=float, default=5.0, help="how long a hopper may take to be gone")
     parser.add_argument("--before", help="also measure this git revision's src/ (the code before the fix)")
+    parser.add_argument(
+        "--v1", action="store_true", help="also measure the code now in the cgroup v1 freezer (GPUPOOL_LEASE_CGROUP=v1)"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     figures: Dict[str, Any] = {
@@ -208,11 +215,15 @@ def main() -> None:
         if args.before:
             measured["before"] = measure(export_src(args.before, scratch / "before"), args.runs, args.window_s, scratch)
         measured["after"] = measure(ROOT / "src", args.runs, args.window_s, scratch)
+        if args.v1:
+            measured["after_v1"] = measure(ROOT / "src", args.runs, args.window_s, scratch, "v1")
     figures["machine"]["load_average_at_end"] = load_average()
     # The summaries first (the docs' table), each run's figures apart.
     if args.before:
         figures["before"] = {"revision": args.before, **{w: measured["before"][w] for w in WAYS}}
     figures["after"] = {w: measured["after"][w] for w in WAYS}
+    if args.v1:
+        figures["after_v1"] = {w: measured["after_v1"][w] for w in WAYS}
     figures["per_run"] = {when: m["runs"] for when, m in measured.items()}
     write_and_show(figures, args.out)
 
