@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
+from waiting import wait_until  # noqa: E402
+
 from gpupool.isolation import env as contract  # noqa: E402
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
 from gpupool.train import preempt  # noqa: E402
@@ -68,6 +70,9 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_like_an_unbroken_run(digits_
     while time.monotonic() < deadline and not _rows(out) and proc.poll() is None:
         time.sleep(0.02)
     assert _rows(out), "the first epoch never finished"
+    # Its end-of-epoch checkpoint follows the row, and the epoch-end stop check follows that: a
+    # SIGTERM sent before both would stop it after epoch 1, not in epoch 2.
+    wait_until(lambda: (out / CHECKPOINT_FILE).exists() or proc.poll() is not None, 120, "epoch 1's checkpoint")
     time.sleep(0.3)  # into epoch 2's steps (an epoch is several hundred of them)
     os.killpg(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
