@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from http_attack import Target, assert_bounded, attack, rss_mib
+from http_attack import CLOSE_SLACK_S, Target, assert_bounded, attack, rss_mib
 
 from gpupool.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV, MAX_HEADER_BYTES
 
@@ -33,8 +33,8 @@ def test_stalled_uploads_and_header_floods_leave_the_pool_server_bounded(server_
 
 
 def _exchange(port: int, request: bytes) -> bytes:
-    """Send `request`, read until the server closes (or 5 s)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    """Send `request`, read until the server closes (or 60 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(request)
         answer = b""
         while True:
@@ -68,7 +68,7 @@ def test_a_stalled_body_gets_408_within_the_cap_even_with_a_token(server_factory
         b"POST /v1/leases HTTP/1.1\r\nHost: localhost\r\n" + auth + b"Content-Length: 100\r\n\r\n{",
     )
     assert answer.startswith(b"HTTP/1.1 408") and b'"code":"timeout"' in answer, answer[:200]
-    assert CAP_S - 0.1 <= time.monotonic() - started <= CAP_S + 1.5
+    assert CAP_S - 0.1 <= time.monotonic() - started <= CAP_S + CLOSE_SLACK_S  # by the cap, not a later timer
 
 
 def test_an_idle_or_half_sent_head_is_closed_within_the_cap(server_factory, short_caps):
@@ -78,5 +78,5 @@ def test_an_idle_or_half_sent_head_is_closed_within_the_cap(server_factory, shor
     for request in (b"", b"GET /healthz HTTP/1.1\r\nHost: local"):
         started = time.monotonic()
         assert _exchange(_port(server.url), request) == b""
-        assert time.monotonic() - started <= CAP_S + 1.5
+        assert time.monotonic() - started <= CAP_S + CLOSE_SLACK_S  # by the cap, not the 30 s default
     assert rss_mib(server.proc.pid) > 0  # still serving
