@@ -1,5 +1,5 @@
-"""`gpupool claim hold|release|priority CLAIM_ID`: act on a waiting claim, as `scontrol hold`,
-`release` and `update Priority=` do on a pending job; and the list `gpupool queue show` prints.
+"""`gpupool claim hold|release|cancel|priority CLAIM_ID`: act on a waiting claim, as `scontrol hold`,
+`release`, `scancel` and `update Priority=` do on a pending job; and the list `gpupool queue show` prints.
 
 A claim's id is its ticket, the ID column of `gpupool queue show`. Its holder or an admin may
 act on it; a held claim keeps its place but grants pass it over until it is released.
@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from ..core.errors import ClaimCancelled
 from .groups import help_when_bare
 from .pool_options import add_pool_arguments, connect_one, print_pool
 
@@ -22,10 +23,10 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `claim` with its subcommands hold, release and priority."""
+    """Add `claim` with its subcommands hold, release, cancel and priority."""
     p = subparsers.add_parser(
         "claim",
-        help="hold, release or reprioritise a waiting claim (yours, or any as admin)",
+        help="hold, release, cancel or reprioritise a waiting claim (yours, or any as admin)",
         description="Act on a claim waiting in the pool's queue (its ID: `gpupool queue show`). A held claim "
         "keeps its place but is passed over by grants until released; its priority orders it within its queue.",
     )
@@ -33,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for name, help_line, handler in (
         ("hold", "keep a waiting claim in the queue but let no grant take it", handle_hold),
         ("release", "let grants take a held claim again, in its place", handle_release),
+        (
+            "cancel",
+            f"take a waiting claim out of the queue: its `gpupool run` exits {ClaimCancelled.exit_code} unrun",
+            handle_cancel,
+        ),
     ):
         s = sub.add_parser(name, help=help_line)
         s.add_argument("claim_id", metavar="CLAIM_ID", help="the claim's id (ID of `gpupool queue show`)")
@@ -57,6 +63,12 @@ def handle_release(args: argparse.Namespace) -> int:
     with connect_one(args, "gpupool claim release") as client:
         claim = client.release_claim(args.claim_id)
     return _said(client, claim, f"released: it waits at position {claim.position}")
+
+
+def handle_cancel(args: argparse.Namespace) -> int:
+    with connect_one(args, "gpupool claim cancel") as client:
+        claim = client.cancel_claim(args.claim_id)
+    return _said(client, claim, "cancelled: it left the queue, and its waiting run exits without running its command")
 
 
 def handle_priority(args: argparse.Namespace) -> int:

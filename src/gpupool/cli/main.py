@@ -35,7 +35,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "suspend": ("status", "park a lease's GPU state in host memory and free its GPUs (yours, or any as admin)"),
     "resume": ("status", "bring a suspended lease back when there is room (yours, or any as admin)"),
     "queue": ("queue", "team queues: quotas in GPUs, borrowing weights, limits"),
-    "claim": ("claim", "hold, release or reprioritise a waiting claim (yours, or any as admin)"),
+    "claim": ("claim", "hold, release, cancel or reprioritise a waiting claim (yours, or any as admin)"),
     "usage": ("usage", "GPU-hours per queue, holder or label since a time"),
     "train": ("train", "train an image classifier on DIR/<class>/*.jpg"),
     "predict": ("predict", "classify images with a trained model"),

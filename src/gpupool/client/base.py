@@ -108,6 +108,10 @@ class PoolClient(abc.ABC):
         """Let grants take a held claim again, in the place its ticket gives it."""
 
     @abc.abstractmethod
+    def cancel_claim(self, claim_id: str) -> WaitingClaim:
+        """Take a waiting claim out of the queue (its holder or an admin); its waiter exits ClaimCancelled."""
+
+    @abc.abstractmethod
     def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
         """Change a waiting claim's priority: its order within its queue."""
 

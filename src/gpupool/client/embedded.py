@@ -128,6 +128,9 @@ class EmbeddedPoolClient(PoolClient):
     def release_claim(self, claim_id: str) -> WaitingClaim:
         return self._pool.unhold(claim_id)
 
+    def cancel_claim(self, claim_id: str) -> WaitingClaim:
+        return self._pool.cancel_claim(claim_id)
+
     def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
         return self._pool.set_priority(claim_id, priority)
 

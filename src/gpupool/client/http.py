@@ -177,6 +177,9 @@ class HttpPoolClient(PoolClient):
     def release_claim(self, claim_id: str) -> WaitingClaim:
         return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/release", {}))
 
+    def cancel_claim(self, claim_id: str) -> WaitingClaim:
+        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/cancel", {}))
+
     def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
         body = {"priority": priority}
         return WaitingClaim.from_dict(self.request("PUT", f"/v1/claims/{_quote(claim_id)}/priority", body))

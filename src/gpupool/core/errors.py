@@ -105,6 +105,15 @@ class Forbidden(GpupoolError):
     exit_code = 2
 
 
+class ClaimCancelled(GpupoolError):
+    """A waiting claim was cancelled (`gpupool claim cancel`, by its holder or an admin) before it
+    was granted: its command never started."""
+
+    code = "claim_cancelled"
+    http_status = 410
+    exit_code = 11
+
+
 class StateLocked(GpupoolError):
     """Another server already owns this state directory."""
 
@@ -179,6 +188,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     StateLocked,
     ServerUnreachable,
     LeaseLost,
+    ClaimCancelled,  # after LeaseLost: a bare 410 reads as a lost lease
     StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
     Preempted,  # after Unavailable: a bare 409 reads as a full pool
     CheckpointFailed,  # after GpupoolError: a bare 500 reads as a server error

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import (
     NO_ROOM_ADVICE,
+    ClaimCancelled,
     Forbidden,
     GpupoolError,
     InvalidClaim,
@@ -69,6 +70,8 @@ from ..core.outage import TICKET_REATTACH_S
 from ..core.placement import could_ever_fit, place
 from ..core.status import PoolStatus, WaitingClaim
 from ..core.suspension import BY_ADMIN, BY_OWNER, DEFAULT_PREEMPT_MODE, check_preempt_mode
+from ..devices.health import is_emulated
+from ..isolation.emulated_usage import DEFAULT_USAGE_FILE
 from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
@@ -101,6 +104,8 @@ POLL_MAX_S = 0.1
 # meta keys of the node-wide records every view reads
 ISOLATION_KEY = "isolation"
 USAGE_KEY = "usage"
+# meta key prefix: the note a cancelled claim's waiter reads once (who cancelled ticket N)
+CANCELLED_KEY = "cancelled."
 # A waiting claim's reason is kept to this length for status.
 MAX_REASON_CHARS = 500
 # Pool.watch reads the lease this often.
@@ -123,6 +128,7 @@ class Waiter:
     begun: float = field(default_factory=time.monotonic)  # when its wait began (waiter_pauses counts from it)
     key: str = ""  # the client's key of the claim: a retry (after a restart) finds its ticket or lease
     noted: str = ""  # the reason last written to its ticket, for status
+    cancelled: str = ""  # who cancelled it (`gpupool claim cancel`): its poll raises ClaimCancelled
 
 
 @dataclass
@@ -400,7 +406,7 @@ class Pool:
 
     def _take_ticket(self, tx: Tx, claim: Claim, holder: Holder, now: float, key: str = "") -> int:
         """A place in the queue for `claim`, held while this process polls it (see TICKET_TTL_S)."""
-        return tx.add_ticket(
+        ticket = tx.add_ticket(
             claim.to_dict(),
             holder.to_dict(),
             self._host,
@@ -411,6 +417,8 @@ class Pool:
             priority=claim.priority,
             key=key,
         )
+        tx.take_meta(f"{CANCELLED_KEY}{ticket}")  # a cancelled ticket's id taken again: its note is not this one's
+        return ticket
 
     def _begin_in_queue(
         self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
@@ -488,15 +496,25 @@ class Pool:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
         with self._write() as (tx, view):
             lease = self._try_grant(tx, view, waiter)
-            if lease is None:
+            if lease is None and not waiter.cancelled:
                 _note_reason(tx, waiter)
-            return lease
+        if waiter.cancelled:  # after COMMIT: the note is read once
+            raise ClaimCancelled(
+                f"claim {waiter.ticket} ({waiter.claim.describe()}) was cancelled by {waiter.cancelled} "
+                "while it waited (`gpupool claim cancel`): the command did not run"
+            )
+        return lease
 
     def _try_grant(self, tx: Tx, view: _View, waiter: Waiter) -> Optional[Lease]:
         now = self.clock()
         self._due(tx, view, now)
         view.tickets = None
         kept = tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S)
+        if kept is None:
+            by = tx.take_meta(f"{CANCELLED_KEY}{waiter.ticket}")
+            if by is not None:
+                waiter.cancelled = by
+                return None
         if kept is None:
             # We were silent long enough to be taken for dead: queue again, at the back.
             waiter.ticket = self._take_ticket(tx, waiter.claim, waiter.holder, now, waiter.key)
@@ -681,7 +699,13 @@ class Pool:
             _usage_report(usage),
             tuple(queues),
             tuple(w._replace(reason=told.get(w.ticket) or w.reason) for w in listed),
+            self.emulated_usage_file(devices),
         )
+
+    def emulated_usage_file(self, devices: Optional[Sequence[Device]] = None) -> str:
+        """The usage file this pool keeps for its emulated GPUs ("" when it has none of them)."""
+        chosen = self.devices() if devices is None else devices
+        return str(self.state_dir / DEFAULT_USAGE_FILE) if any(is_emulated(d.uuid) for d in chosen) else ""
 
     # --- queues and accounting ---------------------------------------------------
     def queues(self) -> List[QueueStatus]:
@@ -900,6 +924,31 @@ class Pool:
         return self._change_ticket(
             claim_id, requester, "change the priority of", lambda tx, ticket: tx.set_ticket_priority(ticket, value)
         )
+
+    def cancel_claim(self, claim_id: object, requester: Optional[str] = None) -> WaitingClaim:
+        """Take waiting claim `claim_id` out of the queue (its holder or an admin; `requester` None
+        acts as admin): its waiter's next poll raises ClaimCancelled naming who. Returns the claim
+        as `waiting` listed it."""
+        ticket = _ticket_id(claim_id)
+        with self._write() as (tx, view):
+            now = self.clock()
+            self._due(tx, view, now)
+            holder = tx.ticket_holder(ticket)
+            if holder is None:
+                raise NotFound(_no_claim(claim_id))
+            if requester is not None and requester != holder:
+                raise Forbidden(
+                    f"claim {ticket} is waiting for {holder!r}, not {requester!r}: "
+                    "only its holder or an admin token may cancel it"
+                )
+            found = [w for w in self._waiting_in_order(tx, view.devices, now) if w.ticket == ticket]
+            if not found:
+                raise NotFound(_no_claim(claim_id))
+            tx.delete_ticket(ticket)
+            tx.set_meta(f"{CANCELLED_KEY}{ticket}", "an admin" if requester is None else f"its holder {requester!r}")
+            view.tickets = None
+        log.info("claim %d of %s cancelled by %s", ticket, holder, requester or "an admin")
+        return found[0]
 
     def _change_ticket(
         self, claim_id: object, requester: Optional[str], verb: str, change: Callable[[Tx, int], None]

@@ -321,7 +321,7 @@ class ReleaseRequest(_Body):
 
 
 class HoldRequest(_Body):
-    """The body of POST /v1/claims/{id}/hold and /release: nothing (an empty object)."""
+    """The body of POST /v1/claims/{id}/hold, /release and /cancel: nothing (an empty object)."""
 
     model_config = ConfigDict(extra="forbid")
 

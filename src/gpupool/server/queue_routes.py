@@ -1,5 +1,5 @@
 """The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`, the waiting
-claims (`GET /v1/queue`) and their hold, release and priority (`/v1/claims/{id}/...`).
+claims (`GET /v1/queue`) and their hold, release, cancel and priority (`/v1/claims/{id}/...`).
 
 Listing queues, waiting claims and usage needs any valid token; creating, changing and deleting a
 queue needs an admin token; holding, releasing and reprioritising a waiting claim its holder's
@@ -49,6 +49,14 @@ async def hold(claim_id: str, request: Request, api: Api, identity: Caller) -> R
 async def unhold(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
     validated(HoldRequest, json_object(await read_body(request)))
     return json_response((await run_in_threadpool(api.pool.unhold, claim_id, identity.requester)).to_dict())
+
+
+@claim_routes.post(
+    "/{claim_id}/cancel", summary="Cancel a waiting claim: it leaves the queue, its waiter is told (holder or admin)"
+)
+async def cancel(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
+    validated(HoldRequest, json_object(await read_body(request)))
+    return json_response((await run_in_threadpool(api.pool.cancel_claim, claim_id, identity.requester)).to_dict())
 
 
 @claim_routes.put("/{claim_id}/priority", summary="Change a waiting claim's priority in its queue (holder or admin)")

@@ -340,6 +340,7 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/v1/queue", "get"): (200, "WaitingList", (401, 404, 503)),
     ("/v1/claims/{claim_id}/hold", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/claims/{claim_id}/release", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
+    ("/v1/claims/{claim_id}/cancel", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/claims/{claim_id}/priority", "put"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
     ("/v1/usage", "get"): (200, "UsageBody", (400, 401, 503)),
     ("/v1/history", "get"): (200, "HistoryBody", (400, 401, 503)),
@@ -359,6 +360,7 @@ REQUEST_BODIES = {
     ("/v1/leases/{lease_id}", "delete"): ReleaseRequest.__name__,
     ("/v1/claims/{claim_id}/hold", "post"): HoldRequest.__name__,
     ("/v1/claims/{claim_id}/release", "post"): HoldRequest.__name__,
+    ("/v1/claims/{claim_id}/cancel", "post"): HoldRequest.__name__,
     ("/v1/claims/{claim_id}/priority", "put"): PriorityRequest.__name__,
 }
 _DESCRIPTIONS = {

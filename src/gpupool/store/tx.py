@@ -48,6 +48,11 @@ class Tx:
             (key, value),
         )
 
+    def take_meta(self, key: str) -> Optional[str]:
+        """The value of `key`, deleted as it is read (a note read once); None when there is none."""
+        row = self.conn.execute("DELETE FROM meta WHERE key = ? RETURNING value", (key,)).fetchone()
+        return row[0] if row else None
+
     # --- devices --------------------------------------------------------------
     def devices_generation(self) -> int:
         """Bumped by every change to the device table, so callers can cache devices."""
