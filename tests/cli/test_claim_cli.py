@@ -1,7 +1,7 @@
 """Issue 25: `gpupool claim hold|release|priority CLAIM_ID`, as `scontrol hold/release/update
 Priority=` do, on a real server with two tenants and real waiting `gpupool run`s: a held claim is
 passed over by grants and gets its place back when released, a priority reorders, a stranger gets
-403 (CLI exit 2), an unknown id one line naming it (404, CLI exit 4)."""
+403 (CLI exit 10), an unknown id one line naming it (404, CLI exit 4)."""
 
 from __future__ import annotations
 

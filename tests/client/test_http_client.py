@@ -118,7 +118,7 @@ def test_errors_come_back_as_their_classes(server):
 def test_missing_or_wrong_token_says_how_to_fix_it(server, token, hint):
     with pytest.raises(Unauthorized, match=hint) as info:
         HttpPoolClient(server.url, token=token).status()
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 10  # its own code, apart from a usage error (issue 36 item 4)
     assert "GPUPOOL_TOKEN" in info.value.message
     assert info.value.message.count("gpupool token create") <= 1, "one piece of advice, said once"
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from .pool_options import print_pool
 
-EXAMPLES = """exit codes: 0 healthy, 1 a broken invariant (each one named), 7 the database is damaged.
+EXAMPLES = """its verdict: exit 0 healthy, 1 a broken invariant (each one named), 7 the database is damaged.
 
 examples:
   gpupool doctor --state /var/lib/gpupool

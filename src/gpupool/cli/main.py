@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .. import __version__, logs
-from ..core.errors import GpupoolError
+from ..core.errors import GpupoolError, exit_codes_help
 
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -68,6 +68,8 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     parser = argparse.ArgumentParser(
         prog="gpupool",
         description="Pool GPUs and share them fractionally between training jobs.",
+        epilog=exit_codes_help(),
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
@@ -84,7 +86,31 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
                 importlib.import_module(f"{__package__}.{module}").register(subparsers)
         elif chosen is None:
             subparsers.add_parser(name, help=help_line, add_help=False)
+    _state_exit_codes(parser, exit_codes_help())
     return parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but a text of several lines (the exit codes, examples) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip():
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _state_exit_codes(parser: argparse.ArgumentParser, codes: str) -> None:
+    """Every registered verb's --help (subcommands' too) ends with the exit codes (core.errors)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in set(action.choices.values()):
+            if not sub.add_help:  # a placeholder of an unloaded command: no help of its own
+                continue
+            sub.epilog = f"{sub.epilog.rstrip()}\n\n{codes}" if sub.epilog else codes
+            if sub.formatter_class is argparse.HelpFormatter:
+                sub.formatter_class = _HelpFormatter
+            _state_exit_codes(sub, codes)
 
 
 def command_of(argv: Sequence[str]) -> Optional[str]:

@@ -30,6 +30,9 @@ class GpupoolError(Exception):
     code = "error"  # stable machine-readable name, sent as error.code over HTTP
     http_status = 500
     exit_code = 1
+    # What its exit code means, in every verb's --help (exit_codes_help); the first class of each
+    # exit code in _CLASSES says it.
+    meaning = "an error; the message says which"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -46,6 +49,7 @@ class InvalidInput(GpupoolError):
     code = "invalid_input"
     http_status = 400
     exit_code = 2
+    meaning = "bad usage or input (a flag, a value, a file): the message names it"
 
 
 class InvalidClaim(InvalidInput):
@@ -79,6 +83,7 @@ class Unavailable(GpupoolError):
     code = "unavailable"
     http_status = 409
     exit_code = 3
+    meaning = "no room for the claim now, and its wait ran out"
 
 
 class NotFound(GpupoolError):
@@ -87,6 +92,7 @@ class NotFound(GpupoolError):
     code = "not_found"
     http_status = 404
     exit_code = 4
+    meaning = "no such lease, claim, queue, job or token"
 
 
 class Unauthorized(GpupoolError):
@@ -94,7 +100,8 @@ class Unauthorized(GpupoolError):
 
     code = "unauthorized"
     http_status = 401
-    exit_code = 2
+    exit_code = 10
+    meaning = "the pool refused the token: none or a wrong one (401), or not allowed to do this (403)"
 
 
 class Forbidden(GpupoolError):
@@ -102,7 +109,7 @@ class Forbidden(GpupoolError):
 
     code = "forbidden"
     http_status = 403
-    exit_code = 2
+    exit_code = 10
 
 
 class ClaimCancelled(GpupoolError):
@@ -112,6 +119,7 @@ class ClaimCancelled(GpupoolError):
     code = "claim_cancelled"
     http_status = 410
     exit_code = 11
+    meaning = "the waiting claim was cancelled (`gpupool claim cancel`): its command did not start"
 
 
 class StateLocked(GpupoolError):
@@ -128,6 +136,7 @@ class ServerUnreachable(GpupoolError):
     code = "server_unreachable"
     http_status = 503
     exit_code = 5
+    meaning = "no pool server answered"
 
 
 class LeaseLost(GpupoolError):
@@ -137,6 +146,7 @@ class LeaseLost(GpupoolError):
     code = "lease_lost"
     http_status = 410
     exit_code = 6
+    meaning = "the lease ended while its command ran (released, revoked, expired)"
 
 
 class StateUnusable(GpupoolError):
@@ -145,6 +155,7 @@ class StateUnusable(GpupoolError):
     code = "state_unusable"
     http_status = 503
     exit_code = 7
+    meaning = "the state dir's database is damaged, read-only or full"
 
 
 class Preempted(GpupoolError):
@@ -153,6 +164,7 @@ class Preempted(GpupoolError):
     code = "preempted"
     http_status = 409
     exit_code = 8
+    meaning = "the lease was preempted and the run had no --requeue"
 
 
 class CheckpointFailed(GpupoolError):
@@ -172,6 +184,7 @@ class NotAttested(GpupoolError):
     code = "not_attested"
     http_status = 503
     exit_code = 9
+    meaning = "the node did not attest the run: its command did not start"
 
 
 # General classes before their subclasses: the first class of an HTTP status is its reading.
@@ -198,6 +211,16 @@ _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}
 for _cls in _CLASSES:
     _BY_STATUS.setdefault(_cls.http_status, _cls)
+
+
+def exit_codes_help() -> str:
+    """The `exit codes:` paragraph of every verb's --help, one line per code, from the classes above."""
+    meanings: Dict[int, str] = {0: "success"}
+    for cls in _CLASSES:
+        meanings.setdefault(cls.exit_code, cls.meaning)
+    lines = [f"  {code:<3} {meanings[code]}" for code in sorted(meanings)]
+    lines.append("  N   `gpupool run`, `kernel` and jobs: the command's own exit code (128+S: killed by signal S)")
+    return "exit codes:\n" + "\n".join(lines) + "\n"
 
 
 def error_for_status(status: int, message: str) -> GpupoolError:
