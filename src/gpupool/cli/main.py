@@ -19,7 +19,7 @@ from .. import __version__, logs
 from ..core.errors import GpupoolError, exit_codes_help
 
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 # Command -> (cli module that registers it, its line in `gpupool --help`); the order here is the
 # order of `gpupool --help`. tests/cli/test_main.py checks that each module registers exactly
@@ -65,7 +65,7 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
     module); the other commands are placeholders, there only for help and for the error that
     lists them, so a known `load` gets none (None or an unknown name: all placeholders).
     """
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="gpupool",
         description="Pool GPUs and share them fractionally between training jobs.",
         epilog=exit_codes_help(),
@@ -88,6 +88,70 @@ def build_parser(modules: Iterable[str] = (), load: Optional[str] = ALL) -> argp
             subparsers.add_parser(name, help=help_line, add_help=False)
     _state_exit_codes(parser, exit_codes_help())
     return parser
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse's parser that answers a typo with the nearest verb or flag (`gpupool stauts`: did
+    you mean 'status'?), as argparse does only from Python 3.14; still exit 2. Subparsers are of
+    this class too (add_subparsers makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        import re
+
+        found = re.match(r"(argument .*: invalid choice: )('.*?') \(choose from (.*)\)$", message, re.S)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(3))
+            near = _nearest(found.group(2).strip("'"), choices)
+            hint = f"did you mean {near!r}? " if near else ""
+            message = f"{found.group(1)}{found.group(2)}: {hint}(choose from {found.group(3)})"
+        super().error(message)
+
+    def parse_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            deepest = _chosen(self, parsed)
+            hints = []
+            for word in extras:
+                near = _nearest_flag(deepest, word) if word.startswith("-") else None
+                hints.append(f"{word!r} (did you mean {near!r}?)" if near else repr(word))
+            deepest.error(f"unrecognized arguments: {' '.join(hints)}")
+        return parsed
+
+
+def _nearest(word: str, choices: Sequence[str]) -> Optional[str]:
+    import difflib
+
+    near = difflib.get_close_matches(word, choices, n=1)
+    return near[0] if near else None
+
+
+def _chosen(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the verb `parsed` names: its flags are the ones a typo was meant to be."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(getattr(parsed, action.dest or "", None) or "")
+            if sub is not None:
+                return _chosen(sub, parsed)
+    return parser
+
+
+def _nearest_flag(parser: argparse.ArgumentParser, word: str) -> Optional[str]:
+    """The flag of `parser` nearest to `word` (`--gpus`: '-n/--num-gpus'): by spelling, else the
+    first whose help names a word like it (`-g`: a word starting with g, 'GPUs' of -n)."""
+    typed = word.split("=", 1)[0]
+    by_flag = {flag: action for action in parser._actions for flag in action.option_strings}
+    near = _nearest(typed, list(by_flag))
+    action = by_flag[near] if near else None
+    if action is None:
+        stem = typed.lstrip("-").lower().rstrip("s")
+        for candidate in parser._actions:
+            words = [w.strip("(),.:;'`").lower() for w in (candidate.help or "").split()]
+            if not candidate.option_strings or candidate.help == argparse.SUPPRESS or not stem:
+                continue
+            if any(w.startswith(stem) if len(stem) == 1 else w.rstrip("s") == stem for w in words):
+                action = candidate
+                break
+    return "/".join(action.option_strings) if action is not None else None
 
 
 class _HelpFormatter(argparse.HelpFormatter):
