@@ -5,14 +5,17 @@ is left alone."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 
 from gpupool.isolation.env import EMULATED_USAGE_ENV
-from tests.test_queues_e2e import CLI, cli, events
+from tests.test_queues_e2e import CLI, cli, events, leases
 from tests.test_suspend_e2e import Pool, continuous, proc_state
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 INTERVAL_S = 0.5
@@ -57,3 +60,68 @@ def test_an_idle_lease_is_suspended_and_resumes_on_request(server_factory, tmp_p
         stop_file.touch()
         assert runner.wait(30) == 0, runner.stderr
     continuous(log)
+
+
+# The job of issue 36 item 1: it says, in the usage file its runner names, that it holds its GPU at 0 %.
+IDLER = """
+import json, os, sys, time
+usage, stop = os.environ["GPUPOOL_EMULATED_USAGE"], sys.argv[1]
+json.dump({os.environ["CUDA_VISIBLE_DEVICES"]: {str(os.getpid()): {"memory_mib": 1024, "utilization": 0}}}, open(usage, "w"))
+with open(stop + ".usage", "w") as told:
+    told.write(usage)
+while not os.path.exists(stop):
+    time.sleep(0.1)
+"""
+
+
+def test_emulated_gpus_idle_suspend_without_a_named_usage_file(server_factory, tmp_path: Path, monkeypatch) -> None:
+    """Issue 36 item 1: no GPUPOOL_EMULATED_USAGE anywhere; the pool keeps its own file, the runner's
+    "auto" backend is the emulated one, and a resume by hand gives the lease its whole idle limit again."""
+    monkeypatch.delenv(EMULATED_USAGE_ENV, raising=False)
+    state = tmp_path / "state"
+    server = server_factory("--usage-interval", f"{INTERVAL_S:g}", state=state)
+    env = dict(server.client_env(tmp_path), GPUPOOL_SERVER=server.url)
+    assert EMULATED_USAGE_ENV not in env
+    stop, err = tmp_path / "stop", tmp_path / "run.err"
+    command = [
+        "run",
+        "--idle-suspend",
+        f"{IDLE_S:g}s",
+        "--label",
+        "idler",
+        "--",
+        sys.executable,
+        "-c",
+        IDLER,
+        str(stop),
+    ]
+    with err.open("w") as stderr:
+        run = subprocess.Popen(CLI + command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        told = wait_until(lambda: Path(f"{stop}.usage").exists() and Path(f"{stop}.usage").read_text(), timeout=60)
+        assert told == str(state / "emulated-usage.json"), "the command is handed the pool's own usage file"
+        lease_id = wait_until(lambda: _lease(env, "idler"), timeout=60)["id"]
+        wait_until(lambda: _lease(env, "idler")["state"] == "suspended", timeout=IDLE_S + 60)
+        assert _lease(env, "idler")["suspension"]["by"] == "idle"
+        assert "1 GPU process(es) parked" in err.read_text(), "parked by the emulated backend, not refused"
+        done = subprocess.run(CLI + ["resume", lease_id], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        resumed = time.monotonic()
+        wait_until(lambda: _lease(env, "idler")["state"] == "suspended", timeout=IDLE_S + 60)
+        again = time.monotonic() - resumed
+        print(f"idle-suspended again {again:.2f} s after a resume by hand (limit {IDLE_S:g} s)")
+        # The clock restarted at the resume: never sooner than the limit (less one sample's lag).
+        assert again >= IDLE_S - INTERVAL_S, again
+        assert subprocess.run(CLI + ["resume", lease_id], env=env, capture_output=True, timeout=60).returncode == 0
+        stop.touch()
+        assert run.wait(60) == 0, err.read_text()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def _lease(env: Dict[str, str], label: str) -> Dict[str, Any]:
+    """The live lease labelled `label` ({} when there is none)."""
+    found = [x for x in leases(env) if dict(x["holder"]).get("label") == label]  # type: ignore[call-overload]
+    return dict(found[0]) if found else {}

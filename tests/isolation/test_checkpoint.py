@@ -156,9 +156,12 @@ def test_backend_named(tmp_path, monkeypatch):
     monkeypatch.setenv(EMULATED_USAGE_ENV, str(tmp_path / "u.json"))
     auto = backend_named("auto")
     assert isinstance(auto, EmulatedBackend) and auto.usage_file == str(tmp_path / "u.json")
+    monkeypatch.delenv(EMULATED_USAGE_ENV)
+    emulated = backend_named("auto", str(tmp_path / "pool.json"), emulated=True)  # the lease's GPUs say
+    assert isinstance(emulated, EmulatedBackend) and emulated.usage_file == str(tmp_path / "pool.json")
+    assert isinstance(backend_named("auto", str(tmp_path / "pool.json")), CudaBackend)
     with pytest.raises(InvalidInput, match=r"'criu' is not one of cuda, emulated, auto"):
         backend_named("criu")
-    monkeypatch.delenv(EMULATED_USAGE_ENV)
     with pytest.raises(InvalidInput, match=EMULATED_USAGE_ENV):
         backend_named("emulated")
 

@@ -91,6 +91,9 @@ class PoolStatus(NamedTuple):
     usage: Optional[UsageReport] = None  # None until the node's watchdog sampled once
     queues: Tuple[QueueStatus, ...] = ()
     waiting: Tuple[WaitingClaim, ...] = ()
+    # Where a pool of emulated GPUs keeps their usage file when GPUPOOL_EMULATED_USAGE names none
+    # ("" for real GPUs): the runner's suspend backend and its command use the same one.
+    emulated_usage: str = ""
 
     def allocated(self) -> Dict[str, int]:
         return allocated_by_device(self.leases)
@@ -113,6 +116,7 @@ class PoolStatus(NamedTuple):
             "problems": self.problems(),
             "queues": [q.to_dict() for q in self.queues],
             "waiting": [w.to_dict() for w in self.waiting],
+            "emulated_usage": self.emulated_usage,
         }
 
     @classmethod
@@ -135,6 +139,7 @@ class PoolStatus(NamedTuple):
             usage=usage,
             queues=tuple(QueueStatus.from_dict(q) for q in queues),
             waiting=tuple(WaitingClaim.from_dict(w) for w in data.get("waiting") or []),
+            emulated_usage=str(data.get("emulated_usage") or ""),
         )
 
 

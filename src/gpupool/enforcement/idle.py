@@ -6,7 +6,7 @@ emulated usage file's `utilization`); a sample that shows none of its processes,
 driver gives no share, says nothing and restarts the count. Its limit is its claim's
 `idle_suspend_s`, else its queue's (`gpupool queue set --idle-suspend`), else the node's
 (`--idle-suspend`). The suspension is the pool's (by: idle),
-so the lease's runner parks it like any other and `gpupool resume` brings it back.
+so the lease's runner parks it like any other and `gpupool resume` brings it back, and its idle clock starts again at the resume.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ class IdleReclaim:
             if not mine or any(r.utilization is None or r.utilization > 0 for r in mine):
                 continue
             watched.add(lease.id)
-            since = self._idle_since.setdefault(lease.id, now)
+            # A resume (by hand or by the pool) restarts the clock: idle time counts from it, whatever
+            # the samples before said, so a lease resumed by hand gets its whole limit again.
+            resumed = lease.suspension.since if lease.suspension is not None else 0.0
+            since = max(self._idle_since.setdefault(lease.id, now), resumed)
+            self._idle_since[lease.id] = since
             if now - since >= limit and self._suspend(lease, limit):
                 suspended.append(lease.id)
         for lease_id in list(self._idle_since):

@@ -32,6 +32,7 @@ from ..core.usage import (
 )
 from ..devices.usage import UsageSampler
 from ..isolation import proctree
+from ..isolation.emulated_usage import usage_file
 from ..pool import Pool
 from .attest import node_attestations
 from .attribution import Attributor
@@ -79,7 +80,9 @@ class Watchdog:
     ) -> None:
         self.pool = pool
         self.config = config
-        self.sampler = sampler if sampler is not None else UsageSampler(pool.devices())
+        self.sampler = (
+            sampler if sampler is not None else UsageSampler(pool.devices(), usage_file(pool.emulated_usage_file()))
+        )
         # By default the node's one registry of the pool's state dir, which its attestation socket fills.
         self.attributor = attributor or Attributor(node_attestations(pool.state_dir))
         self.clock = clock

@@ -71,18 +71,22 @@ class Backend(Protocol):
         ...
 
 
-def backend_named(name: str, usage_file: str = "") -> Backend:
-    """The backend `name` ("cuda", "emulated", "auto"); auto is emulated when EMULATED_USAGE_ENV
-    names a file. `usage_file` overrides that env for the emulated backend."""
+def backend_named(name: str, usage_file: str = "", emulated: bool = False) -> Backend:
+    """The backend `name` ("cuda", "emulated", "auto"); auto is emulated when the lease's GPUs are
+    (`emulated`) or EMULATED_USAGE_ENV names a file. `usage_file` is the file where that env names
+    none (the pool's own, PoolStatus.emulated_usage)."""
     chosen = name.strip().lower()
-    file = usage_file or os.environ.get(EMULATED_USAGE_ENV, "")
+    file = os.environ.get(EMULATED_USAGE_ENV, "").strip() or usage_file
     if chosen == "auto":
-        chosen = "emulated" if file else "cuda"
+        chosen = "emulated" if emulated or os.environ.get(EMULATED_USAGE_ENV, "").strip() else "cuda"
     if chosen == "cuda":
         return CudaBackend()
     if chosen == "emulated":
         if not file:
-            raise InvalidInput(f"the emulated suspend backend needs a usage file: set {EMULATED_USAGE_ENV}")
+            raise InvalidInput(
+                f"the emulated suspend backend needs a usage file: set {EMULATED_USAGE_ENV} to one "
+                "(a pool of emulated GPUs names its own in its status)"
+            )
         return EmulatedBackend(file)
     raise InvalidInput(f"suspend backend {name!r} is not one of {', '.join(BACKENDS)}")
 

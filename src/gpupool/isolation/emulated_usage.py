@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # A usage file is a handful of pids per GPU; a larger one is a mistake, not a sample.
 MAX_USAGE_FILE_BYTES = 1 << 20
 MAX_MIB = 2**40
+# The file an emulated pool keeps in its state dir when EMULATED_USAGE_ENV names none: its status
+# says where (PoolStatus.emulated_usage), so the server's watchdog, the runner's suspend backend and
+# the command (given it in EMULATED_USAGE_ENV) read and write the same one.
+DEFAULT_USAGE_FILE = "emulated-usage.json"
 SHAPE = '{"GPU-uuid": {"PID": MiB or {"memory_mib": MiB, "utilization": 0..1}}}'
 
 
@@ -40,6 +44,11 @@ class UsageRow:
 
 
 Usage = Dict[str, Dict[int, UsageRow]]
+
+
+def usage_file(pool_default: str = "") -> str:
+    """The emulated usage file in force: the one EMULATED_USAGE_ENV names, else the pool's own."""
+    return os.environ.get(EMULATED_USAGE_ENV, "").strip() or pool_default
 
 
 def parse_usage(data: object) -> Usage:

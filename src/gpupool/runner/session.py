@@ -16,8 +16,10 @@ from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUn
 from ..core.isolation_mode import IsolationMode
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease, local_user
 from ..core.quantity import format_mib
+from ..devices.health import is_emulated
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
-from ..isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
+from ..isolation.emulated_usage import usage_file
+from ..isolation.env import ATTEMPT_ENV, EMULATED_USAGE_ENV, PREEMPTED_ENV
 from ..logs import get_logger
 from .attest import attest_lease
 from .child import Interrupted, SignalRelay, Terminal, exit_code, start
@@ -189,6 +191,10 @@ def _run_once(
         contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")), isolation=status.isolation)
         if attempt > 1:
             contract = {**contract, PREEMPTED_ENV: "1", ATTEMPT_ENV: str(attempt)}
+        emulated = bool(lease.slices) and all(is_emulated(s.device_uuid) for s in lease.slices)
+        usage = usage_file(status.emulated_usage)
+        if emulated and usage:  # the command reports its usage where the pool samples it
+            contract = {**contract, EMULATED_USAGE_ENV: usage}
         config_file = workdir / "lease.json"
         config_file.write_text(
             json.dumps({"server": client.address, "lease": lease.to_dict(), "env": contract}, indent=2)
@@ -214,7 +220,9 @@ def _run_once(
         from .preemption import PreemptionWatch
         from .suspender import Suspender
 
-        suspender = Suspender(client, lease.id, child.pid, keep - {child.pid}, options.suspend_backend, warn)
+        suspender = Suspender(
+            client, lease.id, child.pid, keep - {child.pid}, options.suspend_backend, warn, usage, emulated
+        )
         # One path for what the pool does to the lease: the watch hears a preemption, a suspension
         # and the lease's end (a release, its token revoked) at once; the heartbeat is the fallback.
         watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender, on_gone)

@@ -42,12 +42,16 @@ class Suspender:
         keep: Set[int],
         backend_name: str,
         say: Callable[[str], None],
+        usage_file: str = "",
+        emulated: bool = False,
     ) -> None:
         self.client = client
         self.lease_id = lease_id
         self.child_pgid = child_pgid
         self.keep = keep  # the runner's own helpers (the guard): never stopped
         self.backend_name = backend_name
+        self.usage_file = usage_file  # the pool's emulated usage file, where no env names one
+        self.emulated = emulated  # the lease's GPUs are emulated: "auto" is the emulated backend
         self.say = say
         self._backend: Optional[Backend] = None
         self.parked: Optional[Parked] = None
@@ -58,7 +62,7 @@ class Suspender:
         if self._backend is None:
             from ..isolation.checkpoint import backend_named
 
-            self._backend = backend_named(self.backend_name)
+            self._backend = backend_named(self.backend_name, self.usage_file, self.emulated)
         return self._backend
 
     def park(self, lease: Lease) -> None:
