@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream Kubernetes components of gpupool's test bed from their pinned Go modules
-# into a cache folder keyed by this folder's go.mod/go.sum files, main sources and the Go
-# version, and prints that bin folder on stdout (progress goes to stderr).
+# into a cache folder keyed by this folder's go.mod/go.sum files, main sources, this script
+# (its flags) and the Go version, and prints that bin folder on stdout (progress goes to stderr).
 #
 #   tools/kube-cluster/build.sh                 # the control plane: apiserver, controller-manager,
 #                                               # scheduler, kubectl, etcd, kwok
@@ -26,7 +26,7 @@ for name in "${wanted[@]}"; do
   esac
 done
 
-key="$(cd "$here" && { go env GOVERSION; find . \( -name go.mod -o -name go.sum -o -name '*.go' \) -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)"
+key="$(cd "$here" && { go env GOVERSION; find . \( -name go.mod -o -name go.sum -o -name '*.go' -o -name build.sh \) -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)"
 cache="${GPUPOOL_KUBE_CACHE:-$HOME/.cache/gpupool/kube-cluster}/$key"
 bin="$cache/bin"
 mkdir -p "$bin"
@@ -54,8 +54,16 @@ for name in "${missing[@]}"; do
 done
 start=$SECONDS
 if [ ${#k8s[@]} -gt 0 ]; then
-  echo "build.sh: building ${k8s[*]} (cold: tens of minutes on 2 cores)" >&2
-  (cd "$here" && go build "${flags[@]}" -o "$tmp/" "${k8s[@]}")
+  # The release stamped as Kubernetes' own build does (hack/lib/version.sh): without it the
+  # binaries call themselves v0.0.0-master, which clients and version checks read.
+  release="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  minor="${release#v1.}"; minor="${minor%%.*}"
+  stamp=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    stamp+=" -X $pkg.gitVersion=$release -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitCommit= -X $pkg.gitTreeState=clean"
+  done
+  echo "build.sh: building ${k8s[*]} $release (cold: tens of minutes on 2 cores)" >&2
+  (cd "$here" && go build -trimpath "-ldflags=-s -w$stamp" -o "$tmp/" "${k8s[@]}")
 fi
 for name in "${missing[@]}"; do
   case "$name" in

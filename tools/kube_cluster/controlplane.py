@@ -51,6 +51,7 @@ ISSUER = "https://kubernetes.default.svc"
 RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 FEATURE_GATES = "DRAConsumableCapacity=true"
 ADMIN = ("gpupool-admin", ("system:masters",))
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the API server's identity towards aggregated API servers
 # Node shape for simulated GPU nodes (the gpupool side's agents find node i at its own loopback IP).
 NODE_PREFIX = "gpu-node-"
 NODE_CPU, NODE_MEMORY, NODE_PODS = "32", "256Gi", "110"
@@ -345,6 +346,13 @@ class ControlPlane:
         cert, key = issue_client_cert(ca, ca_key, "kube-apiserver-etcd-client", (), CERT_DAYS)
         write_key(self.pki / "etcd-client.key", key)
         write_cert(self.pki / "etcd-client.crt", cert)
+        # The aggregation layer's front proxy: its own CA, so that no client certificate of the
+        # cluster CA can assert another user in request headers.
+        write_ca(str(self.pki), "front-proxy-ca", "gpupool test-bed front-proxy CA")
+        proxy_ca, proxy_ca_key = load_ca(self.pki / "front-proxy-ca.crt", self.pki / "front-proxy-ca.key")
+        cert, key = issue_client_cert(proxy_ca, proxy_ca_key, FRONT_PROXY_CLIENT, (), CERT_DAYS)
+        write_key(self.pki / "front-proxy-client.key", key)
+        write_cert(self.pki / "front-proxy-client.crt", cert)
         sa_key = ec.generate_private_key(ec.SECP256R1())
         write_key(self.pki / "sa.key", sa_key)
         public = sa_key.public_key().public_bytes(
@@ -385,10 +393,19 @@ class ControlPlane:
             f"--etcd-keyfile={self.pki / 'etcd-client.key'}",
             f"--bind-address={LOOPBACK}",
             f"--advertise-address={LOOPBACK}",
+            "--endpoint-reconciler-type=none",  # loopback: no endpoints for the kubernetes Service
             f"--secure-port={port}",
             f"--tls-cert-file={self.pki / 'serving.crt'}",
             f"--tls-private-key-file={self.pki / 'serving.key'}",
             f"--client-ca-file={self.ca_cert}",
+            f"--requestheader-client-ca-file={self.pki / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
             f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
