@@ -104,10 +104,16 @@ def test_an_assumed_bind_counts_until_the_pod_list_shows_it():
     listed: dict = {}
     now = [100.0]
     status = {"devices": [gpu.to_dict() | {"allocated_mib": 0}], "leases": []}
+    freed = []
     cluster = ClusterState(
-        lambda: {"node-a": "http://agent"}, fetch=lambda url: status, pending=lambda: listed, clock=lambda: now[0]
+        lambda: {"node-a": "http://agent"},
+        fetch=lambda url: status,
+        pending=lambda: listed,
+        clock=lambda: now[0],
+        freed=lambda: freed.append(now[0]),
     )
     cluster.refresh()
+    assert len(freed) == 1  # a node new to it: room
     cluster.assume("node-a", "uid-1", claim)
     assert cluster.states()["node-a"].allocated == {"GPU-a-0": 5000}  # at once, before any refresh
     cluster.refresh()  # listed before the bind: the list does not show it yet
@@ -115,9 +121,11 @@ def test_an_assumed_bind_counts_until_the_pod_list_shows_it():
     listed["node-a"] = [("uid-1", claim)]
     cluster.refresh()  # the list has it now: counted once, not twice
     assert cluster.states()["node-a"].allocated == {"GPU-a-0": 5000}
+    assert len(freed) == 1  # nothing freed since
     listed.clear()  # the pod is gone: nothing is left of the assumed bind
     cluster.refresh()
     assert cluster.states()["node-a"].allocated == {"GPU-a-0": 0}
+    assert len(freed) == 2  # told once the refresh has the room: the extender's word is fresh
     cluster.assume("node-a", "uid-2", claim)  # bound, then deleted at once: forgotten after max_age_s
     now[0] += 31
     cluster.refresh()

@@ -196,7 +196,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
     from ..core.quantity import parse_memory_mib
     from ..kube.admission import WebhookApp, serve
     from ..kube.mutate import MutateConfig
-    from ..kube.nodestate import ClusterState, kube_pending, kube_targets, static_targets
+    from ..kube.nodestate import ClusterState, kube_pending, kube_requeue, kube_targets, static_targets
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidInput("give both --tls-cert and --tls-key (the API server only calls webhooks over HTTPS)")
@@ -235,7 +235,13 @@ def handle_webhook(args: argparse.Namespace) -> int:
         from ..kube.config import IN_CLUSTER_ONLY, api_client
 
         api = KubeApi(api_client("the extender binds pods", "pass --agents NODE=URL,...", IN_CLUSTER_ONLY))
-    cluster = ClusterState(targets, token=token, ca=args.agent_ca or "", pending=kube_pending() if in_cluster else None)
+    cluster = ClusterState(
+        targets,
+        token=token,
+        ca=args.agent_ca or "",
+        pending=kube_pending() if in_cluster else None,
+        freed=kube_requeue() if in_cluster else None,
+    )
     cluster.start(args.refresh)
     server = serve(args.listen, WebhookApp(config, cluster, api), args.tls_cert, args.tls_key)
     host, port = server.server_address[:2]

@@ -25,6 +25,7 @@ POLICY = f"{DOMAIN}/policy"
 MARKER = f"{DOMAIN}/mutated"
 CLAIM = f"{DOMAIN}/claim"
 CHOICE = f"{DOMAIN}/choice"
+REQUEUE = f"{DOMAIN}/requeue"  # the extender's nudge of an unschedulable GPU pod when room frees
 MARKER_VALUE = "v1"
 BITFUSION_INJECT = "auto-management/bitfusion"
 BITFUSION_FILTER = "bitfusion-client/filter"

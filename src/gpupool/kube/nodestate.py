@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 Targets = Callable[[], Mapping[str, str]]  # node name -> agent base URL
 Pending = Callable[[], Mapping[str, Sequence[Tuple[str, Claim]]]]  # node -> (pod uid, claim) bound there
+Freed = Callable[[], None]  # told after a refresh that found room freed (a GPU less used, a node new)
 
 
 STATUS_TIMEOUT_S = 2.0  # an agent slower than this counts as not answering this round
@@ -41,6 +42,7 @@ class ClusterState:
         pending: Optional[Pending] = None,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 16,
+        freed: Optional[Freed] = None,
     ) -> None:
         self._targets = targets
         self._token = token
@@ -48,6 +50,7 @@ class ClusterState:
         self._fetch = fetch or self._fetch_status
         self._agents: Dict[str, HttpPoolClient] = {}  # URL -> its client, kept while the URL is a target
         self._pending = pending
+        self._freed = freed
         self._clock = clock
         self._max_age_s = max_age_s
         self._workers = workers
@@ -145,7 +148,13 @@ class ClusterState:
             for node, (seen, state) in raw.items():
                 if now - seen <= self._max_age_s:
                     snapshot[node] = state.with_pending(pending.get(node, ())) if pending else state
+            freed = _room_freed(self._snapshot, snapshot)
             self._publish(snapshot)
+        if freed and self._freed is not None:
+            try:
+                self._freed()
+            except Exception:  # a failed nudge waits for the next room freed; the refresh goes on
+                log.exception("telling of freed room failed")
 
     def _with_assumed(
         self, listed: Mapping[str, Sequence[Tuple[str, Claim]]], raw: Mapping[str, Tuple[float, NodeState]], now: float
@@ -179,6 +188,17 @@ class ClusterState:
     def stop(self) -> None:
         self._stop.set()
         self._forget_agents(set())
+
+
+def _room_freed(before: Mapping[str, NodeState], after: Mapping[str, NodeState]) -> bool:
+    """Whether `after` has room `before` did not: a node new, or a GPU with less held on it."""
+    for node, state in after.items():
+        old = before.get(node)
+        if old is None:
+            return True
+        if any(mib < old.allocated.get(uuid, 0) for uuid, mib in state.allocated.items()):
+            return True
+    return False
 
 
 def static_targets(spec: str) -> Targets:
@@ -232,3 +252,41 @@ def kube_pending() -> Pending:  # pragma: no cover - needs an API server
         return out
 
     return pending
+
+
+REQUEUE_EVERY_S = 5.0  # a pod the extender turned away is nudged at most this often
+
+
+def kube_requeue() -> Freed:  # pragma: no cover - needs an API server
+    """Nudge the GPU pods kube-scheduler left unschedulable (a `gpupool.io/requeue` annotation,
+    a pod update, which puts a pod back in the scheduler's queue): its retry after a pod was
+    deleted may have reached the extender before this process read the room freed, and without
+    another event in the cluster it would not retry for minutes."""
+    from . import annotations as ann
+
+    api = core_v1("the extender requeues pods when room frees", "pass --agents NODE=URL,...")
+    nudged: Dict[str, float] = {}
+
+    def requeue() -> None:
+        now = time.monotonic()
+        pods = api.list_pod_for_all_namespaces(field_selector="spec.nodeName=,status.phase=Pending")
+        for pod in pods.items:
+            meta = pod.metadata
+            if (
+                not (meta.annotations or {}).get(ann.CLAIM)
+                or now - nudged.get(meta.uid, -REQUEUE_EVERY_S) < REQUEUE_EVERY_S
+            ):
+                continue
+            if not any(
+                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                for c in (pod.status.conditions or [])
+            ):
+                continue
+            nudged[meta.uid] = now
+            patch = {"metadata": {"annotations": {ann.REQUEUE: f"{time.time():.3f}"}}}
+            api.patch_namespaced_pod(meta.name, meta.namespace, patch)
+            log.info("room freed: asked the scheduler to retry %s/%s", meta.namespace, meta.name)
+        for uid in [u for u, t in nudged.items() if now - t > 10 * REQUEUE_EVERY_S]:
+            del nudged[uid]
+
+    return requeue

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 # Process-wide: no `_created` series (the pool server does the same).
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
-ROUTES = ("mutate", "validate", "filter", "prioritize")
+ROUTES = ("mutate", "validate", "filter", "prioritize", "bind")
 RESULTS = ("ok", "error")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
