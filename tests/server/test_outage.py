@@ -127,13 +127,13 @@ def test_a_waiting_claim_keeps_its_place_through_a_restart(tmp_path, cleanup):
     body = {"claim": {"requests": [{"count": 2, "fraction": 1.0}]}, "holder": {"name": "full"}, "ttl_s": 600}
     full = httpx.post(server.url + "/v1/leases", json=body, headers=headers, timeout=10).json()["id"]
     order = tmp_path / "order"
-    first = Runner(server, tmp_path, "b", [*FULL, "--wait", "120"], ["sh", "-c", f"echo b >> {order}"])
+    first = Runner(server, tmp_path, "b", [*FULL, "--wait", "600"], ["sh", "-c", f"echo b >> {order}"])
     cleanup.append(first)
     wait_until(lambda: server.get("/v1/status")["queued"] == 1, 30, "b in the queue")
     server.kill()
     wait_until(lambda: "trying again until" in first.stderr(), 30, "b to notice")
     server.start()
-    later = Runner(server, tmp_path, "c", [*FULL, "--wait", "120"], ["sh", "-c", f"echo c >> {order}"])
+    later = Runner(server, tmp_path, "c", [*FULL, "--wait", "600"], ["sh", "-c", f"echo c >> {order}"])
     cleanup.append(later)
     wait_until(lambda: server.get("/v1/status")["queued"] == 2, 30, "b back and c queued")
     wait_until(lambda: "answers again" in first.stderr(), 30, "b back")
@@ -162,7 +162,7 @@ def test_kill_9_in_the_middle_of_a_preemption_loses_no_lease(tmp_path, cleanup, 
     borrower = Runner(server, tmp_path, "borrower", [*FULL, "--queue", "b", "--ttl", "6"], borrower_cmd)
     cleanup.append(borrower)
     victim = wait_until(lambda: leases(server), 30, "the borrower's lease")[0]["id"]
-    claimant = Runner(server, tmp_path, "claimant", ["-n", "1", "-p", "1.0", "--queue", "a", "--wait", "120"], ["true"])
+    claimant = Runner(server, tmp_path, "claimant", ["-n", "1", "-p", "1.0", "--queue", "a", "--wait", "600"], ["true"])
     cleanup.append(claimant)
 
     def preempted() -> Optional[Dict]:
