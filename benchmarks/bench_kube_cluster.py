@@ -32,6 +32,15 @@ from tools.kube_cluster import controlplane  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "kube-cluster.json"
 
 
+def cpu_model() -> str:
+    """The CPU's model name, from /proc/cpuinfo ("" where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
 def cold_build() -> Dict[str, Any]:
     """Every default component, built from nothing but the downloaded modules."""
     with tempfile.TemporaryDirectory(prefix="kube-cold-") as scratch:
@@ -59,6 +68,7 @@ def main() -> int:
     figures: Dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
+            "cpu": cpu_model(),
             "platform": platform.platform(),
             "go": subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip(),
             "load_average_at_start": load_average(),
