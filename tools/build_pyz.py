@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "gpupool"
 # The workload side: its whole packages (all standard library only) and its CLI modules.
 PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
-CLI_MODULES = ("main", "run", "status", "pool_options", "workload")
+CLI_MODULES = ("main", "run", "status", "pool_options", "filters", "workload")
 
 SHEBANG = b"#!/usr/bin/env python3\n"
 # Top-level modules of the package that the workload side imports.

@@ -59,7 +59,7 @@ def test_a_token_file_beats_the_env_and_works_against_a_server(running_server, t
     env.update(HOME=str(tmp_path / "home"), GPUPOOL_TOKEN="wrong-token")
     args = [sys.executable, "-m", "gpupool", "status", "--json", "--server", running_server.url]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
-    assert refused.returncode == 2
+    assert refused.returncode == 10  # a refused token (issue 36 item 4)
     accepted = subprocess.run(
         [*args, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60, env=env
     )

@@ -143,9 +143,9 @@ def test_queues_usage_and_bound_tokens_against_a_server(running_server, tmp_path
 
     alice_env = dict(env, GPUPOOL_TOKEN=alice_token)
     done = gpupool("queue", "set", "team-b", "--quota", "1", "--server", s.url, env=alice_env)
-    assert done.returncode == 2 and "admin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.returncode == 10 and "admin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = gpupool("queue", "delete", "team-a", "--server", s.url, env=alice_env)
-    assert done.returncode == 2 and "admin" in done.stderr
+    assert done.returncode == 10 and "admin" in done.stderr
     assert gpupool("queue", "list", "--server", s.url, env=alice_env).returncode == 0
     one_line_exit_2(gpupool("queue", "set", "x", "--quota", "nan", "--server", s.url, env=env), "--quota")
 

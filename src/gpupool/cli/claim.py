@@ -89,8 +89,13 @@ def _said(client: Any, claim: WaitingClaim, what: str) -> int:
 
 def show_waiting(args: argparse.Namespace) -> int:
     """`gpupool queue show [QUEUE]`: the waiting claims in the order the pool grants them."""
+    from .filters import filter_of
+    from .queue import SHOW_STATES
+
+    keep = filter_of(args, SHOW_STATES, args.queue)
     with connect_one(args, "gpupool queue show") as client:
-        waiting = [w.to_dict() for w in client.waiting(args.queue)]
+        listed = client.waiting(keep.queue or None)
+    waiting = [w.to_dict() for w in listed if keep.keeps(w.holder, w.queue or "", "held" if w.held else "waiting")]
     if args.json:
         print(json.dumps({"waiting": waiting}))
         return 0
@@ -100,5 +105,5 @@ def show_waiting(args: argparse.Namespace) -> int:
 
         print(waiting_table(waiting))
     else:
-        print("no claims waiting" + (f" in queue {args.queue}" if args.queue else ""))
+        print("no claims waiting" + (f" in queue {keep.queue}" if keep.queue else ""))
     return 0

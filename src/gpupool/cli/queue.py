@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 from ..core.suspension import PREEMPT_MODES
+from .filters import add_filter_arguments
 from .groups import help_when_bare
 from .pool_options import add_pool_arguments, connect_one, print_pool
 
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     s.add_argument("queue", nargs="?", default=None, metavar="QUEUE", help="only this queue's claims")
     s.add_argument("--json", action="store_true", help='one JSON object {"waiting": [...]}')
+    add_filter_arguments(s, SHOW_STATES, "waiting claims")
     add_pool_arguments(s)
     s.set_defaults(func=handle_show)
 
@@ -70,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.set_defaults(func=handle_delete)
 
     help_when_bare(p)
+
+
+# What `queue show --states` keeps.
+SHOW_STATES = ("waiting", "held")
 
 
 def _idle(text: str) -> float:

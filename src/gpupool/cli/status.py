@@ -8,7 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..core.suspension import RESUMING, RUNNING, SUSPENDED
+from ..core.suspension import LEASE_STATES, RESUMING, RUNNING, SUSPENDED
+from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ WATCH_MAX_S = 3600.0
 # How long `gpupool suspend` and `resume` wait for the runner to take the step, by default.
 SUSPEND_WAIT_S = 60.0
 AWAIT_POLL_S = 0.1  # between looks while the runner is taking the step
+# What `status --states` keeps: a lease's state, or a waiting claim's (held or not).
+WAITING, HELD = "waiting", "held"
+STATUS_STATES = (*LEASE_STATES, WAITING, HELD)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help=f"redraw every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C, as `watch` does",
     )
+    add_filter_arguments(p, STATUS_STATES, "leases and waiting claims")
     add_pool_arguments(p)
     p.set_defaults(func=handle_status)
 
@@ -99,6 +104,7 @@ def _status(args: argparse.Namespace) -> Tuple[PoolStatus, List[str]]:
 
 
 def handle_status(args: argparse.Namespace) -> int:
+    filter_of(args, STATUS_STATES)  # a bad --states is refused before anything is asked
     if args.watch is None:
         return _show_status(args)
     from ..core.errors import InvalidInput
@@ -119,11 +125,11 @@ def handle_status(args: argparse.Namespace) -> int:
 
 def _show_status(args: argparse.Namespace) -> int:
     status, pools = _status(args)
+    data = _filtered(status.to_dict(), args)
     if args.json:
-        print(json.dumps(status.to_dict()))
+        print(json.dumps(data))
         return 0
     print_pool(pools)
-    data = status.to_dict()
     usage = data.get("usage") or {}
     print(_device_table(data["devices"], usage))
     for problem in data.get("problems") or []:
@@ -149,6 +155,24 @@ def _show_status(args: argparse.Namespace) -> int:
         print(queue_table(data["queues"]))
     _print_enforcement(data.get("isolation") or {}, usage)
     return 0
+
+
+def _filtered(data: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
+    """`status`'s data with only the leases and waiting claims --user, --queue and --states keep."""
+    keep = filter_of(args, STATUS_STATES)
+    if keep == type(keep)():
+        return data
+    leases = [
+        lease
+        for lease in data["leases"]
+        if keep.keeps(lease["holder"]["name"], lease.get("queue") or "", lease.get("state") or RUNNING)
+    ]
+    waiting = [
+        w
+        for w in data.get("waiting") or []
+        if keep.keeps(w["holder"], w["queue"] or "", HELD if w["held"] else WAITING)
+    ]
+    return {**data, "leases": leases, "waiting": waiting, "queued": len(waiting)}
 
 
 WAITING_HEADER = ("#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY")

@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, List, Tuple
 
+from ..store.schema import HISTORY_REASONS
+from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help='one JSON object {"since", "until", "by", "usage": [...]}')
     shown.add_argument("--csv", action="store_true", help="CSV with a header: key,gpu_hours,gpu_seconds,leases")
+    add_filter_arguments(p, HISTORY_REASONS, "leases (--states: how they ended, with --by lease)")
     add_pool_arguments(p)
     p.set_defaults(func=handle)
 
@@ -66,12 +69,17 @@ def handle(args: argparse.Namespace) -> int:
 
     now = time.time()
     since = parse_since(args.since, now)
+    keep = filter_of(args, HISTORY_REASONS)
     if args.by == BY_LEASE:
         return _history(args, since, now)
     by = check_usage_key(args.by)
+    if keep.states:
+        from ..core.errors import InvalidInput
+
+        raise InvalidInput(f"--states {args.states!r} says how leases ended: give it with --by lease")
     clients = connect_all(**pool_kwargs(args))
     try:
-        rows = merge([row for client in clients for row in client.usage(since, now, by)])
+        rows = merge([row for client in clients for row in client.usage(since, now, by, keep.user, keep.queue)])
         pools = [c.address for c in clients]
     finally:
         for c in clients:
@@ -98,9 +106,13 @@ def _history(args: argparse.Namespace, since: float, now: float) -> int:
     """`usage --by lease`: each lease that ended since `since`, from every pool, in the order they ended."""
     from ..client.resolve import connect_all
 
+    keep = filter_of(args, HISTORY_REASONS)
     clients = connect_all(**pool_kwargs(args))
     try:
-        records = sorted((r for client in clients for r in client.history(since, now)), key=lambda r: r.ended_at)
+        records = sorted(
+            (r for client in clients for r in client.history(since, now) if keep.keeps(r.holder, r.queue, r.reason)),
+            key=lambda r: r.ended_at,
+        )
         pools = [c.address for c in clients]
     finally:
         for c in clients:

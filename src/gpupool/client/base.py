@@ -86,9 +86,11 @@ class PoolClient(abc.ABC):
         """Remove a queue (admin); NotFound, or InvalidInput while it holds leases or waiting claims."""
 
     @abc.abstractmethod
-    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+    def usage(
+        self, since: float, until: Optional[float] = None, by: str = "queue", user: str = "", queue: str = ""
+    ) -> List[UsageRow]:
         """GPU-seconds used between epoch seconds `since` and `until` (default now), per queue,
-        holder or label (`core.queues.USAGE_KEYS`)."""
+        holder or label (`core.queues.USAGE_KEYS`); `user`, `queue` keep that holder's, that queue's."""
 
     @abc.abstractmethod
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:

@@ -113,8 +113,10 @@ class EmbeddedPoolClient(PoolClient):
     def delete_queue(self, name: str) -> None:
         self._pool.delete_queue(name)
 
-    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
-        return self._pool.usage(since, until, by)
+    def usage(
+        self, since: float, until: Optional[float] = None, by: str = "queue", user: str = "", queue: str = ""
+    ) -> List[UsageRow]:
+        return self._pool.usage(since, until, by, user, queue)
 
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
         return self._pool.history(since, until)

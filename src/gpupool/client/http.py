@@ -147,10 +147,13 @@ class HttpPoolClient(PoolClient):
     def delete_queue(self, name: str) -> None:
         self.request("DELETE", f"/v1/queues/{_quote(name)}")
 
-    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
+    def usage(
+        self, since: float, until: Optional[float] = None, by: str = "queue", user: str = "", queue: str = ""
+    ) -> List[UsageRow]:
         from ..core.queues import UsageRow
 
         params = {"since": repr(float(since)), "by": by}
+        params.update({k: v for k, v in (("user", user), ("queue", queue)) if v})
         if until is not None:
             params["until"] = repr(float(until))
         data = self.request("GET", "/v1/usage?" + urllib.parse.urlencode(params))

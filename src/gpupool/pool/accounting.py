@@ -17,8 +17,18 @@ if TYPE_CHECKING:
     from ..core.queues import QueueStatus, UsageRow
 
 
-def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: str, now: float) -> List[UsageRow]:
-    """GPU-seconds per `by` key over [since, until]: ended leases from the history, live ones up to now."""
+def usage(
+    tx: Tx,
+    memory_of: Mapping[str, int],
+    since: float,
+    until: float,
+    by: str,
+    now: float,
+    holder: str = "",
+    queue: str = "",
+) -> List[UsageRow]:
+    """GPU-seconds per `by` key over [since, until]: ended leases from the history, live ones up to
+    now; `holder`, `queue` (when given) keep only that holder's or queue's leases."""
     from ..core.queues import UsageSpan, usage_rows, used_gpus  # lazily, as in statuses
 
     spans = [UsageSpan(*row) for row in tx.history(since, until)]
@@ -31,6 +41,8 @@ def usage(tx: Tx, memory_of: Mapping[str, int], since: float, until: float, by: 
         spans.append(
             UsageSpan(lease.queue, lease.holder.name, lease.holder.label, gpus, lease.created_at, end, suspended_s)
         )
+    if holder or queue:
+        spans = [s for s in spans if (not holder or s.holder == holder) and (not queue or s.queue == queue)]
     return usage_rows(spans, since, until, by)
 
 

@@ -752,8 +752,11 @@ class Pool:
             tx.delete_queue(name)
         log.info("queue %s deleted", name)
 
-    def usage(self, since: float, until: Optional[float] = None, by: str = "queue") -> List[UsageRow]:
-        """GPU-seconds per queue, holder or label (`by`) over [since, until or now], most used first."""
+    def usage(
+        self, since: float, until: Optional[float] = None, by: str = "queue", holder: str = "", queue: str = ""
+    ) -> List[UsageRow]:
+        """GPU-seconds per queue, holder or label (`by`) over [since, until or now], most used first;
+        `holder`, `queue` keep only that holder's or queue's leases (`gpupool usage --user/--queue`)."""
         from ..core.queues import check_usage_key  # lazily: a pool without queues never loads core.queues
 
         check_usage_key(by)
@@ -764,7 +767,7 @@ class Pool:
             raise InvalidInput(f"until {end!r} is before since {since!r}: give a window that ends after it starts")
         with self.store.read() as tx:
             memory_of = {d.uuid: d.memory_mib for d in self._devices(tx)}
-            return accounting.usage(tx, memory_of, since, end, by, now)
+            return accounting.usage(tx, memory_of, since, end, by, now, holder, queue)
 
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
         """Each lease that ended in [since, until or now], in the order they ended."""

@@ -88,16 +88,22 @@ async def delete_queue(name: str, api: Api, _admin: Admin) -> Response:
     return json_response({"deleted": name})
 
 
-@queue_routes.get("/usage", summary="GPU-seconds per queue, holder or label since a time")
+@queue_routes.get("/usage", summary="GPU-seconds per queue, holder or label since a time (one user's, one queue's)")
 async def usage(
-    api: Api, _identity: Caller, since: str = "86400", until: Optional[str] = None, by: str = "queue"
+    api: Api,
+    _identity: Caller,
+    since: str = "86400",
+    until: Optional[str] = None,
+    by: str = "queue",
+    user: str = "",
+    queue: str = "",
 ) -> Response:
     now = time.time()
     start = parse_since(since, now)
     end = None if until is None else _finite("until", until)
     if end is not None and end <= start:
         raise InvalidInput(f"until {until!r} must be after since ({start:.0f}): give epoch seconds")
-    rows = await run_in_threadpool(api.pool.usage, start, end, check_usage_key(by))
+    rows = await run_in_threadpool(api.pool.usage, start, end, check_usage_key(by), user, queue)
     return json_response(
         {"since": start, "until": now if end is None else end, "by": by, "usage": [r.to_dict() for r in rows]}
     )
