@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream Kubernetes components of gpupool's test bed from their pinned Go modules
-# into a cache folder keyed by this folder's go.mod/go.sum files, main sources, this script
-# (its flags) and the Go version, and prints that bin folder on stdout (progress goes to stderr).
+# into a cache folder keyed by this folder's go.mod/go.sum files, main sources, the build flags
+# and the Go version, and prints that bin folder on stdout (progress goes to stderr).
 #
 #   tools/kube-cluster/build.sh                 # the control plane: apiserver, controller-manager,
 #                                               # scheduler, kubectl, etcd, kwok
@@ -26,22 +26,35 @@ for name in "${wanted[@]}"; do
   esac
 done
 
-key="$(cd "$here" && { go env GOVERSION; find . \( -name go.mod -o -name go.sum -o -name '*.go' -o -name build.sh \) -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)"
+flags=(-trimpath "-ldflags=-s -w")
+# The release stamped as Kubernetes' own build does (hack/lib/version.sh): without it the
+# binaries call themselves v0.0.0-master, which clients and version checks read.
+release="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+minor="${release#v1.}"; minor="${minor%%.*}"
+stamp=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  stamp+=" -X $pkg.gitVersion=$release -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitCommit= -X $pkg.gitTreeState=clean"
+done
+
+# The cache key: what the binaries are made of (Go, flags, pins, mains), not this script's text.
+key="$(cd "$here" && { go env GOVERSION; echo "${flags[*]} $stamp"; find . \( -name go.mod -o -name go.sum -o -name '*.go' \) -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)"
 cache="${GPUPOOL_KUBE_CACHE:-$HOME/.cache/gpupool/kube-cluster}/$key"
 bin="$cache/bin"
 mkdir -p "$bin"
 
-# One build at a time per cache folder (a test run and `make cluster-up` may start together).
+list_missing() { missing=(); for name in "${wanted[@]}"; do [ -x "$bin/$name" ] || missing+=("$name"); done; }
+# Everything there: no lock (another run may be building an extra component meanwhile).
+list_missing
+if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi
+# One build at a time per cache folder (a test run and `make cluster-up` may start together);
+# what the other built is not built again.
 exec 9>"$cache/.lock"
 flock 9
-
-missing=()
-for name in "${wanted[@]}"; do [ -x "$bin/$name" ] || missing+=("$name"); done
+list_missing
 if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi
 
 tmp="$(mktemp -d "$cache/.build-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-flags=(-trimpath "-ldflags=-s -w")
 
 # Where each component's main package lives: the Kubernetes ones in this module (small mains),
 # etcd in its own module (a main around etcdmain), kwok and Kueue as tools of their own modules
@@ -54,14 +67,6 @@ for name in "${missing[@]}"; do
 done
 start=$SECONDS
 if [ ${#k8s[@]} -gt 0 ]; then
-  # The release stamped as Kubernetes' own build does (hack/lib/version.sh): without it the
-  # binaries call themselves v0.0.0-master, which clients and version checks read.
-  release="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
-  minor="${release#v1.}"; minor="${minor%%.*}"
-  stamp=""
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    stamp+=" -X $pkg.gitVersion=$release -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitCommit= -X $pkg.gitTreeState=clean"
-  done
   echo "build.sh: building ${k8s[*]} $release (cold: tens of minutes on 2 cores)" >&2
   (cd "$here" && go build -trimpath "-ldflags=-s -w$stamp" -o "$tmp/" "${k8s[@]}")
 fi
