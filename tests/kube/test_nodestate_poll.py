@@ -110,7 +110,7 @@ def test_an_assumed_bind_counts_until_the_pod_list_shows_it():
         fetch=lambda url: status,
         pending=lambda: listed,
         clock=lambda: now[0],
-        freed=lambda: freed.append(now[0]),
+        freed=lambda: freed.append(now[0]) or True,
     )
     cluster.refresh()
     assert len(freed) == 1  # a node new to it: room
@@ -126,6 +126,20 @@ def test_an_assumed_bind_counts_until_the_pod_list_shows_it():
     cluster.refresh()
     assert cluster.states()["node-a"].allocated == {"GPU-a-0": 0}
     assert len(freed) == 2  # told once the refresh has the room: the extender's word is fresh
+    status["devices"][0]["allocated_mib"] = 0
+    busy = [False]
+    cluster._freed = lambda: freed.append(now[0]) or not busy[0]
+    busy[0] = True  # "not now": told again after each refresh until it answers done
+    status["devices"][0]["allocated_mib"] = 1000
+    cluster.refresh()
+    status["devices"][0]["allocated_mib"] = 0
+    cluster.refresh()
+    cluster.refresh()
+    assert len(freed) == 4
+    busy[0] = False
+    cluster.refresh()
+    cluster.refresh()
+    assert len(freed) == 5
     cluster.assume("node-a", "uid-2", claim)  # bound, then deleted at once: forgotten after max_age_s
     now[0] += 31
     cluster.refresh()

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 
 Targets = Callable[[], Mapping[str, str]]  # node name -> agent base URL
 Pending = Callable[[], Mapping[str, Sequence[Tuple[str, Claim]]]]  # node -> (pod uid, claim) bound there
-Freed = Callable[[], None]  # told after a refresh that found room freed (a GPU less used, a node new)
+# Told after a refresh that found room freed (a GPU less used, a node new), and after each later
+# refresh until it answers True (done; False: not now, ask again).
+Freed = Callable[[], bool]
 
 
 STATUS_TIMEOUT_S = 2.0  # an agent slower than this counts as not answering this round
@@ -51,6 +53,7 @@ class ClusterState:
         self._agents: Dict[str, HttpPoolClient] = {}  # URL -> its client, kept while the URL is a target
         self._pending = pending
         self._freed = freed
+        self._room = False  # room freed that `freed` has not been told of yet
         self._clock = clock
         self._max_age_s = max_age_s
         self._workers = workers
@@ -148,12 +151,12 @@ class ClusterState:
             for node, (seen, state) in raw.items():
                 if now - seen <= self._max_age_s:
                     snapshot[node] = state.with_pending(pending.get(node, ())) if pending else state
-            freed = _room_freed(self._snapshot, snapshot)
+            self._room = self._room or _room_freed(self._snapshot, snapshot)
             self._publish(snapshot)
-        if freed and self._freed is not None:
+        if self._room and self._freed is not None:
             try:
-                self._freed()
-            except Exception:  # a failed nudge waits for the next room freed; the refresh goes on
+                self._room = not self._freed()
+            except Exception:  # told again after the next refresh; the refresh goes on
                 log.exception("telling of freed room failed")
 
     def _with_assumed(
@@ -254,39 +257,35 @@ def kube_pending() -> Pending:  # pragma: no cover - needs an API server
     return pending
 
 
-REQUEUE_EVERY_S = 5.0  # a pod the extender turned away is nudged at most this often
+REQUEUE_EVERY_S = 2.0  # at most one pass over the unschedulable pods this often
 
 
 def kube_requeue() -> Freed:  # pragma: no cover - needs an API server
     """Nudge the GPU pods kube-scheduler left unschedulable (a `gpupool.io/requeue` annotation,
-    a pod update, which puts a pod back in the scheduler's queue): its retry after a pod was
-    deleted may have reached the extender before this process read the room freed, and without
-    another event in the cluster it would not retry for minutes."""
+    a pod update, which puts a pod back in the scheduler's queue) once this process has read the
+    room freed: kube-scheduler's own retry when a pod is deleted can reach the extender first,
+    and without another event in the cluster it would not retry for minutes."""
     from . import annotations as ann
 
     api = core_v1("the extender requeues pods when room frees", "pass --agents NODE=URL,...")
-    nudged: Dict[str, float] = {}
+    last = [-REQUEUE_EVERY_S]
 
-    def requeue() -> None:
+    def requeue() -> bool:
         now = time.monotonic()
+        if now - last[0] < REQUEUE_EVERY_S:
+            return False  # asked again after the next refresh
+        last[0] = now
         pods = api.list_pod_for_all_namespaces(field_selector="spec.nodeName=,status.phase=Pending")
         for pod in pods.items:
             meta = pod.metadata
-            if (
-                not (meta.annotations or {}).get(ann.CLAIM)
-                or now - nudged.get(meta.uid, -REQUEUE_EVERY_S) < REQUEUE_EVERY_S
-            ):
-                continue
-            if not any(
+            if not (meta.annotations or {}).get(ann.CLAIM) or not any(
                 c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
                 for c in (pod.status.conditions or [])
             ):
                 continue
-            nudged[meta.uid] = now
             patch = {"metadata": {"annotations": {ann.REQUEUE: f"{time.time():.3f}"}}}
             api.patch_namespaced_pod(meta.name, meta.namespace, patch)
             log.info("room freed: asked the scheduler to retry %s/%s", meta.namespace, meta.name)
-        for uid in [u for u, t in nudged.items() if now - t > 10 * REQUEUE_EVERY_S]:
-            del nudged[uid]
+        return True
 
     return requeue
