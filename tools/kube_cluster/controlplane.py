@@ -240,16 +240,16 @@ class ControlPlane:
         kwok = self._start("kwok", self._kwok_args())
         # The serviceaccount controller's first work: pods can be created once `default` exists.
         wait_for(
-            lambda: self._alive(cm) and self._get("/api/v1/namespaces/default/serviceaccounts/default"),
+            lambda: self.alive(cm) and self._get("/api/v1/namespaces/default/serviceaccounts/default"),
             START_TIMEOUT_S,
             "kube-controller-manager (the default ServiceAccount)",
         )
         wait_for(
-            lambda: self._alive(sched) and self._healthy(sched_port, "/readyz"),
+            lambda: self.alive(sched) and self._healthy(sched_port, "/readyz"),
             START_TIMEOUT_S,
             "kube-scheduler /readyz",
         )
-        self._alive(kwok)
+        self.alive(kwok)
 
     def stop(self) -> None:
         """End every process started, newest first; nothing is left (SIGKILL after the grace)."""
@@ -465,17 +465,20 @@ class ControlPlane:
 
     # ---- processes
 
-    def _start(self, name: str, args: List[str]) -> Component:
+    def _start(
+        self, name: str, args: List[str], bin_dir: Optional[Path] = None, env: Optional[Dict[str, str]] = None
+    ) -> Component:
         log = self.logs / f"{name}.log"
+        if name == "kwok":  # kwok reads ~/.kwok: its home is the state folder, so a user's file is not read
+            env = {"HOME": str(self.state_dir), **(env or {})}
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
+                [str((bin_dir or self.bin_dir) / name), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.state_dir,
-                # kwok reads ~/.kwok: its home is the state folder, so a user's file is not read.
-                env={**os.environ, "HOME": str(self.state_dir)} if name == "kwok" else None,
+                env={**os.environ, **env} if env else None,
                 start_new_session=True,  # its own group: a terminal's Ctrl-C reaches `down`, not it
                 # Tied to this process unless detached: kill -9 of a test run ends them too.
                 preexec_fn=None if self.detach else parent_death_signal(),
@@ -486,6 +489,17 @@ class ControlPlane:
         (self.pids / f"{name}.pid").write_text(f"{process.pid} {start}\n")
         return component
 
+    def start_process(
+        self, name: str, bin_dir: Path, args: List[str], env: Optional[Dict[str, str]] = None
+    ) -> Component:
+        """Another component (binary `name` in `bin_dir`) started, logged and ended as the
+        control plane's own are (Kueue's controller, tools/kube_cluster/kueue.py)."""
+        return self._start(name, args, bin_dir, env)
+
+    def end(self, component: Component) -> None:
+        """End one started component (SIGTERM, SIGKILL after the grace)."""
+        self._end(component)
+
     def _end(self, component: Component) -> None:
         end_process_group(component.process.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -495,7 +509,8 @@ class ControlPlane:
             self.components.remove(component)
 
     @staticmethod
-    def _alive(component: Component) -> bool:
+    def alive(component: Component) -> bool:
+        """True while `component` runs; StartFailed with its log's tail once it has exited."""
         if component.process.poll() is not None:
             raise component.failed("exited")
         return True
@@ -509,10 +524,20 @@ class ControlPlane:
         return context
 
     def _ready(self, api: Component, etcd: Component) -> bool:
-        self._alive(etcd)
-        self._alive(api)
+        self.alive(etcd)
+        self.alive(api)
         port = int(self.server.rsplit(":", 1)[1])
         return self._healthy(port, "/readyz")
+
+    @staticmethod
+    def http_ok(port: int, path: str) -> bool:
+        """`path` answers 200 over plain HTTP on the loopback `port` (a health probe)."""
+        try:
+            conn = http.client.HTTPConnection(LOOPBACK, port, timeout=5)
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
 
     def _healthy(self, port: int, path: str) -> bool:
         """`path` answers 200 on the loopback `port` (TLS checked against the cluster CA)."""
