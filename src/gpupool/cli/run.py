@@ -97,6 +97,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="suspend the lease once its processes kept its GPUs 0%% busy this long (e.g. 10m; the watchdog of "
         "a server or node agent samples it); `gpupool resume LEASE_ID` brings it back",
     )
+    p.add_argument(
+        "--time",
+        default=None,
+        metavar="DURATION",
+        help="wall-time limit from the command's start (e.g. 2h, 90m, 3600), as Slurm's --time: past it the "
+        "command's whole tree is ended, the run exits 12 and the history says timeout",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -167,6 +174,7 @@ def handle(args: argparse.Namespace) -> int:
         requeue=args.requeue,
         warn=progress(False),
         isolation=IsolationMode.parse(args.isolation) if args.isolation else None,
+        time_s=_time(args.time),
         **pool_kwargs(args),
     )
     return run(command, options)
@@ -207,6 +215,14 @@ def _idle(text: str | None) -> float | None:
     from ..core.quantity import parse_duration
 
     return None if text is None else parse_duration(text, "--idle-suspend", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S)
+
+
+def _time(text: str | None) -> float | None:
+    """--time as seconds (None: no limit)."""
+    from ..core.model import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
+    from ..core.quantity import parse_duration
+
+    return None if text is None else parse_duration(text, "--time", MIN_TIME_LIMIT_S, MAX_TIME_LIMIT_S)
 
 
 def _grace(text: str | None) -> float | None:

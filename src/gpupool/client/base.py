@@ -38,9 +38,9 @@ class PoolClient(abc.ABC):
         """Extend the lease by its TTL; returns the lease with its new expiry."""
 
     @abc.abstractmethod
-    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
+    def release(self, lease_id: str, exit_code: Optional[int] = None, timed_out: bool = False) -> None:
         """Give the lease's memory back to the pool; `exit_code` (0-255) is its command's, kept in
-        the lease history as the holder's word."""
+        the lease history as the holder's word; `timed_out`: ended at its time limit (`timeout`)."""
 
     @abc.abstractmethod
     def status(self) -> PoolStatus:

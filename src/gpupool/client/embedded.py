@@ -76,9 +76,9 @@ class EmbeddedPoolClient(PoolClient):
     def heartbeat(self, lease_id: str) -> Lease:
         return self._pool.heartbeat(lease_id)
 
-    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
+    def release(self, lease_id: str, exit_code: Optional[int] = None, timed_out: bool = False) -> None:
         # As the admin of the state dir, in the name of the local user: its own lease's owner.
-        self._pool.release(lease_id, None, exit_code, local_user())
+        self._pool.release(lease_id, None, exit_code, local_user(), timed_out)
 
     def status(self) -> PoolStatus:
         # The pool leaves expired leases out of its status and reclaims them on

@@ -100,8 +100,9 @@ class HttpPoolClient(PoolClient):
     def heartbeat(self, lease_id: str) -> Lease:
         return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/heartbeat"))
 
-    def release(self, lease_id: str, exit_code: Optional[int] = None) -> None:
-        body = None if exit_code is None else {"exit_code": exit_code}
+    def release(self, lease_id: str, exit_code: Optional[int] = None, timed_out: bool = False) -> None:
+        said = {k: v for k, v in (("exit_code", exit_code), ("timed_out", timed_out or None)) if v is not None}
+        body = said or None
         self.request("DELETE", f"/v1/leases/{_quote(lease_id)}", body)
         self._tickets.pop(lease_id, None)
 

@@ -122,6 +122,16 @@ class ClaimCancelled(GpupoolError):
     meaning = "the waiting claim was cancelled (`gpupool claim cancel`): its command did not start"
 
 
+class TimeLimit(GpupoolError):
+    """`gpupool run --time`'s limit passed while the command ran: its whole tree was ended, as a
+    release ends it, and the history keeps the lease as ended by `timeout`."""
+
+    code = "time_limit"
+    http_status = 408
+    exit_code = 12
+    meaning = "the command ran past `gpupool run --time`: its whole tree was ended"
+
+
 class StateLocked(GpupoolError):
     """Another server already owns this state directory."""
 
@@ -202,6 +212,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     ServerUnreachable,
     LeaseLost,
     ClaimCancelled,  # after LeaseLost: a bare 410 reads as a lost lease
+    TimeLimit,
     StateUnusable,  # after ServerUnreachable: a bare 503 reads as an unreachable server
     Preempted,  # after Unavailable: a bare 409 reads as a full pool
     CheckpointFailed,  # after GpupoolError: a bare 500 reads as a server error

@@ -42,6 +42,11 @@ PREEMPT_REAP_MARGIN_S = 5.0
 # An idle limit (--idle-suspend): at least one watchdog sample, at most a week.
 MIN_IDLE_SUSPEND_S = 1.0
 MAX_IDLE_SUSPEND_S = 7 * 24 * 3600.0
+# A run's wall-time limit (gpupool run --time): at least a second, at most a year.
+MIN_TIME_LIMIT_S = 1.0
+MAX_TIME_LIMIT_S = 365 * 24 * 3600.0
+# How the lease of a run its time limit ended is kept in the history (store.schema.HISTORY_REASONS).
+TIMEOUT_REASON = "timeout"
 DEFAULT_PREEMPT_GRACE_S = 30.0  # what a runner waits between SIGTERM and SIGKILL when preempted
 MAX_PREEMPT_GRACE_S = 3600.0
 # The size of a claim. Placement costs about (requests x GPUs of the pool) and runs inside the
@@ -554,6 +559,9 @@ __all__: List[str] = [
     "check_idle",
     "PREEMPT_REAP_MARGIN_S",
     "MIN_IDLE_SUSPEND_S",
+    "MIN_TIME_LIMIT_S",
+    "MAX_TIME_LIMIT_S",
+    "TIMEOUT_REASON",
     "MAX_IDLE_SUSPEND_S",
     "reap_at",
 ]

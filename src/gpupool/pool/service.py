@@ -54,6 +54,7 @@ from ..core.model import (
     DEFAULT_PREEMPT_GRACE_S,
     MAX_PREEMPT_GRACE_S,
     SUSPENDED,
+    TIMEOUT_REASON,
     Claim,
     Device,
     Holder,
@@ -622,12 +623,14 @@ class Pool:
         requester: Optional[str] = None,
         exit_code: Optional[int] = None,
         caller: Optional[str] = None,
+        timed_out: bool = False,
     ) -> None:
         """Give the lease's memory back; `requester` None acts as admin. `exit_code` is its command's,
         as its runner says (a label kept in the history: 0-255, None when not said). The history
         keeps who released it: its owner when the requester, or an admin's `caller` name (an admin
         token's, the embedded pool's local user), is its holder's name; an admin otherwise. Its
-        runner's watch is told so (`_ended`)."""
+        runner's watch is told so (`_ended`). `timed_out`: its runner ended the command at its
+        time limit (`gpupool run --time`): the history says `timeout` instead of `released`."""
         lease_id = str(lease_id)
         exit_code = check_exit_code(exit_code)
         asking = requester if requester is not None else caller
@@ -635,7 +638,7 @@ class Pool:
             now = self.clock()
             self._due(tx, view, now)
             # Rolled back with the rest when it fails below.
-            tx.record_end(lease_id, now, "released", exit_code, BY_ADMIN, asking)
+            tx.record_end(lease_id, now, TIMEOUT_REASON if timed_out else "released", exit_code, BY_ADMIN, asking)
             taken = tx.take_lease(lease_id)
             if taken is None:
                 raise NotFound(_ended(tx, lease_id))

@@ -6,13 +6,14 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..client.base import PoolClient
 from ..client.resolve import choose_and_claim, connect_all, pool_line
-from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable
+from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable, TimeLimit
 from ..core.isolation_mode import IsolationMode
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease, local_user
 from ..core.quantity import format_mib
@@ -71,6 +72,8 @@ class RunOptions(NamedTuple):
     requeue: bool = False
     # What parks the command when its lease is suspended (isolation/checkpoint.BACKENDS).
     suspend_backend: str = "auto"
+    # --time: the command's wall-time limit in seconds from its start (each attempt's); None: none.
+    time_s: Optional[float] = None
 
 
 def progress(quiet: bool) -> Callable[[str], None]:
@@ -167,6 +170,8 @@ def _run_once(
     guard: Optional[Guard] = None
     child: Optional[Child] = None
     code: Optional[int] = None  # the command's exit code, said at the release (the lease history keeps it)
+    limit: Optional[_TimeLimit] = None  # --time's timer, started with the command
+    timed_out = False  # the limit ended the command: the history says timeout
     subreaper = False
     try:
         addresses = ", ".join(c.address for c in clients)
@@ -226,6 +231,8 @@ def _run_once(
         # One path for what the pool does to the lease: the watch hears a preemption, a suspension
         # and the lease's end (a release, its token revoked) at once; the heartbeat is the fallback.
         watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender, on_gone)
+        if options.time_s is not None:  # the wall-time limit ends the tree as a release does
+            limit = _time_limit(options.time_s, child.pid, keep, options.grace_s, warn, cgroup)
         heartbeat = Heartbeat(
             client,
             lease.id,
@@ -241,6 +248,12 @@ def _run_once(
         returncode = child.wait()
         code = exit_code(returncode)
         terminal.take_back()
+        if limit is not None:
+            limit.cancel()
+            if limit.fired:
+                limit.join(options.grace_s + 5)  # its SIGKILL round is done before the release
+                timed_out = True
+                return _Outcome(TimeLimit.exit_code)
         if watch.preempted is not None:
             watch.join_stopper(watch.preempted.preempt_grace_s + 5)
             return _Outcome(exit_code(returncode), watch.preempted)
@@ -270,7 +283,9 @@ def _run_once(
             _end_run_tree(child, guard, options.grace_s, None if subreaper else lease)
         elif guard is not None:  # it may have started the command: it ends it, before the release
             guard.abort()
-        _release(client, lease, workdir, say, code)
+        if limit is not None:
+            limit.cancel()
+        _release(client, lease, workdir, say, code, timed_out)
         if guard is not None:  # after the release: a runner killed in it still has its folder removed
             guard.done()
             guard.collect()
@@ -345,6 +360,45 @@ def _ender(
     return end
 
 
+class _TimeLimit(threading.Timer):
+    """--time's timer: when it fires, says so and ends the command's whole tree as a release does
+    (the lease's cgroup frozen and signalled, SIGKILL after the grace); `fired` then is True."""
+
+    fired = False
+
+
+def _time_limit(
+    limit_s: float,
+    pgid: int,
+    keep: Set[int],
+    grace_s: float,
+    warn: Callable[[str], None],
+    cgroup: Optional[LeaseCgroup] = None,
+) -> _TimeLimit:
+    """Start --time's timer for the command just started."""
+
+    def end() -> None:
+        timer.fired = True
+        warn(
+            f"time limit {_duration(limit_s)} reached (--time): ending the command "
+            f"(SIGTERM, SIGKILL after {grace_s:g}s), exit code {TimeLimit.exit_code}"
+        )
+        _signal_tree(pgid, keep, grace_s, "at the time limit", cgroup)
+
+    timer = _TimeLimit(limit_s, end)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _duration(seconds: float) -> str:
+    """2h, 90m, 45s: a limit as it was most likely written."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def _lease_gone_warning(warn: Callable[[str], None]) -> Callable[[str], None]:
     """What the watch does when the lease ends under the command with --on-lease-loss warn: say so, loudly."""
 
@@ -411,6 +465,7 @@ def _release(
     workdir: Optional[Path],
     say: Callable[[str], None],
     code: Optional[int] = None,
+    timed_out: bool = False,
 ) -> None:
     if client is None or lease is None:
         return
@@ -418,7 +473,10 @@ def _release(
     say(f"Releasing GPUs from config file {where}")
     released = 0
     try:
-        client.release(lease.id, code)
+        if timed_out:
+            client.release(lease.id, code, timed_out=True)
+        else:
+            client.release(lease.id, code)
         released = 1
     except NotFound as err:
         say(f"warning: lease {lease.id} was already gone ({err.message})")

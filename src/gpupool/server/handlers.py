@@ -104,8 +104,9 @@ class LeaseApi:
         """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin); the body
         (`ReleaseRequest`, optional) carries its command's exit code for the history, which also
         keeps who released it (an admin token's name is its owner's where the lease is its own)."""
-        exit_code = validated(ReleaseRequest, json_object(raw)).exit_code if raw.strip() else None
-        self.pool.release(lease_id, identity.requester, exit_code, identity.name)
+        body = validated(ReleaseRequest, json_object(raw)) if raw.strip() else None
+        exit_code, timed_out = (body.exit_code, bool(body.timed_out)) if body is not None else (None, False)
+        self.pool.release(lease_id, identity.requester, exit_code, identity.name, timed_out)
         self.metrics.releases.inc()
         return {"released": lease_id}
 

@@ -318,6 +318,11 @@ class ReleaseRequest(_Body):
         description="its command's exit code, as the runner says: kept in the lease history as given (a label)",
         json_schema_extra=example(0),
     )
+    timed_out: Optional[bool] = Field(
+        None,
+        description="the runner ended the command at its time limit (gpupool run --time): the history says timeout",
+        json_schema_extra=example(False),
+    )
 
 
 class HoldRequest(_Body):

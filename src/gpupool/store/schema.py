@@ -120,7 +120,7 @@ CREATE TABLE IF NOT EXISTS samples (
 # Why a lease ended (lease_history.reason): its holder (or an admin) released it, no heartbeat came
 # within its TTL, the pool reaped it after a preemption its runner did not act on, or the token it
 # was claimed with was revoked.
-HISTORY_REASONS = ("released", "expired", "preempted", "revoked")
+HISTORY_REASONS = ("released", "expired", "preempted", "revoked", "timeout")
 
 # Columns added after schema 1, with their declarations: an older database gets them by
 # ALTER TABLE on open (idempotent: only the missing ones), a new one from SCHEMA above.
