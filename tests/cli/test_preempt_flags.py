@@ -59,7 +59,9 @@ def test_queue_set_preempt_is_listed_and_kept(tmp_path):
     assert lines[0] == f"pool: embedded {env['GPUPOOL_STATE']}"
     header = lines[1].split()
     at = header.index("PREEMPT")
-    assert [line.split()[at] for line in lines[2:]] == [PREEMPT_KILL, "-"]  # '-': the pool's --preempt
+    # the mode in force (issue 36 item 2): team-b's is the pool's, suspend by default
+    assert [line.split()[at] for line in lines[2:]] == [PREEMPT_KILL, "suspend"]
+    assert [q["preempt_in_force"] for q in listed] == [PREEMPT_KILL, "suspend"]
     # `set` replaces the queue: without --preempt it follows the pool's mode again.
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
     assert json.loads(gpupool("queue", "list", "--json", env=env).stdout)["queues"][0]["preempt"] == ""

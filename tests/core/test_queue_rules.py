@@ -90,6 +90,8 @@ def test_spec_status_and_usage_round_trip():
         "borrowed": 0.5,
         "waiting": 3,
         "preemptions": 1,
+        "preempted": {"suspend": 0, "requeue": 0, "kill": 0},
+        "preempt_in_force": "",
     }
     assert QueueStatus.from_dict(status.to_dict()) == status
     row = UsageRow("", 7200.0, 2)

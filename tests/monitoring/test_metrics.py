@@ -121,7 +121,8 @@ def test_per_queue_series(live_metrics):
         assert f'gpupool_queue_{name}{{queue="team-a"}}' in live_metrics, name
     assert 'gpupool_queue_allocated_gpus{queue="team-a"} 0.25' in live_metrics
     assert "# TYPE gpupool_queue_preemptions_total counter" in live_metrics
-    assert 'gpupool_queue_preemptions_total{queue="team-a"} 0.0' in live_metrics
+    for mode in ("suspend", "requeue", "kill"):  # each mode's series, from 0
+        assert f'gpupool_queue_preemptions_total{{mode="{mode}",queue="team-a"}} 0.0' in live_metrics
     # suspension (issue 28): zeros per queue before any lease is suspended, histograms for promtool
     assert 'gpupool_lease_suspended{queue="team-a"} 0.0' in live_metrics
     assert 'gpupool_suspended_host_bytes{queue=""} 0.0' in live_metrics

@@ -232,7 +232,11 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     queues = {q["name"]: q for q in httpx.get(s.url + "/v1/queues", headers=s.headers()).json()["queues"]}
     assert queues["a"]["preemptions"] == 1 and queues["b"]["allocated"] == 1
     metrics = httpx.get(s.url + "/metrics").text
-    assert 'gpupool_queue_preemptions_total{queue="a"} 1.0' in metrics
+    # the server's default mode, suspend: counted as such (issue 36 item 2), the other modes at 0
+    assert queues["a"]["preempted"] == {"suspend": 1, "requeue": 0, "kill": 0}
+    assert queues["a"]["preempt_in_force"] == "suspend"
+    assert 'gpupool_queue_preemptions_total{mode="suspend",queue="a"} 1.0' in metrics
+    assert 'gpupool_queue_preemptions_total{mode="requeue",queue="a"} 0.0' in metrics
     assert 'gpupool_queue_quota_gpus{queue="b"} 1.0' in metrics
     for t in watchers:
         t.join(120)

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..core.suspension import LEASE_STATES, RESUMING, RUNNING, SUSPENDED
+from ..core.suspension import LEASE_STATES, PREEMPT_MODES, PREEMPTED_AS, RESUMING, RUNNING, SUSPENDED
 from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
@@ -387,16 +387,24 @@ def queue_table(queues: Sequence[Dict[str, Any]]) -> str:
             gpus(q["quota"]),
             gpus(q["weight"]),
             "-" if q.get("limit") is None else gpus(q["limit"]),
-            q.get("preempt") or "-",  # '-': the pool's --preempt
+            q.get("preempt_in_force") or q.get("preempt") or "-",  # the queue's mode, else the pool's
             gpus(q["allocated"]),
             gpus(q["borrowed"]),
             str(q["waiting"]),
-            str(q.get("preemptions", 0)),
+            preempted_text(q),
         ]
         for q in queues
     ]
     header = ["QUEUE", "QUOTA", "WEIGHT", "LIMIT", "PREEMPT", "ALLOCATED", "BORROWED", "WAITING", "PREEMPTED"]
     return _table(header, rows)
+
+
+def preempted_text(queue: Dict[str, Any]) -> str:
+    """A queue's preemptions ever, with their modes: 3 (2 suspended, 1 requeued)."""
+    by_mode = queue.get("preempted") or {}
+    parts = [f"{by_mode[m]} {PREEMPTED_AS[m]}" for m in PREEMPT_MODES if by_mode.get(m)]
+    total = str(queue.get("preemptions", 0))
+    return f"{total} ({', '.join(parts)})" if parts else total
 
 
 def gpus(value: float) -> str:

@@ -32,6 +32,7 @@ HISTORY_FIELDS = (
     "gpu_seconds",
     "ended",
     "exit_code",
+    "state",
 )
 
 
@@ -141,7 +142,7 @@ def _history(args: argparse.Namespace, since: float, now: float) -> int:
             f"{r['elapsed_s']:.0f}s",
             f"{r['suspended_s']:.0f}s",
             f"{r['gpu_seconds'] / 3600:.3f}",
-            r["ended"],
+            r.get("state") or r["ended"],  # preempted/suspended where a preemption stopped or parked it
             "-" if r["exit_code"] is None else str(r["exit_code"]),
         ]
         for r in rows

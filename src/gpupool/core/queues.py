@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import InvalidInput
@@ -21,7 +21,7 @@ from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one
 from .model import PREEMPT_REAP_MARGIN_S as PREEMPT_REAP_MARGIN_S  # with reap_at, beside Lease: the run path reads it
 from .model import Claim, Device, Holder, Lease, Slice, check_idle, check_queue_name
 from .model import reap_at as reap_at
-from .suspension import check_preempt_mode
+from .suspension import PREEMPT_MODES, PREEMPTED_AS, check_preempt_mode
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
     from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
@@ -138,7 +138,10 @@ class QueueStatus:
     allocated: float  # GPUs held by live leases
     borrowed: float  # the part of allocated beyond the quota
     waiting: int  # claims queued
-    preemptions: int  # leases of this queue preempted, ever
+    preemptions: int  # leases of this queue preempted, ever, in every mode
+    # Of those, how many per mode (core.suspension.PREEMPT_MODES), each mode listed.
+    preempted: Mapping[str, int] = field(default_factory=dict)
+    preempt_in_force: str = ""  # the mode its borrowers are preempted by: its own, else the pool's
 
     def to_dict(self) -> Dict[str, Any]:
         return dict(
@@ -147,6 +150,8 @@ class QueueStatus:
             borrowed=round(self.borrowed, 6),
             waiting=self.waiting,
             preemptions=self.preemptions,
+            preempted={mode: int(self.preempted.get(mode, 0)) for mode in PREEMPT_MODES},
+            preempt_in_force=self.preempt_in_force or self.spec.preempt,
         )
 
     @classmethod
@@ -158,6 +163,8 @@ class QueueStatus:
             float(data.get("borrowed", 0.0)),
             int(data.get("waiting", 0)),
             int(data.get("preemptions", 0)),
+            {str(k): int(v) for k, v in dict(data.get("preempted") or {}).items() if k in PREEMPT_MODES and int(v)},
+            str(data.get("preempt_in_force") or ""),
         )
 
 
@@ -198,6 +205,14 @@ class LeaseRecord:
     suspended_s: float = 0.0  # of its span, parked (not GPU time)
     exit_code: Optional[int] = None  # its command's, as its runner said at release (a label); None: not said
     ended_by: str = ""  # who ended it: "owner" or "admin" (a release, a revocation); "": nobody (an expiry)
+    preempt_mode: str = ""  # how it was last preempted (core.suspension.PREEMPT_MODES); "": never
+
+    @property
+    def state(self) -> str:
+        """How it ended as sacct says it: its reason, or preempted/suspended (requeued, killed) for a
+        lease a preemption stopped or parked."""
+        past = PREEMPTED_AS.get(self.preempt_mode)
+        return f"preempted/{past}" if past else self.reason
 
     @property
     def gpu_seconds(self) -> float:
@@ -218,6 +233,8 @@ class LeaseRecord:
             "ended": self.reason,
             "exit_code": self.exit_code,
             "ended_by": self.ended_by,
+            "preempted": self.preempt_mode,
+            "state": self.state,
         }
 
     @classmethod
@@ -234,6 +251,7 @@ class LeaseRecord:
             float(data.get("suspended_s", 0.0)),
             None if data.get("exit_code") is None else int(data["exit_code"]),
             str(data.get("ended_by", "")),
+            str(data.get("preempted") or ""),
         )
 
 
@@ -476,7 +494,8 @@ def queue_statuses(
     leases: Sequence[Lease],
     devices: Sequence[Device],
     waiting: Mapping[str, int],
-    preemptions: Mapping[str, int],
+    preemptions: Mapping[str, Mapping[str, int]],
+    default_mode: str = "",
 ) -> List[QueueStatus]:
     """Each queue with the GPUs its live leases hold, the part borrowed, its waiting claims."""
     memory_of = memory_by_uuid(devices)
@@ -492,7 +511,9 @@ def queue_statuses(
                 allocated,
                 max(0.0, allocated - spec.quota),
                 waiting.get(spec.name, 0),
-                preemptions.get(spec.name, 0),
+                sum(preemptions.get(spec.name, {}).values()),
+                dict(preemptions.get(spec.name, {})),
+                spec.preempt or default_mode,
             )
         )
     return out

@@ -41,6 +41,9 @@ PREEMPT_SUSPEND = "suspend"  # park its GPU state, resume it when there is room 
 PREEMPT_REQUEUE = "requeue"  # stop the command and queue the same claim again (rerun), as --requeue does
 PREEMPT_KILL = "kill"  # stop the command; it reruns only where its run says --requeue, else exits 8
 PREEMPT_MODES = (PREEMPT_SUSPEND, PREEMPT_REQUEUE, PREEMPT_KILL)
+# How each mode leaves its victim, as `queue list`, the metric's `mode` label's readers and the
+# history (`usage --by lease`: preempted/suspended, as sacct says PREEMPTED) name it.
+PREEMPTED_AS = {PREEMPT_SUSPEND: "suspended", PREEMPT_REQUEUE: "requeued", PREEMPT_KILL: "killed"}
 DEFAULT_PREEMPT_MODE = PREEMPT_SUSPEND
 
 # Errors kept on a lease are one line for a status table, not a log.

@@ -46,8 +46,9 @@ def usage(
     return usage_rows(spans, since, until, by)
 
 
-def statuses(tx: Tx, devices: Sequence[Device], now: float) -> List[QueueStatus]:
-    """Every queue with what it holds, borrows and waits for, and its preemptions ever."""
+def statuses(tx: Tx, devices: Sequence[Device], now: float, default_mode: str = "") -> List[QueueStatus]:
+    """Every queue with what it holds, borrows and waits for, and its preemptions ever by mode;
+    `default_mode` is the pool's preemption mode, in force where a queue names none."""
     specs = tx.queue_specs()
     if not specs:
         return []
@@ -60,4 +61,5 @@ def statuses(tx: Tx, devices: Sequence[Device], now: float) -> List[QueueStatus]
         devices,
         tx.waiting_by_queue(now),
         tx.preemption_counts(),
+        default_mode,
     )

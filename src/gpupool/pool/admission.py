@@ -170,6 +170,7 @@ def _preempt(tx: Tx, lease: Lease, now: float, for_queue: str, mode: str) -> Lea
     """Mark `lease` preempted: it is reaped at its grace + PREEMPT_REAP_MARGIN_S unless released (or,
     with the mode suspend, parked) first."""
     expires_at = min(lease.expires_at, now + lease.preempt_grace_s + PREEMPT_REAP_MARGIN_S)
+    tx.count_preemption(lease.queue, mode)
     if mode == PREEMPT_SUSPEND:
         log.warning(
             "lease %s of %s (queue %r) suspended for queue %r",

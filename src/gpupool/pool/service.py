@@ -689,7 +689,7 @@ class Pool:
             waiting = tx.waiting_rows(now)
             isolation = tx.meta(ISOLATION_KEY)
             usage = tx.meta(USAGE_KEY)
-            queues = accounting.statuses(tx, devices, now)
+            queues = accounting.statuses(tx, devices, now, self.preempt_mode)
             listed = self._waiting_in_order(tx, devices, now) if waiting else []
         # Each in the place the pool grants it (as `gpupool queue show`), with the reason it was last given.
         told = {row[0]: row[6] for row in waiting}
@@ -715,7 +715,7 @@ class Pool:
         """Every queue with what it holds, borrows and waits for."""
         now = self.clock()
         with self.store.read() as tx:
-            return accounting.statuses(tx, self._devices(tx), now)
+            return accounting.statuses(tx, self._devices(tx), now, self.preempt_mode)
 
     def queue_specs(self) -> List[QueueSpec]:
         """The queues' definitions alone (no load read): what the watchdog's idle reclaim needs."""

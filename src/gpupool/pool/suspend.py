@@ -98,6 +98,9 @@ def park_failed(tx: Tx, lease: Lease, error: str, now: float) -> Lease:
     note, mode = one_line(error), suspension.mode
     if lease.preempted_at is not None:
         note, mode = f"{note}; preempted by requeueing the command instead", PREEMPT_REQUEUE
+        if suspension.mode != PREEMPT_REQUEUE:  # counted as the mode it fell back to
+            tx.count_preemption(lease.queue, suspension.mode or PREEMPT_SUSPEND, -1)
+            tx.count_preemption(lease.queue, PREEMPT_REQUEUE)
     back = replace(suspension, state=RUNNING, since=now, error=note, mode=mode)
     tx.put_suspension(lease.id, back)
     log.warning("lease %s: suspend failed: %s", lease.id, note)

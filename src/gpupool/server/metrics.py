@@ -25,7 +25,7 @@ from .. import __version__
 from ..core.model import pod_of_label
 from ..core.queues import QueuedClaim
 from ..core.status import PoolStatus
-from ..core.suspension import RESUMING, SUSPENDED
+from ..core.suspension import PREEMPT_MODES, RESUMING, SUSPENDED
 from ..core.usage import Violation
 from ..pool import Pool
 
@@ -184,7 +184,9 @@ def _team_queue_metrics(status: PoolStatus) -> Iterator[Metric]:
     )
     waiting = GaugeMetricFamily("gpupool_queue_waiting_claims", "Claims of each queue waiting", labels=labels)
     preemptions = CounterMetricFamily(
-        "gpupool_queue_preemptions", "Leases of each queue preempted to give another its quota", labels=labels
+        "gpupool_queue_preemptions",
+        "Preemptions of each queue's leases to give another its quota, by the mode applied (suspend, requeue, kill)",
+        labels=["queue", "mode"],
     )
     for q in status.queues:
         name = [q.spec.name]
@@ -192,7 +194,8 @@ def _team_queue_metrics(status: PoolStatus) -> Iterator[Metric]:
         allocated.add_metric(name, q.allocated)
         borrowed.add_metric(name, q.borrowed)
         waiting.add_metric(name, q.waiting)
-        preemptions.add_metric(name, q.preemptions)
+        for mode in PREEMPT_MODES:  # every mode, 0 included: a rate() sees a series from its start
+            preemptions.add_metric([q.spec.name, mode], q.preempted.get(mode, 0))
     yield from (quota, allocated, borrowed, waiting, preemptions)
 
 

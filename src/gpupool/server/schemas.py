@@ -137,7 +137,11 @@ class QueueBody(BaseModel):
     allocated: float
     borrowed: float
     waiting: int
-    preemptions: int
+    preemptions: int = Field(description="its leases preempted ever, in every mode")
+    preempted: Dict[str, int] = Field(
+        default_factory=dict, description="of those, how many per mode: suspend, requeue, kill"
+    )
+    preempt_in_force: str = Field("", description="the mode its borrowers are preempted by: its own, else the pool's")
 
 
 WAIT_KINDS = ("", *WAIT_REASONS)  # '' from a server that does not say
@@ -175,6 +179,8 @@ class LeaseRecordBody(BaseModel):
     ended: str = Field(description="released, expired, preempted or revoked (its token)")
     exit_code: Optional[int] = Field(None, description="its command's, as its runner said at release; null: not said")
     ended_by: str = Field("", description="who ended it: owner or admin; '' = nobody (an expiry) or not recorded")
+    preempted: str = Field("", description="how it was last preempted: suspend, requeue or kill; '' = never")
+    state: str = Field("", description="as sacct says it: `ended`, or preempted/suspended (requeued, killed)")
 
 
 class HistoryBody(BaseModel):

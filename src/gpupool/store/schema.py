@@ -100,8 +100,18 @@ CREATE TABLE IF NOT EXISTS lease_history (
     preempted_at REAL,
     suspended_s  REAL NOT NULL DEFAULT 0,  -- seconds of [started_at, ended_at] it was suspended: not GPU time
     exit_code    INTEGER,                  -- its command's exit code, as its runner said at release; NULL: none said
-    ended_by     TEXT NOT NULL DEFAULT ''  -- who ended it: its owner or an admin (core.suspension's BY_OWNER,
+    ended_by     TEXT NOT NULL DEFAULT '', -- who ended it: its owner or an admin (core.suspension's BY_OWNER,
                                            -- BY_ADMIN); '' = nobody (an expiry) or not recorded (an older row)
+    preempt_mode TEXT NOT NULL DEFAULT ''  -- how it was last preempted (core.suspension.PREEMPT_MODES); '' = never
+);
+-- every preemption, counted by the victim's queue and the mode applied (suspend, requeue, kill), in
+-- the transaction that decides it: a suspended victim runs on as the same lease, so no lease row
+-- tells it apart, and the history is pruned. Made on open, as samples: no version bump.
+CREATE TABLE IF NOT EXISTS preemptions (
+    queue TEXT NOT NULL,
+    mode  TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (queue, mode)
 );
 -- the pool over time for the dashboard's long ranges (store/samples.py): one row per minute at
 -- most, the oldest dropped past the retention. A table of its own, made on open: no version bump,
@@ -145,6 +155,7 @@ ADDED_COLUMNS = {
         # No schema version of its own: an older gpupool names the columns it writes, and reads
         # none it does not know, so it opens a state dir with this column as before.
         ("ended_by", "TEXT NOT NULL DEFAULT ''"),
+        ("preempt_mode", "TEXT NOT NULL DEFAULT ''"),
     ),
     "tickets": (
         ("queue", "TEXT NOT NULL DEFAULT ''"),

@@ -393,10 +393,11 @@ class Tx:
         slices: the ones it parked give its size. Its seconds suspended (not GPU time) come from its
         suspension record: those before the record's `since`, and since then while parked. `exit_code`
         is its command's, as its runner said (None: not said). `by` is who ended it (BY_ADMIN, '' for
-        nobody), and BY_OWNER instead where `caller`, the name of who asked, is its holder's."""
+        nobody), and BY_OWNER instead where `caller`, the name of who asked, is its holder's. The mode
+        of its last preemption (its suspension record's; '' for none) goes with it."""
         self.conn.execute(
             "INSERT INTO lease_history (lease_id, queue, holder_name, label, gpus, started_at, ended_at, reason, "
-            "preempted_at, suspended_s, exit_code, ended_by) SELECT l.id, l.queue, l.holder_name, "
+            "preempted_at, suspended_s, exit_code, ended_by, preempt_mode) SELECT l.id, l.queue, l.holder_name, "
             "COALESCE(json_extract(l.holder, '$.label'), ''), COALESCE("
             "(SELECT SUM(CASE WHEN d.memory_mib > 0 THEN s.memory_mib * 1.0 / d.memory_mib ELSE 1.0 END) "
             "FROM slices s LEFT JOIN devices d ON d.uuid = s.device_uuid WHERE s.lease_id = l.id), "
@@ -407,7 +408,9 @@ class Tx:
             "(SELECT json_extract(su.record, '$.suspended_s') + CASE WHEN su.state IN (:suspended, :resuming) "
             "THEN MAX(0, :ended_at - json_extract(su.record, '$.since')) ELSE 0 END "
             "FROM suspensions su WHERE su.lease_id = l.id), 0), :exit_code, "
-            "CASE WHEN l.holder_name = :caller THEN :owner ELSE :by END FROM leases l WHERE l.id = :lease_id",
+            "CASE WHEN l.holder_name = :caller THEN :owner ELSE :by END, "
+            "COALESCE((SELECT json_extract(su.record, '$.mode') FROM suspensions su WHERE su.lease_id = l.id), '') "
+            "FROM leases l WHERE l.id = :lease_id",
             {
                 "ended_at": ended_at,
                 "reason": reason,
@@ -451,12 +454,12 @@ class Tx:
 
     def lease_records(
         self, since: float, until: float
-    ) -> List[Tuple[str, str, str, str, float, float, float, str, float, Optional[int], str]]:
+    ) -> List[Tuple[str, str, str, str, float, float, float, str, float, Optional[int], str, str]]:
         """(lease id, holder, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code,
-        ended_by) of the leases that ended in [since, until], in the order they ended."""
+        ended_by, preempt_mode) of the leases that ended in [since, until], in the order they ended."""
         return self.conn.execute(
             "SELECT lease_id, holder_name, label, queue, gpus, started_at, ended_at, reason, suspended_s, exit_code, "
-            "ended_by "
+            "ended_by, preempt_mode "
             "FROM lease_history WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at",
             (since, until),
         ).fetchall()
@@ -465,15 +468,19 @@ class Tx:
         """Delete the history of leases that ended before `before`; returns how many rows went."""
         return int(self.conn.execute("DELETE FROM lease_history WHERE ended_at < ?", (before,)).rowcount)
 
-    def preemption_counts(self) -> Dict[str, int]:
-        """Leases ever preempted, per queue: those ended (history) and those still held."""
-        counts: Dict[str, int] = {}
-        for table in ("lease_history", "leases"):
-            rows = self.conn.execute(
-                f"SELECT queue, COUNT(*) FROM {table} WHERE preempted_at IS NOT NULL GROUP BY queue"
-            )
-            for queue, n in rows:
-                counts[queue] = counts.get(queue, 0) + int(n)
+    def count_preemption(self, queue: str, mode: str, n: int = 1) -> None:
+        """Count `n` more preemptions of a lease of `queue` by `mode` (n = -1 takes one back)."""
+        self.conn.execute(
+            "INSERT INTO preemptions (queue, mode, count) VALUES (?, ?, MAX(?, 0)) "
+            "ON CONFLICT (queue, mode) DO UPDATE SET count = MAX(count + ?, 0)",
+            (queue, mode, n, n),
+        )
+
+    def preemption_counts(self) -> Dict[str, Dict[str, int]]:
+        """Preemptions ever, per queue and mode."""
+        counts: Dict[str, Dict[str, int]] = {}
+        for queue, mode, n in self.conn.execute("SELECT queue, mode, count FROM preemptions WHERE count > 0"):
+            counts.setdefault(str(queue), {})[str(mode)] = int(n)
         return counts
 
     # --- tokens ---------------------------------------------------------------
