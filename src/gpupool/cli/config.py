@@ -35,7 +35,10 @@ def handle_show(args: argparse.Namespace) -> int:
     from ..client.resolve import EMBEDDED, choose_pools, pool_line
 
     kwargs = pool_kwargs(args)
-    choices = [c.to_dict() for c in choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"])]
+    choices = [
+        c.to_dict()
+        for c in choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"], kwargs["ca_file"])
+    ]
     if args.json:
         print(json.dumps({"pools": choices}))
         return 0

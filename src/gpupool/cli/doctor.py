@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import List
 
-from .pool_options import print_pool
+from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
 EXAMPLES = """its verdict: exit 0 healthy, 1 a broken invariant (each one named), 7 the database is damaged.
 
@@ -30,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--state", metavar="DIR", help="state dir (default: $GPUPOOL_STATE or ~/.local/state/gpupool)")
-    where.add_argument("--server", metavar="URL", help="ask this server to check its own state (admin token)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    # The pool as every client verb finds it (--server, --state, $GPUPOOL_SERVER, client.yaml, the
+    # embedded default); a server checks its own state (an admin token).
+    add_pool_arguments(p)
     p.set_defaults(func=handle_doctor)
 
     p = subparsers.add_parser(
@@ -63,13 +63,30 @@ def _state(args: argparse.Namespace) -> Path:
 
 
 def handle_doctor(args: argparse.Namespace) -> int:
-    if args.server:
-        pool, report = _remote_report(args.server)
-    else:
+    from ..client.resolve import EMBEDDED, choose_pools
+    from ..core.errors import InvalidInput
+
+    kwargs = pool_kwargs(args)
+    choices = choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"], kwargs["ca_file"])
+    if len(choices) > 1:
+        raise InvalidInput(
+            f"gpupool doctor checks one pool, and {len(choices)} are configured "
+            f"({', '.join(c.address for c in choices)}): pick one with --server URL or --state DIR"
+        )
+    choice = choices[0]
+    if choice.address.lower().startswith(EMBEDDED):
         from ..pool.doctor import check_state
 
-        state = _existing_pool(_state(args))
+        state = _existing_pool(Path(choice.address[len(EMBEDDED) :]))
         pool, report = f"embedded:{state}", check_state(state).to_dict()
+    else:
+        from ..client.http import HttpPoolClient
+
+        client = HttpPoolClient(choice.address, token=choice.token, ca=choice.ca)
+        try:
+            pool, report = client.address, client.request("GET", "/v1/doctor")
+        finally:
+            client.close()
     if args.json:
         print(json.dumps(report))
     else:
@@ -92,24 +109,6 @@ def _existing_pool(state: Path) -> Path:
     if not (state / DB_NAME).exists() and not (state / MARKER_NAME).exists():
         raise NotFound(f"{state} holds no pool (no {DB_NAME}): check --state, or start one there with `gpupool server`")
     return state
-
-
-def _remote_report(url: str) -> Tuple[str, Dict[str, Any]]:
-    """The pool --server names (its address) and its doctor report."""
-    from ..client.http import HttpPoolClient
-    from ..client.resolve import connect_all
-
-    clients = connect_all(servers=[url])
-    try:
-        client = clients[0]
-        if not isinstance(client, HttpPoolClient):  # embedded:DIR
-            from ..pool.doctor import check_state
-
-            return client.address, check_state(Path(client.address.split(":", 1)[1])).to_dict()
-        return client.address, client.request("GET", "/v1/doctor")
-    finally:
-        for c in clients:
-            c.close()
 
 
 def handle_backup(args: argparse.Namespace) -> int:

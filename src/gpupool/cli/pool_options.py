@@ -21,10 +21,11 @@ if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool 
         state_dir: Optional[Path]
         devices_spec: Optional[str]
         token_file: Optional[Path]
+        ca_file: Optional[Path]
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
-    """--server (repeatable), --state, --token-file and --devices."""
+    """--server (repeatable), --state, --token-file, --ca and --devices."""
     group = parser.add_argument_group("pool selection")
     group.add_argument(
         "--server",
@@ -45,6 +46,12 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         help="send the token in FILE (an admin's: the server's --token-file) instead of $GPUPOOL_TOKEN or the bundle's",
     )
     group.add_argument(
+        "--ca",
+        metavar="FILE",
+        help="trust this CA certificate for https:// servers (the server's STATE/tls/ca.crt) instead of $GPUPOOL_CA, "
+        "the bundle's or the system's",
+    )
+    group.add_argument(
         "--devices",
         metavar="SPEC",
         help="devices of the embedded pool, e.g. emulated:2x16GiB (default: $GPUPOOL_DEVICES, else NVML)",
@@ -59,6 +66,7 @@ def pool_kwargs(args: argparse.Namespace) -> PoolKwargs:
         "state_dir": Path(args.state).expanduser() if args.state else None,
         "devices_spec": args.devices,
         "token_file": Path(args.token_file).expanduser() if args.token_file else None,
+        "ca_file": Path(args.ca).expanduser() if args.ca else None,
     }
 
 

@@ -279,10 +279,39 @@ class HttpPoolClient(PoolClient):
 
     def _unreachable(self, err: BaseException) -> ServerUnreachable:
         reason = str(err) or type(err).__name__
+        refused = isinstance(err, (ConnectionRefusedError, socket.gaierror, socket.timeout))
+        if not self._https and not refused and _speaks_tls(self._host, self._port):
+            secure = "https://" + self.address.split("://", 1)[-1]
+            return ServerUnreachable(
+                f"{self.address} closed the connection: this server speaks TLS: use {secure} "
+                "(and its CA: --ca, or the bundle's client.yaml)"
+            )
         return ServerUnreachable(
             f"cannot reach the gpupool server at {self.address} ({reason}): check that "
             "`gpupool server` runs there and the URL/port is right, or pass another --server"
         )
+
+
+# How long the probe of a plain-HTTP URL's server for TLS (a clearer error) may take.
+TLS_PROBE_S = 3.0
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    """Whether the server at host:port completes a TLS handshake (certificate unchecked: only to say
+    that an http:// URL should be https://; nothing is sent over it)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=TLS_PROBE_S) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class _Channel:

@@ -106,11 +106,14 @@ class PoolChoice(NamedTuple):
 
 
 def choose_pools(
-    servers: Optional[Sequence[str]] = None, state_dir: Optional[Path] = None, token_file: Optional[Path] = None
+    servers: Optional[Sequence[str]] = None,
+    state_dir: Optional[Path] = None,
+    token_file: Optional[Path] = None,
+    ca_file: Optional[Path] = None,
 ) -> List[PoolChoice]:
     """The pools to use, by the one rule: flags (--server, --state), then env, then the config file,
     then the embedded pool of $GPUPOOL_STATE or its default. A server's token likewise: --token-file,
-    then $GPUPOOL_TOKEN, then the config entry's."""
+    then $GPUPOOL_TOKEN, then the config entry's; its CA: --ca, then the config entry's, then $GPUPOOL_CA."""
     if state_dir is not None and not servers:
         # An explicit --state names the pool: it beats $GPUPOOL_SERVER and client.yaml, which it
         # silently lost to once a bundle was installed.
@@ -149,6 +152,10 @@ def choose_pools(
         if not token:
             token, token_source = (entry.token, config.path) if entry and entry.token else ("", "none")
         ca, ca_source = (entry.ca, config.path) if entry and entry.ca else (os.environ.get(CA_ENV, ""), f"${CA_ENV}")
+        if ca_file is not None:
+            if not ca_file.is_file():
+                raise InvalidInput(f"--ca {ca_file}: no such file; give the server's CA certificate (STATE/tls/ca.crt)")
+            ca, ca_source = str(ca_file), "--ca"
         choices.append(PoolChoice(address, source, token, token_source, ca, ca_source if ca else "system CAs"))
     return choices
 
@@ -171,11 +178,12 @@ def connect_all(
     devices_spec: Optional[str] = None,
     isolation: Optional[IsolationMode] = None,
     token_file: Optional[Path] = None,
+    ca_file: Optional[Path] = None,
 ) -> List[PoolClient]:
     """One client per pool to use (at least one: the embedded pool when no server is named), as
     `choose_pools` chooses them. `isolation` sets the embedded pool's mode; a server's mode is its
     own (`gpupool server --isolation`)."""
-    choices = choose_pools(servers, state_dir, token_file)
+    choices = choose_pools(servers, state_dir, token_file, ca_file)
     embedded = [c.address.lower().startswith(EMBEDDED) for c in choices]
     if isolation is not None and not all(embedded):
         raise InvalidInput(

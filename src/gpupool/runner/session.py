@@ -59,6 +59,7 @@ class RunOptions(NamedTuple):
     state_dir: Optional[Path] = None
     devices_spec: Optional[str] = None
     token_file: Optional[Path] = None  # --token-file: the token to send, over $GPUPOOL_TOKEN and the bundle's
+    ca_file: Optional[Path] = None  # --ca: the CA to trust, over the bundle's and $GPUPOOL_CA
     isolation: Optional[IsolationMode] = None  # set the embedded pool's mode; None keeps the stored one
     quiet: bool = False
     say: Callable[[str], None] = _silent
@@ -103,7 +104,7 @@ def run(command: Sequence[str], options: RunOptions) -> int:
     clients: List[PoolClient] = []
     try:
         clients = connect_all(
-            options.servers, options.state_dir, options.devices_spec, options.isolation, options.token_file
+            options.servers, options.state_dir, options.devices_spec, options.isolation, options.token_file, options.ca_file
         )
         options.say(pool_line([c.address for c in clients]))  # the first line: which pool(s) the run uses
         attempt = 1

@@ -26,9 +26,11 @@ LOCK_NAME = "server.lock"
 class StateLock:
     """An exclusive, non-blocking flock on `<state_dir>/server.lock`; released on close or death."""
 
-    def __init__(self, state_dir: Union[str, Path]) -> None:
+    def __init__(self, state_dir: Union[str, Path], refused: str = "") -> None:
+        """`refused`: what a StateLocked says after naming the server (default: a second server's advice)."""
         self.path = Path(state_dir) / LOCK_NAME
         self._fd: Optional[int] = None
+        self._refused = refused
 
     def acquire(self) -> StateLock:
         make_private(self.path.parent)
@@ -38,6 +40,10 @@ class StateLock:
         except OSError:
             owner = _read(fd)
             os.close(fd)
+            if self._refused:
+                raise StateLocked(
+                    f"a gpupool server (pid {owner or '?'}) serves state dir {self.path.parent}: {self._refused}"
+                ) from None
             raise StateLocked(
                 f"another gpupool server (pid {owner or '?'}) already serves state dir {self.path.parent}: "
                 "stop it, or give this one its own --state"

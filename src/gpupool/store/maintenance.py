@@ -103,7 +103,7 @@ def restore(state_dir: PathLike, backup_file: PathLike) -> Path:
     if not {"meta", "devices", "leases", "slices", "tokens"} <= tables:
         raise InvalidInput(f"{source} is an SQLite file but not a gpupool pool database: pick a `gpupool backup` file")
     state.mkdir(parents=True, exist_ok=True)
-    with StateLock(state):
+    with StateLock(state, "stop the server first, then restore"):
         users = processes_using(state)
         if users:
             shown = ", ".join(f"{pid} ({command})" for pid, command in users[:3])
