@@ -466,14 +466,19 @@ class ControlPlane:
     # ---- processes
 
     def _start(
-        self, name: str, args: List[str], bin_dir: Optional[Path] = None, env: Optional[Dict[str, str]] = None
+        self,
+        name: str,
+        args: List[str],
+        bin_dir: Optional[Path] = None,
+        env: Optional[Dict[str, str]] = None,
+        wrapper: Sequence[str] = (),
     ) -> Component:
         log = self.logs / f"{name}.log"
         if name == "kwok":  # kwok reads ~/.kwok: its home is the state folder, so a user's file is not read
             env = {"HOME": str(self.state_dir), **(env or {})}
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [str((bin_dir or self.bin_dir) / name), *args],
+                [*wrapper, str((bin_dir or self.bin_dir) / name), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -490,11 +495,16 @@ class ControlPlane:
         return component
 
     def start_process(
-        self, name: str, bin_dir: Path, args: List[str], env: Optional[Dict[str, str]] = None
+        self,
+        name: str,
+        bin_dir: Path,
+        args: List[str],
+        env: Optional[Dict[str, str]] = None,
+        wrapper: Sequence[str] = (),
     ) -> Component:
-        """Another component (binary `name` in `bin_dir`) started, logged and ended as the
-        control plane's own are (Kueue's controller, tools/kube_cluster/kueue.py)."""
-        return self._start(name, args, bin_dir, env)
+        """Another component (binary `name` in `bin_dir`, run through the command `wrapper` if
+        any) started, logged and ended as the control plane's own are (Kueue's controller)."""
+        return self._start(name, args, bin_dir, env, wrapper)
 
     def end(self, component: Component) -> None:
         """End one started component (SIGTERM, SIGKILL after the grace)."""
