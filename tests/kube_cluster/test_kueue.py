@@ -48,13 +48,17 @@ def kueue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
             queue.stop()
 
 
-def job(name: str, namespace: str, units: int, run_for: str = "") -> Dict[str, Any]:
-    """A Job for the team's LocalQueue asking `units` of gpupool.io/gpu (100 a GPU)."""
+def job(name: str, namespace: str, units: int, run_for: str = "", priority: str = "") -> Dict[str, Any]:
+    """A Job for the team's LocalQueue asking `units` of gpupool.io/gpu (100 a GPU), of the
+    WorkloadPriorityClass `priority` (deploy/examples/kueue: high, low) if given."""
     annotations = {kwok_stages.RUN_FOR_ANNOTATION: run_for} if run_for else {}
+    labels = {"kueue.x-k8s.io/queue-name": "gpus"}
+    if priority:
+        labels["kueue.x-k8s.io/priority-class"] = priority
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"kueue.x-k8s.io/queue-name": "gpus"}},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "suspend": True,
             "backoffLimit": 0,
@@ -136,5 +140,44 @@ def test_a_job_is_admitted_and_one_over_quota_waits_with_kueues_reason(kueue):
         lambda: condition(workload(kueue, "team-a", "second"), "Admitted").get("status") == "True",
         WAIT,
         "the second Job's Workload admitted once the first ended",
+        interval=0.5,
+    )
+
+
+def test_a_high_priority_job_preempts_the_teams_low_one(kueue):
+    # team-b: 200 units nominal, 100 more on loan: 300 at most; the low Job takes all of it.
+    kueue.kubectl("apply", "-f", "-", stdin=json.dumps(job("low", "team-b", 300, run_for="10m", priority="low")))
+    wait_until(
+        lambda: condition(workload(kueue, "team-b", "low"), "Admitted").get("status") == "True",
+        WAIT,
+        "the low Job admitted",
+        interval=0.5,
+    )
+    kueue.kubectl("apply", "-f", "-", stdin=json.dumps(job("high", "team-b", 200, run_for="10m", priority="high")))
+    evicted = wait_until(
+        lambda: condition(workload(kueue, "team-b", "low"), "Evicted") or None,
+        WAIT,
+        "the low Job's Workload evicted",
+        interval=0.5,
+    )
+    assert evicted["status"] == "True" and evicted["reason"] == "Preempted", evicted
+    wait_until(
+        lambda: condition(workload(kueue, "team-b", "high"), "Admitted").get("status") == "True",
+        WAIT,
+        "the high Job admitted in its place",
+        interval=0.5,
+    )
+    # Kueue suspends the preempted Job again: the Job controller removes its pod.
+    wait_until(
+        lambda: (
+            get(kueue, "-n", "team-b", "job", "low")["spec"].get("suspend") is True
+            and not [
+                p
+                for p in get(kueue, "-n", "team-b", "pods", "-l", "job-name=low")["items"]
+                if p["status"].get("phase") == "Running"
+            ]
+        ),
+        WAIT,
+        "the low Job suspended, its pod gone",
         interval=0.5,
     )
