@@ -77,6 +77,7 @@ def main() -> int:
         "kubernetes": controlplane.KUBE_RELEASE,
         "components": sorted(p.name for p in bin_dir.iterdir()),
         "cold_build": cold_build() if args.cold else previous.get("cold_build"),
+        "kueue_cold_build": previous.get("kueue_cold_build"),
         "cached_build_seconds": round(cached, 2),
     }
     with tempfile.TemporaryDirectory(prefix="kube-bench-") as state:
