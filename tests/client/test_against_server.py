@@ -13,6 +13,7 @@ import pytest
 
 from gpupool.client.config import write_client_bundle
 from gpupool.client.http import HttpPoolClient
+from gpupool.core.errors import Unauthorized
 from gpupool.core.model import Claim, Holder
 
 pytest.importorskip("fastapi")
@@ -67,10 +68,10 @@ def test_run_over_http_with_token_env(running_server, tmp_path):
 
 
 @pytest.mark.parametrize("token, hint", [(None, "no token was sent"), ("gp_wrong_token_123456", "refused")])
-def test_missing_or_wrong_token_exits_2(running_server, tmp_path, token, hint):
+def test_missing_or_wrong_token_exits_10(running_server, tmp_path, token, hint):
     env = workload_env(tmp_path, **({"GPUPOOL_TOKEN": token} if token else {}))
     done = gp(env, "run", "--server", running_server.url, "-p", "0.5", "--", "true")
-    assert done.returncode == 2
+    assert done.returncode == Unauthorized.exit_code == 10  # a refused token, not a usage error
     assert hint in done.stderr and "Traceback" not in done.stderr
 
 
