@@ -73,6 +73,17 @@ class ServerProcess:
             ids.append(answer.json()["id"])
         return ids
 
+    def make_tokens(self, *names: str) -> Dict[str, str]:
+        """A tenant token per name, made by the admin; name -> token."""
+        import httpx
+
+        tokens = {}
+        for name in names:
+            answer = httpx.post(f"{self.url}/v1/tokens", json={"name": name}, headers=self.headers())
+            assert answer.status_code == 201, answer.text
+            tokens[name] = answer.json()["token"]
+        return tokens
+
     def client_env(self, tmp_path: Path) -> Dict[str, str]:
         """The env of a `gpupool run` against this server: none of the developer's GPUPOOL_* or
         ~/.gpupool, no embedded pool of its own, the admin token."""

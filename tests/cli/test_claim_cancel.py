@@ -9,40 +9,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
-import httpx
+from tenants import gpupool_as
 from waiting import wait_until
 
 from gpupool.core.errors import ClaimCancelled, Forbidden, NotFound
 
 
-def gpupool(env: Dict[str, str], token: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *argv],
-        env=dict(env, GPUPOOL_TOKEN=token),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_cancel_a_waiting_claim_through_a_server(running_server, tmp_path: Path) -> None:
     server = running_server
     env = server.client_env(tmp_path)
-    admin = server.headers()
-    tokens = {}
-    for name in ("alice", "bob"):
-        answer = httpx.post(f"{server.url}/v1/tokens", json={"name": name}, headers=admin)
-        assert answer.status_code == 201, answer.text
-        tokens[name] = answer.json()["token"]
+    tokens = server.make_tokens("alice", "bob")
     server.hold_whole_gpus(2)
     flags = tmp_path / "flags"
     flags.mkdir()
     url = ["--server", server.url]
 
     def show() -> List[dict]:
-        done = gpupool(env, tokens["alice"], "queue", "show", "--json", *url)
+        done = gpupool_as(env, tokens["alice"], "queue", "show", "--json", *url)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)["waiting"]
 
@@ -63,12 +48,12 @@ def test_cancel_a_waiting_claim_through_a_server(running_server, tmp_path: Path)
         runs += [start("w1"), start("w2")]
         ids = {w["label"]: str(w["ticket"]) for w in show()}
 
-        stranger = gpupool(env, tokens["bob"], "claim", "cancel", ids["w1"], *url)
+        stranger = gpupool_as(env, tokens["bob"], "claim", "cancel", ids["w1"], *url)
         assert stranger.returncode == Forbidden.exit_code, stranger.stderr
         assert stranger.stderr.count("\n") == 1 and "'alice', not 'bob'" in stranger.stderr
         assert len(show()) == 2
 
-        mine = gpupool(env, tokens["alice"], "claim", "cancel", ids["w1"], *url)
+        mine = gpupool_as(env, tokens["alice"], "claim", "cancel", ids["w1"], *url)
         assert mine.returncode == 0, mine.stderr
         assert f"claim {ids['w1']}" in mine.stderr and "cancelled" in mine.stderr
         assert runs[0].wait(60) == ClaimCancelled.exit_code
@@ -76,7 +61,7 @@ def test_cancel_a_waiting_claim_through_a_server(running_server, tmp_path: Path)
         assert f"claim {ids['w1']}" in told and "cancelled by its holder 'alice'" in told, told
         assert [w["label"] for w in show()] == ["w2"]
 
-        by_admin = gpupool(env, server.token or "", "claim", "cancel", ids["w2"], *url)
+        by_admin = gpupool_as(env, server.token or "", "claim", "cancel", ids["w2"], *url)
         assert by_admin.returncode == 0, by_admin.stderr
         assert runs[1].wait(60) == ClaimCancelled.exit_code
         told = runs[1].stderr.read() if runs[1].stderr else ""
@@ -84,7 +69,7 @@ def test_cancel_a_waiting_claim_through_a_server(running_server, tmp_path: Path)
         assert show() == []
         assert not list(flags.iterdir())  # neither command ran
 
-        unknown = gpupool(env, tokens["alice"], "claim", "cancel", ids["w1"], *url)  # gone already
+        unknown = gpupool_as(env, tokens["alice"], "claim", "cancel", ids["w1"], *url)  # gone already
         assert unknown.returncode == NotFound.exit_code, unknown.stderr
         assert unknown.stderr.count("\n") == 1 and repr(ids["w1"]) in unknown.stderr
     finally:

@@ -9,33 +9,20 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import httpx
+from tenants import gpupool_as
 from waiting import wait_until
 
 from gpupool.core.errors import Forbidden, InvalidInput, NotFound
-
-
-def gpupool(env: Dict[str, str], token: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *argv],
-        env=dict(env, GPUPOOL_TOKEN=token),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) -> None:
     server = running_server
     env = server.client_env(tmp_path)
     admin = server.headers()
-    tokens = {}
-    for name in ("alice", "bob"):
-        answer = httpx.post(f"{server.url}/v1/tokens", json={"name": name}, headers=admin)
-        assert answer.status_code == 201, answer.text
-        tokens[name] = answer.json()["token"]
+    tokens = server.make_tokens("alice", "bob")
     blockers = server.hold_whole_gpus(2)
     flags = tmp_path / "flags"
     flags.mkdir()
@@ -43,7 +30,7 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
     url = ["--server", server.url]
 
     def show() -> List[dict]:
-        done = gpupool(env, tokens["alice"], "queue", "show", "--json", *url)
+        done = gpupool_as(env, tokens["alice"], "queue", "show", "--json", *url)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)["waiting"]
 
@@ -66,7 +53,7 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
         runs += [start("w1"), start("w2")]
         ids = {w["label"]: str(w["ticket"]) for w in show()}
 
-        stranger = gpupool(env, tokens["bob"], "claim", "hold", ids["w1"], *url)
+        stranger = gpupool_as(env, tokens["bob"], "claim", "hold", ids["w1"], *url)
         assert stranger.returncode == Forbidden.exit_code, stranger.stderr
         assert stranger.stderr.count("\n") == 1 and "'alice', not 'bob'" in stranger.stderr
         denied = httpx.put(
@@ -74,7 +61,7 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
         )
         assert denied.status_code == 403 and "alice" in denied.json()["error"]["message"]
 
-        held = gpupool(env, tokens["alice"], "claim", "hold", ids["w1"], *url)
+        held = gpupool_as(env, tokens["alice"], "claim", "hold", ids["w1"], *url)
         assert held.returncode == 0, held.stderr
         assert held.stderr.splitlines()[0] == f"pool: {server.url}" and "held" in held.stderr
         assert [(w["label"], w["position"], w["why"]) for w in show()] == [("w2", 1, "no-room"), ("w1", 0, "held")]
@@ -83,12 +70,12 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
         wait_until(lambda: started() == ["w2"], 30, "w2 granted past the held w1")
         assert [w["label"] for w in show()] == ["w1"]
 
-        released = gpupool(env, tokens["alice"], "claim", "release", ids["w1"], *url)
+        released = gpupool_as(env, tokens["alice"], "claim", "release", ids["w1"], *url)
         assert released.returncode == 0, released.stderr
         runs.append(start("w3"))
         assert [(w["label"], w["position"]) for w in show()] == [("w1", 1), ("w3", 2)]  # its place back
         w3 = next(w["ticket"] for w in show() if w["label"] == "w3")
-        raised = gpupool(env, server.token or "", "claim", "priority", str(w3), "10", *url)  # an admin may
+        raised = gpupool_as(env, server.token or "", "claim", "priority", str(w3), "10", *url)  # an admin may
         assert raised.returncode == 0, raised.stderr
         assert [(w["label"], w["priority"]) for w in show()] == [("w3", 10), ("w1", 0)]
 
@@ -97,12 +84,12 @@ def test_hold_release_priority_through_a_server(running_server, tmp_path: Path) 
         assert [w["label"] for w in show()] == ["w1"]
 
         for argv in (["hold", "99999"], ["release", "no-such"], ["priority", "99999", "1"]):
-            unknown = gpupool(env, tokens["alice"], "claim", *argv, *url)
+            unknown = gpupool_as(env, tokens["alice"], "claim", *argv, *url)
             assert unknown.returncode == NotFound.exit_code, unknown.stderr
             assert unknown.stderr.count("\n") == 1 and repr(argv[1]) in unknown.stderr
         missing = httpx.post(f"{server.url}/v1/claims/99999/hold", json={}, headers=admin)
         assert missing.status_code == 404 and "'99999'" in missing.json()["error"]["message"]
-        bad = gpupool(env, tokens["alice"], "claim", "priority", ids["w1"], "high", *url)
+        bad = gpupool_as(env, tokens["alice"], "claim", "priority", ids["w1"], "high", *url)
         assert bad.returncode == InvalidInput.exit_code and "'high'" in bad.stderr
         for body in ({"priority": "1"}, {"priority": 10**9}, {"priority": 1, "extra": 1}, {}):
             refused = httpx.put(f"{server.url}/v1/claims/{ids['w1']}/priority", json=body, headers=admin)

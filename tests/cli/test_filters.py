@@ -7,22 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import httpx
+from tenants import gpupool_as
 from waiting import wait_until
 
 from gpupool.core.errors import InvalidInput
-
-
-def gpupool(env: Dict[str, str], token: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *argv],
-        env=dict(env, GPUPOOL_TOKEN=token),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) -> None:
@@ -30,12 +21,8 @@ def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) 
     env = server.client_env(tmp_path)
     admin = server.headers()
     url = ["--server", server.url]
-    tokens = {}
-    for name in ("alice", "bob"):
-        answer = httpx.post(f"{server.url}/v1/tokens", json={"name": name}, headers=admin)
-        assert answer.status_code == 201, answer.text
-        tokens[name] = answer.json()["token"]
-    made = gpupool(env, server.token or "", "queue", "set", "team-a", "--quota", "1", *url)
+    tokens = server.make_tokens("alice", "bob")
+    made = gpupool_as(env, server.token or "", "queue", "set", "team-a", "--quota", "1", *url)
     assert made.returncode == 0, made.stderr
 
     def run(who: str, *argv: str) -> subprocess.Popen:
@@ -46,12 +33,12 @@ def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) 
         )
 
     def status(*argv: str) -> dict:
-        done = gpupool(env, tokens["alice"], "status", "--json", *url, *argv)
+        done = gpupool_as(env, tokens["alice"], "status", "--json", *url, *argv)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
     def show(*argv: str) -> List[dict]:
-        done = gpupool(env, tokens["alice"], "queue", "show", "--json", *url, *argv)
+        done = gpupool_as(env, tokens["alice"], "queue", "show", "--json", *url, *argv)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)["waiting"]
 
@@ -70,13 +57,13 @@ def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) 
         assert only_waiting["leases"] == [] and len(only_waiting["waiting"]) == 1
         assert len(status("--states", "running,held")["leases"]) == 2
         assert status("-u", "bob", "--states", "waiting")["waiting"] == []
-        table = gpupool(env, tokens["alice"], "status", *url, "-u", "bob")
+        table = gpupool_as(env, tokens["alice"], "status", *url, "-u", "bob")
         assert table.returncode == 0 and " bob" in table.stdout and "alice" not in table.stdout, table.stdout
 
         assert [w["holder"] for w in show("-u", "alice")] == ["alice"]
         assert show("-u", "bob") == [] and show("--states", "held") == []
 
-        bad = gpupool(env, tokens["alice"], "status", *url, "--states", "runing")
+        bad = gpupool_as(env, tokens["alice"], "status", *url, "--states", "runing")
         assert bad.returncode == InvalidInput.exit_code and "'runing'" in bad.stderr and "running" in bad.stderr
         assert bad.stderr.count("\n") == 1
 
@@ -85,7 +72,7 @@ def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) 
         assert httpx.delete(f"{server.url}/v1/leases/{bob_lease[0]}", headers=admin).status_code == 200
 
         def usage(*argv: str) -> dict:
-            done = gpupool(env, tokens["alice"], "usage", "--json", *url, *argv)
+            done = gpupool_as(env, tokens["alice"], "usage", "--json", *url, *argv)
             assert done.returncode == 0, done.stderr
             return json.loads(done.stdout)
 
@@ -95,7 +82,7 @@ def test_filters_of_status_queue_show_and_usage(running_server, tmp_path: Path) 
         ended = usage("--by", "lease", "--states", "released")["leases"]
         assert [r["holder"] for r in ended] == ["bob"]
         assert usage("--by", "lease", "-u", "alice")["leases"] == []
-        wrong = gpupool(env, tokens["alice"], "usage", *url, "--states", "released")
+        wrong = gpupool_as(env, tokens["alice"], "usage", *url, "--states", "released")
         assert wrong.returncode == InvalidInput.exit_code and "--by lease" in wrong.stderr
     finally:
         for proc in runs:

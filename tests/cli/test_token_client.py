@@ -62,6 +62,8 @@ def test_a_refused_admin_token_and_a_missing_server_are_one_line(server_factory,
     wrong = tmp_path / "wrong-token"
     wrong.write_text("not-the-admin-token\n")
     base = ["token", "create", "--name", "bob", "--admin-token-file", str(wrong), "--out", str(tmp_path / "b.tar")]
-    one_line(gpupool(*base, "--server", s.url, env=clean_env(tmp_path)), 10, s.url, "--admin-token-file")  # a refused token
+    one_line(
+        gpupool(*base, "--server", s.url, env=clean_env(tmp_path)), 10, s.url, "--admin-token-file"
+    )  # a refused token
     one_line(gpupool(*base, "--server", "http://127.0.0.1:9", env=clean_env(tmp_path)), 5, "127.0.0.1:9")
     assert not (tmp_path / "b.tar").exists()

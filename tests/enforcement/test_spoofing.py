@@ -44,11 +44,7 @@ def watched(server_factory, tmp_path, monkeypatch):
     usage = tmp_path / "usage.json"
     monkeypatch.setenv(EMULATED_USAGE_ENV, str(usage))
     server = server_factory("--enforce-grace", str(GRACE_S), "--usage-interval", str(INTERVAL_S), "--enforce", "kill")
-    tokens = {}
-    for name in ("alice", "bob"):
-        answer = httpx.post(f"{server.url}/v1/tokens", json={"name": name}, headers=server.headers())
-        assert answer.status_code == 201, answer.text
-        tokens[name] = answer.json()["token"]
+    tokens = server.make_tokens("alice", "bob")
     return server, usage, tokens
 
 
