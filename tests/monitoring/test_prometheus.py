@@ -98,7 +98,7 @@ def prometheus(tmp_path_factory):
                 up = query(url, 'count_over_time(up{job="gpupool"}[1m])')
                 if up and float(up[0]["value"][1]) >= 2:
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # not listening yet, or its plain 503 while it starts
                 pass
             time.sleep(0.2)
         else:
