@@ -935,18 +935,10 @@ class Pool:
         """Take waiting claim `claim_id` out of the queue (its holder or an admin; `requester` None
         acts as admin): its waiter's next poll raises ClaimCancelled naming who. Returns the claim
         as `waiting` listed it."""
-        ticket = _ticket_id(claim_id)
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
-            holder = tx.ticket_holder(ticket)
-            if holder is None:
-                raise NotFound(_no_claim(claim_id))
-            if requester is not None and requester != holder:
-                raise Forbidden(
-                    f"claim {ticket} is waiting for {holder!r}, not {requester!r}: "
-                    "only its holder or an admin token may cancel it"
-                )
+            ticket, holder = _waiting_ticket(tx, claim_id, requester, "cancel")
             found = [w for w in self._waiting_in_order(tx, view.devices, now) if w.ticket == ticket]
             if not found:
                 raise NotFound(_no_claim(claim_id))
@@ -961,18 +953,10 @@ class Pool:
     ) -> WaitingClaim:
         """`change` the ticket of waiting claim `claim_id` in one transaction, its holder or an admin;
         NotFound (naming the id) when no such claim waits. Returns it as `waiting` lists it."""
-        ticket = _ticket_id(claim_id)
         with self._write() as (tx, view):
             now = self.clock()
             self._due(tx, view, now)
-            holder = tx.ticket_holder(ticket)
-            if holder is None:
-                raise NotFound(_no_claim(claim_id))
-            if requester is not None and requester != holder:
-                raise Forbidden(
-                    f"claim {ticket} is waiting for {holder!r}, not {requester!r}: "
-                    f"only its holder or an admin token may {verb} it"
-                )
+            ticket, _holder = _waiting_ticket(tx, claim_id, requester, verb)
             change(tx, ticket)
             view.tickets = None
         log.info("claim %d: %s", ticket, verb)
@@ -1109,6 +1093,21 @@ def _check_env_devices(state_dir: Path, saved: Sequence[Device], wanted: Sequenc
 def _describe(devices: Sequence[Device]) -> str:
     names = sorted({d.name for d in devices})
     return f"{len(devices)} GPU(s) ({', '.join(names)})"
+
+
+def _waiting_ticket(tx: Tx, claim_id: object, requester: Optional[str], verb: str) -> Tuple[int, str]:
+    """The ticket of waiting claim `claim_id` and its holder, where `requester` (None: an admin) may
+    `verb` it: NotFound naming the id, Forbidden naming both holders."""
+    ticket = _ticket_id(claim_id)
+    holder = tx.ticket_holder(ticket)
+    if holder is None:
+        raise NotFound(_no_claim(claim_id))
+    if requester is not None and requester != holder:
+        raise Forbidden(
+            f"claim {ticket} is waiting for {holder!r}, not {requester!r}: "
+            f"only its holder or an admin token may {verb} it"
+        )
+    return ticket, holder
 
 
 def _ticket_id(claim_id: object) -> int:
