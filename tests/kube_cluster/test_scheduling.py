@@ -125,6 +125,7 @@ def test_every_gpu_pod_is_bound_by_the_extender_on_the_gpus_it_recorded(cluster,
 
 def test_no_gpu_is_given_more_than_it_has(cluster, placed):
     _, pods, _ = placed
+    assert all(CHOICE in p["metadata"]["annotations"] for p in pods)  # not vacuous: every GPU is counted
     used = used_by_gpu(gpu_pods_everywhere(cluster))  # with the other tests' GPU pods
     over = {gpu: mib for gpu, mib in used.items() if mib > GPU_MIB}
     assert not over, f"GPUs given more than {GPU_MIB} MiB: {over}"

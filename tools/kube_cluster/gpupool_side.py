@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import yaml
 
-from .controlplane import _start_time, end_process_group, node_ip, node_name
+from .controlplane import STOP_GRACE_S, _start_time, node_ip, node_name
 
 if TYPE_CHECKING:
     from .controlplane import ControlPlane
@@ -77,7 +77,7 @@ class Proc:
     """One started process: its name, Popen and log file."""
 
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     log: Path
 
     def tail(self, chars: int = 3000) -> str:
@@ -324,20 +324,22 @@ class GpupoolSide:
         return proc
 
     def stop_one(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        end_process_group(proc.popen.pid)
-        try:
-            proc.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        (self.pids / f"{PID_PREFIX}{name}.pid").unlink(missing_ok=True)
+        self.stop_some([name])
+
+    def stop_some(self, names: List[str]) -> None:
+        """End these processes together: one grace period for all, not one each."""
+        procs = [self.procs.pop(n) for n in names if n in self.procs]
+        end_groups([p.popen.pid for p in procs])
+        for proc in procs:
+            try:
+                proc.popen.wait(1)  # reaped: no zombie left behind
+            except subprocess.TimeoutExpired:
+                pass
+            (self.pids / f"{PID_PREFIX}{proc.name}.pid").unlink(missing_ok=True)
 
     def stop(self) -> None:
-        """End every process started here, agents first (SIGTERM, then SIGKILL after a grace)."""
-        for name in sorted(self.procs, key=lambda n: n == "webhook"):
-            self.stop_one(name)
+        """End every process started here (SIGTERM to all, SIGKILL to what is left after the grace)."""
+        self.stop_some(list(self.procs))
 
 
 def _die_with_parent() -> Optional[Callable[[], None]]:
@@ -348,18 +350,52 @@ def _die_with_parent() -> Optional[Callable[[], None]]:
     return parent_death_signal(signal.SIGKILL)
 
 
+def end_groups(pids: List[int], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM to each process group led by `pids`, then SIGKILL to those still there after `grace`."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [pid for pid in left if _group_alive(pid)]
+    for pid in left:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our child: reap it, or its group lives on as a zombie
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def stop_detached(state: Path) -> List[str]:
-    """cluster-down's first half: end gpupool's processes listed in STATE/pids (a reused pid is
-    left alone); their names."""
-    ended = []
+    """cluster-down's first half: end gpupool's processes listed in STATE/pids together (a reused
+    pid is left alone); their names."""
+    found = []
     folder = state / "pids"
     for path in sorted(folder.glob(f"{PID_PREFIX}*.pid")) if folder.is_dir() else []:
         pid, _, start = path.read_text().strip().partition(" ")
         if pid.isdigit() and _start_time(int(pid)) == start:
-            end_process_group(int(pid))
-            ended.append(path.stem)
+            found.append((path, int(pid)))
+        else:
+            path.unlink(missing_ok=True)
+    end_groups([pid for _, pid in found])
+    for path, _ in found:
         path.unlink(missing_ok=True)
-    return ended
+    return [path.stem for path, _ in found]
 
 
 def find_kubectl() -> str:
