@@ -130,7 +130,8 @@ class Teams:
         self.env = server.client_env(tmp_path)
         self.env["GPUPOOL_SERVER"] = server.url
         for name in ("a", "b"):
-            cli(self.env, "queue", "set", name, "--quota", "1")
+            # requeue: these tests follow the SIGTERM and the rerun (suspension has tests of its own)
+            cli(self.env, "queue", "set", name, "--quota", "1", "--preempt", "requeue")
 
     def job(self, name: str, queue: str, *flags: str, mode: str = "") -> Tuple[Runner, Path, Path]:
         """A runner of the preemptee in `queue`; its event log and stop file."""

@@ -95,7 +95,8 @@ def test_a_failed_restore_leaves_the_lease_suspended_with_its_error(server_facto
 
 def test_a_preempted_lease_that_cannot_be_parked_is_requeued_with_the_reason(server_factory, tmp_path: Path) -> None:
     pool = Pool(server_factory(), tmp_path)
-    pool.env.pop("GPUPOOL_EMULATED_USAGE")  # the runners' backend is cuda, which has no driver here
+    pool.env.pop("GPUPOOL_EMULATED_USAGE")
+    pool.env["GPUPOOL_SUSPEND_BACKEND"] = "cuda"  # which has no driver here (auto would take the emulated one)
     first, first_log, first_stop = pool.job("a1", "a")
     loan, loan_log, loan_stop = pool.job("a2", "a")
     b, b_log, b_stop = pool.job("b", "b")

@@ -134,3 +134,12 @@ def test_a_fraction_that_would_round_to_nothing_is_refused_with_the_fix(state, c
 def test_the_smallest_fraction_is_granted_at_least_one_mib():
     for device in emulated_devices("1x1GiB,1x80GiB", "n"):
         assert GpuRequest(1, fraction=MIN_FRACTION).memory_on(device) == 1
+
+
+def test_an_unknown_suspend_backend_is_exit_2_before_anything_is_claimed(state, capsys, monkeypatch):
+    monkeypatch.setenv("GPUPOOL_SUSPEND_BACKEND", "criu")
+    ran = state.parent / "ran"
+    assert main(["run", "--state", str(state), "-p", "1", "--", "touch", str(ran)]) == 2
+    line = one_line(capsys)
+    assert "GPUPOOL_SUSPEND_BACKEND='criu'" in line and "cuda, emulated, auto" in line
+    assert not ran.exists()

@@ -175,9 +175,25 @@ def handle(args: argparse.Namespace) -> int:
         warn=progress(False),
         isolation=IsolationMode.parse(args.isolation) if args.isolation else None,
         time_s=_time(args.time),
+        suspend_backend=_suspend_backend(),
         **pool_kwargs(args),
     )
     return run(command, options)
+
+
+def _suspend_backend() -> str:
+    """$GPUPOOL_SUSPEND_BACKEND, checked at the start (not at the first suspension); "auto" unset."""
+    import os
+
+    from ..core.errors import InvalidInput
+    from ..isolation.env import SUSPEND_BACKEND_ENV, SUSPEND_BACKENDS
+
+    name = os.environ.get(SUSPEND_BACKEND_ENV, "").strip().lower() or "auto"
+    if name not in SUSPEND_BACKENDS:
+        raise InvalidInput(
+            f"{SUSPEND_BACKEND_ENV}={name!r} is not one of {', '.join(SUSPEND_BACKENDS)}: set one or unset it"
+        )
+    return name
 
 
 def _decided_claim(args: argparse.Namespace, say: Callable[[str], None]) -> Claim | None:

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..core.errors import CheckpointFailed, InvalidInput
 from .emulated_usage import SHAPE, Usage, UsageRow, read_usage, write_usage
-from .env import EMULATED_USAGE_ENV
+from .env import EMULATED_USAGE_ENV, SUSPEND_BACKENDS
 from .proctree import send_signal
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 MIB = 1024 * 1024
-BACKENDS = ("cuda", "emulated", "auto")
+BACKENDS = SUSPEND_BACKENDS
 # The first driver with cuCheckpointProcess* (cuDriverGetVersion's 1000 * major + 10 * minor).
 CUDA_CHECKPOINT_DRIVER = 12080
 SUSPEND_EXTRA = "pip install 'gpupool[suspend]'"

@@ -48,6 +48,11 @@ MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 # NVML. devices/usage.py samples it, isolation/checkpoint.py's emulated backend parks entries of it;
 # defined here because devices/usage.py pulls in modules an embedded run never loads.
 EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
+# The runner's suspend backend (isolation/checkpoint.py): "auto" (the default) parks a lease on
+# emulated GPUs with the emulated backend and one on real GPUs with the CUDA driver's; "cuda" or
+# "emulated" forces one (e.g. "cuda" to see the requeue fallback where no driver is).
+SUSPEND_BACKEND_ENV = "GPUPOOL_SUSPEND_BACKEND"
+SUSPEND_BACKENDS = ("cuda", "emulated", "auto")
 # The devices a pool serves where no --devices flag names them (devices/inventory.py reads it).
 DEVICES_ENV = "GPUPOOL_DEVICES"
 # Inside a pod: the container's decided claim (JSON, core.model.Claim.to_dict), which the runner
