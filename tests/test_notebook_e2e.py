@@ -336,7 +336,8 @@ def test_kill_9_of_the_jupyter_process_leaves_nothing(notebooks: Notebooks, susp
 def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
     notebooks: Notebooks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv("GPUPOOL_EMULATED_USAGE")  # the runner's backend is then cuda, absent here
+    monkeypatch.delenv("GPUPOOL_EMULATED_USAGE")
+    monkeypatch.setenv("GPUPOOL_SUSPEND_BACKEND", "cuda")  # absent here (auto would park emulated GPUs)
     monkeypatch.setenv("CUDA_HOME", "/nonexistent")
     notebooks.install("k", "--fraction", "0.25", "--idle-suspend", "1s")
     caplog.set_level("WARNING", logger="gpupool.notebook.gate")

@@ -110,7 +110,11 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
 
     for name in ("a", "b"):
         done = subprocess.run(
-            gpupool_cmd("queue", "set", name, "--quota", "1"), env=env, capture_output=True, text=True
+            # requeue: the test follows the SIGTERM, the checkpoint and the rerun (the default suspends)
+            gpupool_cmd("queue", "set", name, "--quota", "1", "--preempt", "requeue"),
+            env=env,
+            capture_output=True,
+            text=True,
         )
         assert done.returncode == 0, done.stderr
     stop = tmp_path / "stop-a1"
