@@ -22,7 +22,7 @@ OWNED_BY_JOB = {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "v
 RUNNING = {"key": ".status.phase", "operator": "In", "values": ["Running"]}
 RUN_FOR = {"durationFrom": {"jq": {"expression": f'.metadata.annotations["{RUN_FOR_ANNOTATION}"]'}}}
 
-NODE_READY = """\
+NODE_HEARTBEAT = """\
 {{ $now := Now }}
 conditions:
 {{ range NodeConditions }}
@@ -33,6 +33,13 @@ conditions:
   status: {{ .status | Quote }}
   type: {{ .type | Quote }}
 {{ end }}
+"""
+
+
+# A node made Ready: the heartbeat's conditions, then the addresses, capacity and info it keeps.
+NODE_READY = (
+    NODE_HEARTBEAT
+    + """\
 {{ with .status.addresses }}
 addresses:
 {{ YAML . 1 }}
@@ -58,19 +65,7 @@ nodeInfo:
   systemUUID: ""
 phase: Running
 """
-
-NODE_HEARTBEAT = """\
-{{ $now := Now }}
-conditions:
-{{ range NodeConditions }}
-- lastHeartbeatTime: {{ $now | Quote }}
-  lastTransitionTime: {{ $now | Quote }}
-  message: {{ .message | Quote }}
-  reason: {{ .reason | Quote }}
-  status: {{ .status | Quote }}
-  type: {{ .type | Quote }}
-{{ end }}
-"""
+)
 
 POD_RUNNING = """\
 {{ $now := Now }}
