@@ -104,7 +104,12 @@ def run(command: Sequence[str], options: RunOptions) -> int:
     clients: List[PoolClient] = []
     try:
         clients = connect_all(
-            options.servers, options.state_dir, options.devices_spec, options.isolation, options.token_file, options.ca_file
+            options.servers,
+            options.state_dir,
+            options.devices_spec,
+            options.isolation,
+            options.token_file,
+            options.ca_file,
         )
         options.say(pool_line([c.address for c in clients]))  # the first line: which pool(s) the run uses
         attempt = 1
