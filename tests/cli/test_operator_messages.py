@@ -91,7 +91,11 @@ def test_no_room_advice_is_given_once_and_not_to_a_claim_that_waits(tmp_path: Pa
 def test_status_watch_redraws_until_interrupted(tmp_path: Path) -> None:
     env = dict(clean_env(tmp_path), GPUPOOL_DEVICES="emulated:1x16GiB")
     args = [sys.executable, "-m", "gpupool", "status", "--watch", "0.2", "--state", str(tmp_path / "s")]
-    watch = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal sends it: SIGINT at its default (a backgrounded test run inherits it ignored)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    watch = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     lines: list = []
     assert watch.stdout is not None
     for line in watch.stdout:  # a frame starts with a '--- HH:MM:SS' line when stdout is no terminal
