@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
 import re
@@ -46,7 +47,7 @@ def hostile(tp: Any) -> Any:
         return hostile(next(a for a in args if a is not type(None)))
     if origin is tuple:
         return (hostile(args[0]), hostile(args[0])) if args[-1] is Ellipsis else tuple(hostile(a) for a in args)
-    if origin is dict:
+    if origin in (dict, collections.abc.Mapping):
         return {hostile(args[0]): hostile(args[1])}
     if dataclasses.is_dataclass(tp):
         hints = hints_of(tp)
