@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from marked import marked
 from waiting import wait_until
 
 from gpupool.isolation.cgroup import NAME_PREFIX, V1, freezer_parent
 from gpupool.isolation.env import LEASE_CGROUP_ENV
 
-from .test_lease_end import CGROUP_PARENT, env_for, marked
+from .test_lease_end import CGROUP_PARENT, env_for
 
 FREEZER_PARENT = freezer_parent({})
 # The lease's cgroup in each hierarchy that is writable here: cgroup v2, and the v1 freezer (what a

@@ -8,21 +8,17 @@ the processes hide their lease id, group and parent, not their command line.
 
 from __future__ import annotations
 
-import itertools
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from marked import kill_all, marked, marker
 from waiting import wait_until
 
 from gpupool.isolation.cgroup import NAME_PREFIX, OFF, lease_cgroup_parent
 from gpupool.isolation.env import LEASE_CGROUP_ENV
 from gpupool.runner.workdir import PREFIX
-
-_serial = itertools.count(1)
 
 CGROUP_PARENT = lease_cgroup_parent()
 MODES = [
@@ -32,28 +28,6 @@ MODES = [
     ),
     "subreaper",
 ]
-
-
-def marker() -> str:
-    """A sleep duration no other process on the machine uses."""
-    return f"1000.{os.getpid()}{next(_serial):03d}4242"
-
-
-def marked(mark: str, program: str = "") -> List[int]:
-    """The pids whose command line holds `mark` (zombies have none): the runner and its guard too,
-    unless `program` names the one to look for (argv[0])."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        if mark.encode() in data and (not program or data.split(b"\0")[0] == program.encode()):
-            found.append(int(name))
-    return found
 
 
 def cgroup_of(pid: int) -> Optional[str]:
@@ -74,14 +48,6 @@ def env_for(pool, mode: str, tmp_path: Path) -> Dict[str, str]:
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir(exist_ok=True)
     return env
-
-
-def kill_all(pids: List[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def cgroups_of(runner_pid: int) -> List[Path]:

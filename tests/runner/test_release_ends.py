@@ -8,9 +8,6 @@ Real processes: a `gpupool server` with tokens, `gpupool run -- sleep MARK` unde
 
 from __future__ import annotations
 
-import itertools
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +15,7 @@ from typing import Dict, List, Tuple
 
 import httpx
 import pytest
+from marked import kill_all, marked, marker
 from waiting import wait_until
 
 from gpupool.core.errors import LeaseLost
@@ -30,36 +28,6 @@ TTL_S = "60"
 # How long the command may outlive its lease's end here: a condition, not a speed (the benchmark
 # benchmarks/bench_release.py measures the speed).
 GONE_WAIT_S = 10.0
-
-
-_serial = itertools.count(1)
-
-
-def marker() -> str:
-    """A sleep duration no other process on the machine uses: it marks the test's processes."""
-    return f"2000.{os.getpid()}{next(_serial):03d}4343"
-
-
-def sleeps(mark: str) -> List[int]:
-    """The pids of the `sleep MARK` processes alive (zombies have no command line)."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [b"sleep", mark.encode()]:
-            found.append(int(name))
-    return found
-
-
-def kill_all(pids: List[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def named_token(server, name: str) -> str:
@@ -80,7 +48,7 @@ def start_run(env: Dict[str, str], *where: str) -> Tuple[subprocess.Popen, str, 
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_until(lambda: len(sleeps(mark)) >= 2 or runner.poll() is not None, 20, "the command started")
+    wait_until(lambda: len(marked(mark, "sleep")) >= 2 or runner.poll() is not None, 20, "the command started")
     assert runner.poll() is None, runner.communicate()[1]
     lines: List[str] = []
     return runner, mark, lease_of(runner, lines)
@@ -101,7 +69,7 @@ def ended(runner: subprocess.Popen, mark: str) -> str:
     """Wait for the command's tree to go and the runner to exit; its stderr."""
     try:
         try:
-            wait_until(lambda: not sleeps(mark), GONE_WAIT_S, "the command's processes gone")
+            wait_until(lambda: not marked(mark, "sleep"), GONE_WAIT_S, "the command's processes gone")
         except AssertionError as failed:
             runner.kill()
             raise AssertionError(f"{failed}; the runner said: {runner.communicate(timeout=10)[1]}") from None
@@ -111,7 +79,7 @@ def ended(runner: subprocess.Popen, mark: str) -> str:
         if runner.poll() is None:
             runner.kill()
         runner.wait(timeout=10)
-        kill_all(sleeps(mark))
+        kill_all(marked(mark, "sleep"))
 
 
 @pytest.fixture
