@@ -81,6 +81,16 @@ def test_the_kernel_names_the_peer_and_its_start_time():
         assert witness_peer(left, witness.start_ticks - 1) is None
 
 
+@pytest.mark.parametrize("uptime", ["10395.05", "10395.04", "0.29", "123.00"])
+def test_uptime_ticks_read_the_decimal_exactly(tmp_path, uptime):
+    # float("10395.05") * 100 truncates to 1039504: a process started in that tick looked
+    # born after "now" and failed attestation's reused-pid check.
+    (tmp_path / "uptime").write_text(f"{uptime} 99.00\n")
+    whole, cents = uptime.split(".")
+    expected = (int(whole) * 100 + int(cents)) * os.sysconf("SC_CLK_TCK") // 100
+    assert uptime_ticks(str(tmp_path)) == expected
+
+
 def test_start_ticks_change_with_the_process_behind_a_pid():
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     time.sleep(0.05)

@@ -18,6 +18,7 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from . import proctree
@@ -83,8 +84,10 @@ def uptime_ticks(proc_root: str = proctree.PROC) -> Optional[int]:
     """Clock ticks since boot now (the scale of `start_ticks`), or None without /proc."""
     try:
         with open(f"{proc_root}/uptime", "rb") as handle:
-            seconds = float(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
+            # Exact: float("10395.05") * 100 is 1039504.99..., a tick short of a process that
+            # started in that very tick, which would then look born after "now".
+            seconds = Fraction(handle.read().split()[0].decode())
+    except (OSError, ValueError, IndexError, ZeroDivisionError):
         return None
     return int(seconds * os.sysconf("SC_CLK_TCK"))
 
