@@ -299,5 +299,5 @@ def test_bad_http_input_gets_4xx_not_500(client):
     assert client.post("/nowhere", {})[0] == 404
     client.conn.request("POST", "/validate", b"{not json", {"Content-Type": "application/json"})
     resp = client.conn.getresponse()
-    assert resp.status == 400 and b"not JSON" in resp.read()
+    assert resp.status == 400 and b"not valid JSON" in resp.read()  # server.wire.json_object's words
     assert client.get("/healthz") == (200, {"status": "ok", "nodes": 2})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -13,7 +14,7 @@ import pytest
 from gpupool.kube.admission import CertReloader, WebhookApp
 from gpupool.kube.certs import write_certs
 from gpupool.kube.mutate import MutateConfig
-from gpupool.kube.webserver import Limits, WebServer
+from gpupool.kube.webserver import Limits, WebhookASGI, WebServer
 
 
 @pytest.fixture
@@ -218,3 +219,27 @@ def test_twenty_stalled_uploads_raise_the_webhook_process_memory_by_under_50_mib
             s.close()
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_handler_bug_answers_500_with_a_request_id_and_not_its_text(caplog):
+    """A bug is logged with its traceback under a request id; the answer names the id, never the exception."""
+
+    def broken(method, path, body):
+        raise RuntimeError("secret detail of the bug")
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mutate", "headers": [(b"content-length", b"2")]}
+    asyncio.run(WebhookASGI(broken)(scope, receive, send))
+    start, body = sent[0], json.loads(sent[1]["body"])
+    assert start["status"] == 500 and body["error"]["code"] == "internal"
+    assert "secret detail" not in sent[1]["body"].decode()
+    request_id = dict(start["headers"])[b"x-request-id"].decode()
+    assert body["error"]["request_id"] == request_id
+    assert any(request_id in r.getMessage() and r.exc_info for r in caplog.records)

@@ -18,9 +18,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..core.errors import InvalidInput
+from ..core.errors import GpupoolError, InvalidInput
 from ..core.fragmentation import LearnedMix
 from ..server.listener import parse_listen
+from ..server.wire import json_object
 from . import extender
 from .apiclient import KubeApi
 from .binder import handle_bind
@@ -28,7 +29,7 @@ from .mutate import MutateConfig, mutate
 from .nodestate import ClusterState
 from .validate import validate
 from .webhook_metrics import WebhookMetrics
-from .webserver import WebServer
+from .webserver import MAX_BODY, WebServer
 
 log = logging.getLogger(__name__)
 ROUTE_NAMES = {
@@ -84,13 +85,9 @@ class WebhookApp:
         if method != "POST":
             return 405, {"error": {"code": "method_not_allowed", "message": f"{path} takes POST"}}
         try:
-            data = json.loads(body or b"null")
-        except ValueError as err:
-            return 400, {"error": {"code": "invalid_input", "message": f"body is not JSON: {err}"}}
-        except RecursionError:  # nested deeper than any AdmissionReview: refuse it, do not fail
-            return 400, {"error": {"code": "invalid_input", "message": "body is nested too deeply"}}
-        if not isinstance(data, dict):
-            return 400, {"error": {"code": "invalid_input", "message": "body must be a JSON object"}}
+            data = json_object(body, MAX_BODY)  # the one reader of JSON bodies (size, depth, UTF-8)
+        except GpupoolError as err:
+            return err.http_status, err.to_dict()
         return routes[path](data)
 
     # -- admission -------------------------------------------------------

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..server import listener
 from ..server.bounds import Bounded
 from ..server.listener import Receive, Scope, Send
+from ..server.wire import internal_error
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +80,18 @@ class WebhookASGI:
         body = message.get("body", b"") if message["type"] == "http.request" else b""
         try:
             status, answer = self.handler(method, target, body)
-        except Exception as err:  # never a bare 500 without the JSON shape
-            log.exception("internal error")
-            await self._send(send, *_error(500, "internal", f"internal error: {err}"), close=True)
+        except Exception as err:  # a bug: the traceback to the log under a request id, never to the client
+            request_id, payload = internal_error(err, method, path)
+            await self._send(send, 500, payload, close=True, extra=[(b"x-request-id", request_id.encode())])
             return
         await self._send(send, status, answer, close=status >= 400)
 
     @staticmethod
-    async def _send(send: Send, status: int, answer: Any, close: bool) -> None:
+    async def _send(
+        send: Send, status: int, answer: Any, close: bool, extra: Sequence[Tuple[bytes, bytes]] = ()
+    ) -> None:
         body, content_type = encode(answer)
-        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})

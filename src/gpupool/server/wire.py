@@ -24,21 +24,20 @@ MAX_DEPTH = 32  # nesting of a claim body is 5 deep
 _SURROGATE_HINTS = (b"\\ud", b"\\uD")
 
 
-def check_size(size: int) -> None:
+def check_size(size: int, max_bytes: int = MAX_BODY_BYTES) -> None:
     """TooLarge (413) when a body of `size` bytes is over the limit."""
-    if size > MAX_BODY_BYTES:
-        raise TooLarge(
-            f"the request body is over {MAX_BODY_BYTES} bytes: a claim or token request is a small JSON object"
-        )
+    if size > max_bytes:
+        raise TooLarge(f"the request body is over {max_bytes} bytes: a claim or token request is a small JSON object")
 
 
-def json_object(raw: bytes) -> Dict[str, Any]:
+def json_object(raw: bytes, max_bytes: int = MAX_BODY_BYTES) -> Dict[str, Any]:
     """A request body that must be one JSON object (empty: {}), within the size and depth limits.
 
     InvalidInput (400) for anything else: not JSON, not UTF-8, nested deeper than
-    MAX_DEPTH, text with lone surrogates; TooLarge (413) over MAX_BODY_BYTES.
+    MAX_DEPTH, text with lone surrogates; TooLarge (413) over `max_bytes` (the webhook's
+    listener allows bigger bodies than the pool API: an AdmissionReview of a big pod).
     """
-    check_size(len(raw))
+    check_size(len(raw), max_bytes)
     try:
         body = json.loads(raw or b"{}")
     except RecursionError:
