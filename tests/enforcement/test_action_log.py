@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
@@ -20,11 +21,6 @@ CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
 OTHER_UID = 60002  # a stranger's process on the GPU
 GIB = 1024
-
-
-def write_usage(path: Path, usage: dict) -> None:
-    path.with_suffix(".tmp").write_text(json.dumps(usage))
-    os.replace(path.with_suffix(".tmp"), path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts a process of another local user: needs root")

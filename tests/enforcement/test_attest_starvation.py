@@ -20,6 +20,7 @@ from typing import Dict, Iterator, List
 
 import httpx
 import pytest
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
@@ -111,12 +112,6 @@ def stop_all(procs: List[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-
-
-def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({uuid: {str(pid): mib for pid, mib in rows.items()} for uuid, rows in usage.items()}))
-    os.replace(tmp, path)
 
 
 def test_starved_attestation_never_gets_a_job_killed(server_factory, shared_dir, tmp_path, monkeypatch):

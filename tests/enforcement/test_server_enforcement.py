@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
@@ -27,11 +27,6 @@ def watched_server(server_factory, tmp_path, monkeypatch):
     monkeypatch.setenv(EMULATED_USAGE_ENV, str(usage))
     server = server_factory("--enforce-grace", str(GRACE_S), "--usage-interval", "0.2", "--enforce-unleased", "kill")
     return server, usage
-
-
-def write_usage(path: Path, usage: dict) -> None:
-    path.with_suffix(".tmp").write_text(json.dumps(usage))
-    os.replace(path.with_suffix(".tmp"), path)
 
 
 def test_over_share_lease_is_killed_and_usage_is_shown(watched_server, tmp_path):

@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import httpx
 import pytest
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.devices.usage import EMULATED_USAGE_ENV
@@ -30,12 +31,6 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 GRACE_S = 0.5
 INTERVAL_S = 0.2
 GIB = 1024
-
-
-def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({uuid: {str(pid): mib for pid, mib in rows.items()} for uuid, rows in usage.items()}))
-    os.replace(tmp, path)
 
 
 @pytest.fixture

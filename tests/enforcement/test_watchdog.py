@@ -9,10 +9,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Tuple
+from typing import Iterable, List, Tuple
 
 import pytest
 from clock import FakeClock
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.core.errors import InvalidInput
@@ -46,12 +47,6 @@ def pool(tmp_path: Path) -> Iterable[Pool]:
     p = Pool(tmp_path / "state", devices=emulated_devices("emulated:2x16GiB", "n1"))
     yield p
     p.close()
-
-
-def write_usage(path: Path, usage: Dict[str, Dict[int, int]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({uuid: {str(pid): mib for pid, mib in rows.items()} for uuid, rows in usage.items()}))
-    os.replace(tmp, path)
 
 
 # What the node's attestation socket records (tests/enforcement/test_attest_listener.py drives the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 import httpx
 import pytest
+from envs import write_usage
 from waiting import wait_until
 
 from gpupool.core.attestation import ATTEST_WAIT_ENV, SOCKET_ENV, TICKET_FIELD
@@ -21,11 +21,6 @@ from gpupool.devices.usage import EMULATED_USAGE_ENV
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parent / "holder.py")
-
-
-def write_usage(path: Path, usage: Dict[str, Dict[str, int]]) -> None:
-    path.with_suffix(".tmp").write_text(json.dumps(usage))
-    os.replace(path.with_suffix(".tmp"), path)
 
 
 def owners(server, started: float) -> Dict[int, str]:
