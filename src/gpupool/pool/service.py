@@ -5,7 +5,7 @@ first reclaims expired leases and dead waiters, so several processes on one
 state dir (the embedded `gpupool run`s of a workstation, or a server and its
 admin CLI) need nothing but the database to agree.
 
-Speed: each thread keeps a `_View` of what its connection last saw (devices,
+Speed: each thread keeps a `View` of what its connection last saw (devices,
 MiB allocated per device, queue length, a lower bound of the next expiry).
 It is checked at the start of every transaction against PRAGMA data_version
 (which moves when any other connection commits) and the store's count of
@@ -32,7 +32,6 @@ import math
 import os
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,11 +72,11 @@ from ..core.status import PoolStatus, WaitingClaim
 from ..core.suspension import BY_ADMIN, BY_OWNER, DEFAULT_PREEMPT_MODE, check_preempt_mode
 from ..devices.health import is_emulated
 from ..isolation.emulated_usage import DEFAULT_USAGE_FILE
-from ..isolation.proctree import alive
 from ..logs import INFO, get_logger
 from ..store import Store
 from ..store.tx import Tx
 from . import accounting, suspend
+from .ledger import Ledger, View, check_seconds, check_time, ended, gone
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -132,25 +131,6 @@ class Waiter:
     cancelled: str = ""  # who cancelled it (`gpupool claim cancel`): its poll raises ClaimCancelled
 
 
-@dataclass
-class _View:
-    """What one connection knows of the database, valid while `version` and `commits` hold."""
-
-    conn: object
-    version: int  # PRAGMA data_version when built or last checked
-    commits: int  # Store.commits() after the last transaction that kept this view up to date
-    devices: List[Device]
-    allocated: Dict[str, int]
-    tickets: Optional[int]  # queue length; None: ask the database
-    next_expiry: float  # no lease expires before this (a lower bound: may be early, never late)
-    queues: Dict[str, QueueSpec]  # the queues defined; empty: the FIFO path, as before queues
-    valid: bool = True  # False: dropped at commit, so the next transaction rebuilds it
-
-    def invalidate(self) -> None:
-        """Drop this view after the transaction: it wrote something the view does not follow."""
-        self.valid = False
-
-
 class Pool:
     """The pool of one state dir, safe from several threads and several processes.
 
@@ -185,7 +165,7 @@ class Pool:
         self.state_dir = Path(state_dir)
         self.serving = serving
         # what a preempted lease's runner waits between SIGTERM and SIGKILL, unless its claim says
-        self.preempt_grace_s = _check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
+        self.preempt_grace_s = check_seconds(preempt_grace_s, "preempt_grace_s", 0.0, MAX_PREEMPT_GRACE_S)
         # what preempting a borrower does, in a queue that does not say
         self.preempt_mode = check_preempt_mode(preempt_mode)
         self._next_history_prune = 0.0  # the first sweep prunes
@@ -194,9 +174,8 @@ class Pool:
         self.clock = clock
         # os.uname().nodename is gethostname(2), without importing socket (gpupool run starts faster).
         self.node = node or os.uname().nodename
-        self._host = os.uname().nodename
-        self._devices_cache: Tuple[int, List[Device]] = (-1, [])
-        self._local = threading.local()  # this thread's _View
+        # the transaction state every verb shares (pool/ledger.py)
+        self.ledger = Ledger(self.store, clock, os.uname().nodename)
         self._closed = threading.Event()  # set by close(): ends the watches of other threads
         # fragaware's mix: the claims seen, kept in the store's meta table across processes and restarts
         self.mix = LearnedMix()
@@ -252,53 +231,6 @@ class Pool:
         self._closed.set()
         self.store.close()
 
-    # --- the per-connection view ------------------------------------------------
-    @contextmanager
-    def _write(self) -> Iterator[Tuple[Tx, _View]]:
-        """store.write() with this connection's view, checked (or rebuilt) inside the transaction.
-
-        The view may only be changed to follow what the transaction wrote; when the
-        transaction fails it is dropped, as is one another writer made stale.
-        """
-        with self.store.write() as tx:
-            view: Optional[_View] = getattr(self._local, "view", None)
-            version = tx.data_version()
-            if (
-                view is None
-                or view.conn is not tx.conn
-                or view.version != version
-                or view.commits != self.store.commits()
-            ):
-                devices = list(self._devices(tx))
-                view = _View(
-                    tx.conn,
-                    version,
-                    -1,
-                    devices,
-                    tx.allocated(),
-                    None,
-                    tx.next_expiry(),
-                    {spec.name: spec for spec in tx.queue_specs()},
-                )
-            self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
-            yield tx, view
-        view.commits = self.store.commits()
-        self._local.view = view if view.valid else None
-
-    def _due(self, tx: Tx, view: _View, now: float) -> List[Lease]:
-        """Reclaim expired leases and drop dead waiters, when the view says there may be any."""
-        if view.tickets is None:
-            view.tickets = tx.ticket_count()
-        if now < view.next_expiry and view.tickets == 0:
-            return []
-        expired = self._expire(tx, now)
-        for lease in expired:
-            for sl in lease.slices:
-                view.allocated[sl.device_uuid] = view.allocated.get(sl.device_uuid, 0) - sl.memory_mib
-        view.next_expiry = tx.next_expiry()
-        view.tickets = None
-        return expired
-
     # --- claims ----------------------------------------------------------------
     def claim(
         self, claim: Claim, holder: Holder, wait_s: float = 0.0, ttl_s: float = DEFAULT_TTL_S, key: str = ""
@@ -308,7 +240,7 @@ class Pool:
         Raises Unsatisfiable when no state of the pool could hold it, and
         Unavailable (with the placement reason) when the wait runs out.
         """
-        wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
+        wait_s = check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
         begun = time.monotonic()  # the wait counts from here, before the first transaction
         started = self.begin_claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s, key=key)
         if isinstance(started, Lease):
@@ -338,13 +270,11 @@ class Pool:
         the same in each try of it) makes a retry find what an earlier try got: the lease granted
         while its answer was lost, or the ticket that keeps its place in the queue.
         """
-        ttl_s = _check_seconds(ttl_s, "ttl_s", MIN_TTL_S, MAX_TTL_S)
-        wait_s = _check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
+        ttl_s = check_seconds(ttl_s, "ttl_s", MIN_TTL_S, MAX_TTL_S)
+        wait_s = check_seconds(wait_s, "wait_s", 0.0, MAX_WAIT_S)
         if not isinstance(claim, Claim):
             raise InvalidClaim(f"claim must be a Claim, got {type(claim).__name__}")
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
+        with self.ledger.step() as (tx, view, now):
             devices = view.devices
             self._observe(claim, devices)
             self._save_histogram(tx)
@@ -386,7 +316,7 @@ class Pool:
         return outcome
 
     def _reattach(
-        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
+        self, tx: Tx, view: View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
     ) -> Union[Lease, Waiter, None]:
         """A retried claim: the lease its key was granted, or its ticket, now polled by this process; None
         for a first try. Only the same holder (the token's name with auth on) finds them."""
@@ -397,7 +327,7 @@ class Pool:
         ticket = tx.ticket_by_key(key, holder.name)
         if ticket is None:
             return None
-        tx.adopt_ticket(ticket, self._host, os.getpid(), now + TICKET_TTL_S)
+        tx.adopt_ticket(ticket, self.ledger.host, os.getpid(), now + TICKET_TTL_S)
         view.tickets = None
         log.info("claim %s retried: back in the queue as ticket %d", key, ticket)
         # Its place is kept, so one poll at least, even when the retry has no wait left.
@@ -410,7 +340,7 @@ class Pool:
         ticket = tx.add_ticket(
             claim.to_dict(),
             holder.to_dict(),
-            self._host,
+            self.ledger.host,
             os.getpid(),
             now,
             now + TICKET_TTL_S,
@@ -422,7 +352,7 @@ class Pool:
         return ticket
 
     def _begin_in_queue(
-        self, tx: Tx, view: _View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
+        self, tx: Tx, view: View, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, now: float, key: str
     ) -> Union[Lease, Waiter, Exception]:
         """begin_claim in a pool with queues: take a ticket, and let admission decide at once."""
         # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
@@ -457,7 +387,7 @@ class Pool:
         log.info("claim %s queued as ticket %d: %s", claim.describe(), ticket, decision.reason)
         return Waiter(ticket, claim, holder, ttl_s, decision.reason, wait, now, key=key)
 
-    def _admit(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Decision:
+    def _admit(self, tx: Tx, view: View, ticket: int, claim: Claim, now: float) -> Decision:
         # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
         from .admission import admit
 
@@ -495,7 +425,7 @@ class Pool:
 
     def try_grant(self, waiter: Waiter) -> Optional[Lease]:
         """One poll of a waiting claim: grant it if it heads the queue and fits now."""
-        with self._write() as (tx, view):
+        with self.ledger.write() as (tx, view):
             lease = self._try_grant(tx, view, waiter)
             if lease is None and not waiter.cancelled:
                 _note_reason(tx, waiter)
@@ -506,9 +436,9 @@ class Pool:
             )
         return lease
 
-    def _try_grant(self, tx: Tx, view: _View, waiter: Waiter) -> Optional[Lease]:
+    def _try_grant(self, tx: Tx, view: View, waiter: Waiter) -> Optional[Lease]:
         now = self.clock()
-        self._due(tx, view, now)
+        self.ledger.due(tx, view, now)
         view.tickets = None
         kept = tx.refresh_ticket(waiter.ticket, now + TICKET_TTL_S)
         if kept is None:
@@ -542,7 +472,7 @@ class Pool:
         tx.delete_ticket(waiter.ticket)
         return self._grant(tx, view, placement.slices, waiter.claim, waiter.holder, waiter.ttl_s, now, waiter.key)
 
-    def _grant_in_queue(self, tx: Tx, view: _View, waiter: Waiter, now: float) -> Optional[Lease]:
+    def _grant_in_queue(self, tx: Tx, view: View, waiter: Waiter, now: float) -> Optional[Lease]:
         # Lazily: core.queues and admission serve pools with queues; a plain claim never loads them.
         from .admission import unknown_queue
 
@@ -560,7 +490,7 @@ class Pool:
 
     def cancel(self, waiter: Waiter) -> None:
         """Leave the queue (timeout, client gone)."""
-        with self._write() as (tx, view):
+        with self.ledger.write() as (tx, view):
             tx.delete_ticket(waiter.ticket)
             view.tickets = None
 
@@ -573,7 +503,7 @@ class Pool:
     def _grant(
         self,
         tx: Tx,
-        view: _View,
+        view: View,
         slices: Iterable[Slice],
         claim: Claim,
         holder: Holder,
@@ -606,10 +536,8 @@ class Pool:
     # --- leases ----------------------------------------------------------------
     def heartbeat(self, lease_id: str, requester: Optional[str] = None) -> Lease:
         """Extend the lease by its TTL from now; `requester` None acts as admin."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, requester, "renew")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "renew")
             # A preempted lease lives on until it is reaped, not longer.
             lease = replace(lease, expires_at=min(now + lease.ttl_s, reap_at(lease) or math.inf))
             tx.set_lease_expiry(lease.id, lease.expires_at)
@@ -634,14 +562,12 @@ class Pool:
         lease_id = str(lease_id)
         exit_code = check_exit_code(exit_code)
         asking = requester if requester is not None else caller
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
+        with self.ledger.step() as (tx, view, now):
             # Rolled back with the rest when it fails below.
             tx.record_end(lease_id, now, TIMEOUT_REASON if timed_out else "released", exit_code, BY_ADMIN, asking)
             taken = tx.take_lease(lease_id)
             if taken is None:
-                raise NotFound(_ended(tx, lease_id))
+                raise NotFound(ended(tx, lease_id))
             holder_name, slices = taken
             if requester is not None and requester != holder_name:
                 # Raising rolls the delete back.
@@ -660,9 +586,9 @@ class Pool:
         with self.store.read() as tx:
             lease = tx.get_lease(str(lease_id))
             if lease is None:
-                raise NotFound(_ended(tx, lease_id))
+                raise NotFound(ended(tx, lease_id))
         if lease.expires_at < self.clock():
-            raise NotFound(_gone(lease_id))
+            raise NotFound(gone(lease_id))
         return lease
 
     def expire(self) -> List[Lease]:
@@ -678,13 +604,13 @@ class Pool:
             if now >= self._next_history_prune:
                 tx.prune_history(now - HISTORY_RETENTION_S)
                 self._next_history_prune = now + HISTORY_PRUNE_EVERY_S
-            return self._expire(tx, now)
+            return self.ledger.expire(tx, now)
 
     def status(self) -> PoolStatus:
         """Devices, live leases and queue length, from one read snapshot (never blocks writers)."""
         now = self.clock()
         with self.store.read() as tx:
-            devices = self._devices(tx)
+            devices = self.ledger.devices(tx)
             leases = tx.leases("expires_at >= ?", (now,))
             waiting = tx.waiting_rows(now)
             isolation = tx.meta(ISOLATION_KEY)
@@ -715,7 +641,7 @@ class Pool:
         """Every queue with what it holds, borrows and waits for."""
         now = self.clock()
         with self.store.read() as tx:
-            return accounting.statuses(tx, self._devices(tx), now, self.preempt_mode)
+            return accounting.statuses(tx, self.ledger.devices(tx), now, self.preempt_mode)
 
     def queue_specs(self) -> List[QueueSpec]:
         """The queues' definitions alone (no load read): what the watchdog's idle reclaim needs."""
@@ -728,17 +654,17 @@ class Pool:
 
         if not isinstance(spec, QueueSpec):
             raise InvalidInput(f"a queue must be a QueueSpec, got {type(spec).__name__}")
-        with self._write() as (tx, view):
+        with self.ledger.write() as (tx, view):
             view.invalidate()  # its queue definitions changed
             others = [s for s in tx.queue_specs() if s.name != spec.name]
-            check_quotas_fit(others + [spec], float(len(self._devices(tx))))
+            check_quotas_fit(others + [spec], float(len(self.ledger.devices(tx))))
             tx.put_queue(spec)
         log.info("queue %s set: quota %g, weight %g, limit %s", spec.name, spec.quota, spec.weight, spec.limit)
         return next(q for q in self.queues() if q.spec.name == spec.name)
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue; NotFound when there is none, InvalidInput while it has leases or waiting claims."""
-        with self._write() as (tx, view):
+        with self.ledger.write() as (tx, view):
             view.invalidate()
             known = {s.name for s in tx.queue_specs()}
             if name not in known:
@@ -764,20 +690,20 @@ class Pool:
 
         check_usage_key(by)
         now = self.clock()
-        since = _check_time(since, "since")
-        end = now if until is None else _check_time(until, "until")
+        since = check_time(since, "since")
+        end = now if until is None else check_time(until, "until")
         if end < since:
             raise InvalidInput(f"until {end!r} is before since {since!r}: give a window that ends after it starts")
         with self.store.read() as tx:
-            memory_of = {d.uuid: d.memory_mib for d in self._devices(tx)}
+            memory_of = {d.uuid: d.memory_mib for d in self.ledger.devices(tx)}
             return accounting.usage(tx, memory_of, since, end, by, now, holder, queue)
 
     def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
         """Each lease that ended in [since, until or now], in the order they ended."""
         from ..core.queues import LeaseRecord  # lazily: a pool that is only claimed from never lists it
 
-        since = _check_time(since, "since")
-        end = self.clock() if until is None else _check_time(until, "until")
+        since = check_time(since, "since")
+        end = self.clock() if until is None else check_time(until, "until")
         with self.store.read() as tx:
             return [LeaseRecord(*row) for row in tx.lease_records(since, end)]
 
@@ -785,7 +711,7 @@ class Pool:
         """The lease as soon as its runner has a step to take (preempted, to park, to restore: see
         `Lease.needs_runner`), else after `timeout_s`; NotFound once it is gone, GpupoolError once
         the pool is closed (by another thread: the runner does not wait for its watch)."""
-        timeout_s = _check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
+        timeout_s = check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
         deadline = time.monotonic() + timeout_s
         while True:
             lease = self.watch_step(lease_id)
@@ -801,10 +727,8 @@ class Pool:
         lease = self.lease(lease_id)
         if lease.suspension is None or not lease.suspension.want_resume or lease.state != SUSPENDED:
             return lease
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, None, "resume")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, None, "resume")
             placed = suspend.try_place(
                 tx,
                 lease,
@@ -821,7 +745,7 @@ class Pool:
             view.tickets = None
             return lease
 
-    def _room_for(self, tx: Tx, view: _View, ticket: int, claim: Claim, now: float) -> Optional[Tuple[Slice, ...]]:
+    def _room_for(self, tx: Tx, view: View, ticket: int, claim: Claim, now: float) -> Optional[Tuple[Slice, ...]]:
         """The slices `ticket` is granted now, as any waiting claim would be, or None."""
         if view.queues or claim.queue:
             return self._admit(tx, view, ticket, claim, now).slices
@@ -833,28 +757,22 @@ class Pool:
     def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "", by: str = "") -> Lease:
         """Ask the lease's runner to park it (holder or admin; `requester` None acts as admin): it
         resumes on `resume`, not on its own. `by` says who asks (default: its owner or an admin)."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, requester, "suspend")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "suspend")
             by = by or (BY_ADMIN if requester is None or requester != lease.holder.name else BY_OWNER)
             return suspend.ask(tx, lease, by, reason or f"suspended by its {by}", False, now)
 
     def resume(self, lease_id: str, requester: Optional[str] = None) -> Lease:
         """A suspended lease takes room again as soon as there is some (holder or admin)."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, requester, "resume")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "resume")
             lease = suspend.want_resume(tx, lease, now)
         return self.watch_step(lease.id)
 
     def report_parked(self, lease_id: str, requester: Optional[str], host_bytes: int = 0, error: str = "") -> Lease:
         """The runner's word on a suspend: parked (`host_bytes` in host memory), or `error`."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, requester, "report on")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "report on")
             view.invalidate()  # its slices go
             if error:
                 return suspend.park_failed(tx, lease, error, now)
@@ -862,10 +780,8 @@ class Pool:
 
     def report_restored(self, lease_id: str, requester: Optional[str], error: str = "") -> Lease:
         """The runner's word on a resume: restored, or `error` (the lease stays suspended)."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
-            lease = self._owned(tx, lease_id, requester, "report on")
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "report on")
             if error:
                 view.invalidate()  # its slices go back
                 return suspend.restore_failed(tx, lease, error, now)
@@ -899,7 +815,7 @@ class Pool:
             if queue and queue not in {spec.name for spec in tx.queue_specs()}:
                 known = ", ".join(sorted(spec.name for spec in tx.queue_specs())) or "none"
                 raise NotFound(f"queue {queue!r} does not exist (queues: {known}): `gpupool queue list` shows them")
-            shown = self._waiting_in_order(tx, self._devices(tx), now, key)
+            shown = self._waiting_in_order(tx, self.ledger.devices(tx), now, key)
         return [w for w in shown if queue is None or w.queue == queue]
 
     def _waiting_in_order(self, tx: Tx, devices: Sequence[Device], now: float, key: str = "") -> List[WaitingClaim]:
@@ -935,9 +851,7 @@ class Pool:
         """Take waiting claim `claim_id` out of the queue (its holder or an admin; `requester` None
         acts as admin): its waiter's next poll raises ClaimCancelled naming who. Returns the claim
         as `waiting` listed it."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
+        with self.ledger.step() as (tx, view, now):
             ticket, holder = _waiting_ticket(tx, claim_id, requester, "cancel")
             found = [w for w in self._waiting_in_order(tx, view.devices, now) if w.ticket == ticket]
             if not found:
@@ -953,9 +867,7 @@ class Pool:
     ) -> WaitingClaim:
         """`change` the ticket of waiting claim `claim_id` in one transaction, its holder or an admin;
         NotFound (naming the id) when no such claim waits. Returns it as `waiting` lists it."""
-        with self._write() as (tx, view):
-            now = self.clock()
-            self._due(tx, view, now)
+        with self.ledger.step() as (tx, view, now):
             ticket, _holder = _waiting_ticket(tx, claim_id, requester, verb)
             change(tx, ticket)
             view.tickets = None
@@ -977,63 +889,14 @@ class Pool:
 
     def devices(self) -> List[Device]:
         with self.store.read() as tx:
-            return list(self._devices(tx))
+            return list(self.ledger.devices(tx))
 
     def set_device_health(self, health: Dict[str, bool]) -> None:
         """Mark devices healthy or not (device plugin); unhealthy ones get no new slices."""
-        with self._write() as (tx, view):
+        with self.ledger.write() as (tx, view):
             view.invalidate()  # the device list changed under it
             devices = tx.devices()
             tx.replace_devices([replace(d, healthy=health.get(d.uuid, d.healthy)) for d in devices])
-
-    # --- internals -------------------------------------------------------------
-    def _devices(self, tx: Tx) -> List[Device]:
-        gen = tx.devices_generation()
-        cached_gen, cached = self._devices_cache
-        if gen != cached_gen:
-            cached = tx.devices()
-            self._devices_cache = (gen, cached)
-        return cached
-
-    def _owned(self, tx: Tx, lease_id: str, requester: Optional[str], verb: str) -> Lease:
-        lease = tx.get_lease(str(lease_id))
-        if lease is None:
-            raise NotFound(_ended(tx, lease_id))
-        if requester is not None and requester != lease.holder.name:
-            raise Forbidden(
-                f"lease {lease.id} is held by {lease.holder.name!r}, not {requester!r}: "
-                f"only its holder or an admin token may {verb} it"
-            )
-        return lease
-
-    def _expire(self, tx: Tx, now: float) -> List[Lease]:
-        expired: List[Lease] = []
-        if tx.has_expired_leases(now):
-            expired = tx.leases("expires_at < ?", (now,))
-            for lease in expired:
-                # ended when its expiry (or reaping) came, not when a transaction noticed
-                tx.record_end(lease.id, lease.expires_at, "expired" if lease.preempted_at is None else "preempted")
-                tx.delete_lease(lease.id)
-                if lease.preempted_at is not None:
-                    log.warning(
-                        "lease %s of %s preempted and not released within %g s; reaped",
-                        lease.id,
-                        lease.holder.describe(),
-                        lease.preempt_grace_s,
-                    )
-                    continue
-                log.warning(
-                    "lease %s of %s expired (no heartbeat for %g s); memory reclaimed",
-                    lease.id,
-                    lease.holder.describe(),
-                    lease.ttl_s,
-                )
-        for ticket, host, pid, expires_at in tx.tickets():
-            # A ticket without a pid (<= 0) is only ever dropped by its expiry.
-            if expires_at < now or (host == self._host and pid > 0 and not alive(pid)):
-                tx.delete_ticket(ticket)
-                log.info("dropped ticket %d of a waiter that is gone", ticket)
-        return expired
 
 
 def waiter_pauses(waiter: Waiter, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
@@ -1125,42 +988,6 @@ def _no_claim(claim_id: object) -> str:
         f"claim {claim_id!r} is not waiting: it was granted, it gave up, or there is no such claim; "
         "`gpupool queue show` lists the waiting claims and their ids"
     )
-
-
-def _gone(lease_id: object) -> str:
-    return f"lease {lease_id!r} does not exist: it was released, or it expired because no heartbeat came within its TTL"
-
-
-def _ended(tx: Tx, lease_id: object) -> str:
-    """Why there is no lease `lease_id`, as the history says how it ended and who ended it (what a
-    runner tells its user when its lease ends under its command); `_gone` where it has no record."""
-    how = tx.how_ended(str(lease_id))
-    if how is None:
-        return _gone(lease_id)
-    reason, by, holder = how
-    if reason == "revoked":
-        return f"lease {lease_id!r} ended: its token {holder!r} was revoked by an admin"
-    if reason == "expired":
-        return f"lease {lease_id!r} expired: no heartbeat came within its TTL"
-    if reason == "preempted":
-        return f"lease {lease_id!r} was preempted and not released within its grace, so the pool reaped it"
-    if by == BY_OWNER:
-        return f"lease {lease_id!r} was released by its owner ({holder!r})"
-    return f"lease {lease_id!r} was released" + (" by an admin" if by == BY_ADMIN else "")
-
-
-def _check_time(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidInput(f"{what} {value!r} must be a time in seconds since the epoch (e.g. time.time() - 86400)")
-    return float(value)
-
-
-def _check_seconds(value: object, what: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidClaim(f"{what} {value!r} must be a number of seconds")
-    if not low <= value <= high:
-        raise InvalidClaim(f"{what} {value!r} must be between {low:g} and {high:g} seconds")
-    return float(value)
 
 
 def _usage_report(text: Optional[str]) -> Optional[UsageReport]:
