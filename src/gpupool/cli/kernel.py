@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 
 EXAMPLES = """examples:
   gpupool kernel install gpu-quarter --fraction 0.25 --idle-suspend 10m
+  gpupool kernel install --fraction 0.5 --idle-suspend 30m      # named gpu-0.5-idle-30m
+  sudo gpupool kernel install --system --fraction 0.25            # for every user (a JupyterHub)
   gpupool kernel install big --memory 40GiB --queue team-a --server https://pool:7070
   gpupool kernel list
   gpupool kernel remove gpu-quarter
@@ -28,7 +32,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     install = verbs.add_parser("install", help="write a kernelspec that wraps an installed kernel")
-    install.add_argument("name", metavar="NAME", help="the new kernel's name, e.g. gpu-quarter")
+    install.add_argument(
+        "name",
+        nargs="?",
+        default="",
+        metavar="NAME",
+        help="the new kernel's name (default from its settings, e.g. gpu-0.25-idle-10m)",
+    )
     share = install.add_mutually_exclusive_group()
     share.add_argument("-p", "--fraction", metavar="F", help="share of one GPU's memory in (0, 1] (default 1)")
     share.add_argument("-m", "--memory", metavar="SIZE", help="GPU memory: MiB or a size such as 8GiB")
@@ -40,9 +50,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="suspend the lease after this long with no cell running (default 10m; 'never' keeps it)",
     )
     install.add_argument("--server", default="", metavar="URL", help="pool server (default: as gpupool run finds it)")
-    install.add_argument("--display-name", default="", metavar="TEXT", help="the name frontends show")
+    install.add_argument(
+        "--display-name",
+        default="",
+        metavar="TEXT",
+        help="the name frontends show (default: the wrapped kernel's, then share, idle limit, queue, server)",
+    )
     install.add_argument("--kernel", default="python3", metavar="NAME", help="the kernel to wrap (default python3)")
-    install.add_argument("--prefix", default=None, metavar="DIR", help="install under DIR/share/jupyter (e.g. a venv)")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--prefix", default=None, metavar="DIR", help="install under DIR/share/jupyter (e.g. a venv)")
+    where.add_argument(
+        "--sys-prefix",
+        action="store_true",
+        help="install in this Python environment's share/jupyter (as ipykernel's --sys-prefix)",
+    )
+    where.add_argument(
+        "--system",
+        action="store_true",
+        help="install for every user of the machine (Jupyter's system folder, e.g. /usr/local/share/jupyter; root)",
+    )
     install.set_defaults(func=handle_install)
     listing = verbs.add_parser("list", help="the gpupool kernelspecs installed")
     listing.set_defaults(func=handle_list)
@@ -61,7 +87,7 @@ def handle_install(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.model import MAX_IDLE_SUSPEND_S, MIN_IDLE_SUSPEND_S, check_queue_name
     from ..core.quantity import parse_duration, parse_fraction, parse_memory_mib
-    from ..notebook.kernelspec import install
+    from ..notebook.kernelspec import default_name, install
     from ..notebook.launch import KernelSettings
 
     fraction = parse_fraction(args.fraction, what="--fraction") if args.fraction is not None else None
@@ -80,8 +106,11 @@ def handle_install(args: argparse.Namespace) -> int:
         idle_suspend_s=idle,
         server=server,
     )
-    folder = install(settings, wrapped=args.kernel, display_name=args.display_name, prefix=args.prefix)
-    print(f"Installed kernel {args.name.lower()} ({settings.describe()}) in {folder}")
+    if not args.name:
+        settings = dataclasses.replace(settings, name=default_name(settings, args.kernel))
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    folder = install(settings, wrapped=args.kernel, display_name=args.display_name, prefix=prefix, system=args.system)
+    print(f"Installed kernel {settings.name.lower()} ({settings.describe()}) in {folder}")
     return 0
 
 

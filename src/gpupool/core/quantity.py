@@ -136,6 +136,14 @@ def duration_seconds(text: str) -> Optional[float]:
     return seconds if math.isfinite(seconds) else None
 
 
+def format_duration(seconds: float) -> str:
+    """The shortest form `duration_seconds` reads back: 600 -> '10m', 5400 -> '90m', 3 -> '3s', 1.5 -> '1.5s'."""
+    for unit, size in sorted(DURATION_UNITS_S.items(), key=lambda item: -item[1]):
+        if seconds >= size and float(seconds) % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_duration(text: str, what: str, low: float, high: float) -> float:
     """A duration in [low, high] seconds; InvalidInput naming `what`, the value and the forms."""
     seconds = duration_seconds(text)

@@ -39,13 +39,33 @@ def check_name(name: str) -> str:
     return name.lower()
 
 
+def default_name(settings: KernelSettings, wrapped: str = "python3") -> str:
+    """A kernel name that differs wherever the settings do: gpu-0.25-idle-10m, ir-gpu-8192mib-idle-never-team-a."""
+    share = f"{settings.memory_mib}mib" if settings.memory_mib is not None else f"{settings.fraction or 1.0:g}"
+    parts = [] if wrapped == "python3" else [wrapped]
+    parts += ["gpu", share, "idle", settings.idle()]
+    if settings.queue:
+        parts.append(settings.queue)
+    if settings.server:  # https://pool:7070 -> pool-7070
+        parts.append(re.sub(r"[^a-z0-9.]+", "-", settings.server.lower().split("://", 1)[-1]).strip("-"))
+    name = "-".join(parts)
+    if not NAME_RE.match(name):
+        raise InvalidInput(f"the default kernel name {name!r} is over 64 characters: give a NAME, e.g. gpu-quarter")
+    return name
+
+
 def install(
     settings: KernelSettings,
     wrapped: str = "python3",
     display_name: str = "",
     prefix: Optional[str] = None,
+    system: bool = False,
 ) -> str:
-    """Write kernelspec `settings.name` wrapping kernel `wrapped`; returns the folder written."""
+    """Write kernelspec `settings.name` wrapping kernel `wrapped`; returns the folder written.
+
+    In the user's kernels (the default), under `prefix`/share/jupyter, or with `system` in the
+    first of Jupyter's system-wide folders (/usr/local/share/jupyter/kernels on Linux), where
+    every user's Jupyter finds it."""
     manager = _manager()
     name = check_name(settings.name)
     if check_name(wrapped) == name:
@@ -65,7 +85,7 @@ def install(
     metadata["gpupool"] = {"wraps": wrapped}
     spec = {
         "argv": inner.argv,
-        "display_name": display_name or f"{inner.display_name} [gpupool {settings.share()}]",
+        "display_name": display_name or f"{inner.display_name} [gpupool {settings.label()}]",
         "language": inner.language,
         "interrupt_mode": inner.interrupt_mode,
         "env": inner.env,
@@ -77,7 +97,18 @@ def install(
             shutil.copytree(inner.resource_dir, folder, ignore=shutil.ignore_patterns("kernel.json"))
         folder.mkdir(exist_ok=True)
         (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
-        return str(manager.install_kernel_spec(str(folder), name, user=prefix is None, prefix=prefix))
+        try:
+            return str(
+                manager.install_kernel_spec(str(folder), name, user=prefix is None and not system, prefix=prefix)
+            )
+        except PermissionError as e:
+            raise InvalidInput(f"cannot write {e.filename or 'the kernels folder'}: {_not_allowed(system)}") from None
+
+
+def _not_allowed(system: bool) -> str:
+    if system:
+        return "--system installs for every user and needs root: run it with sudo, or leave out --system"
+    return "choose a folder you may write (--prefix DIR) or run it as the user who owns that one"
 
 
 def _provisioner(metadata: Dict[str, Any]) -> str:
@@ -114,6 +145,11 @@ def remove(name: str) -> str:
     name = check_name(name)
     for found, folder, _, _ in installed():
         if found == name:
-            shutil.rmtree(folder)
+            try:
+                shutil.rmtree(folder)
+            except PermissionError:
+                raise InvalidInput(
+                    f"cannot remove {folder}: it is installed for every user; remove it as root (sudo)"
+                ) from None
             return folder
     raise NotFound(f"no gpupool kernel {name!r} (gpupool kernel list shows them)")

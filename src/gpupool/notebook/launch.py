@@ -51,12 +51,25 @@ class KernelSettings:
     def share(self) -> str:
         return f"{self.memory_mib} MiB GPU" if self.memory_mib is not None else f"{self.fraction or 1.0:g} GPU"
 
+    def idle(self) -> str:
+        """The idle limit as written: 10m, 3s, never."""
+        from ..core.quantity import format_duration
+
+        return "never" if self.idle_suspend_s is None else format_duration(self.idle_suspend_s)
+
     def describe(self) -> str:
-        share = self.share()
-        idle = "never" if self.idle_suspend_s is None else f"{self.idle_suspend_s:g}s"
-        return f"{share}, queue {self.queue or 'default'}, idle suspend {idle}" + (
+        return f"{self.share()}, queue {self.queue or 'default'}, idle suspend {self.idle()}" + (
             f", server {self.server}" if self.server else ""
         )
+
+    def label(self) -> str:
+        """What tells this kernel from another in a frontend's list: share, idle limit, queue and server if set."""
+        parts = [self.share(), f"idle {self.idle()}"]
+        if self.queue:
+            parts.append(f"queue {self.queue}")
+        if self.server:
+            parts.append(self.server)
+        return ", ".join(parts)
 
 
 def internal_connection(frontend: Mapping[str, Any], path: Path) -> Dict[str, Any]:
