@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import pytest
 import yaml
-from crd_schemas import CrdSource
+from crd_schemas import ROOT, CrdSource, GoModule
 
 from gpupool.kube.mutate import MutateConfig, mutate
 from gpupool.kube.resources import ALIASES, UNITS, UNITS_PER_GPU, USER_KEYS, parse_units
@@ -44,6 +44,7 @@ KUEUE = CrdSource(
         "the kueue.x-k8s.io_*.yaml CRDs of a Kueue release >= v0.15 (config/components/crd/bases/ "
         "at github.com/kubernetes-sigs/kueue, or the release's manifests.yaml)"
     ),
+    module=GoModule("sigs.k8s.io/kueue", ROOT / "tools" / "kube-cluster" / "kueue", "config/components/crd/bases"),
 )
 
 Obj = Dict[str, Any]

@@ -201,10 +201,10 @@ ENV_NOTES: Dict[str, str] = {
 TEST_ENV_NOTES: Dict[str, str] = {
     "GPUPOOL_FUZZ_S": "Seconds the API fuzz test (tests/server/test_fuzz.py) runs each phase (default 20).",
     "GPUPOOL_CRASH_ROUNDS": "Rounds of the kill -9 test of a busy server (tests/server/test_crash.py; default 3).",
-    "GPUPOOL_KUEUE_CRDS": "A folder of Kueue's CRD schemas: the Kueue example tests validate against them, and "
-    "skip without it.",
-    "GPUPOOL_KUBEFLOW_CRDS": "A folder of the Kubeflow training operator's CRD schemas: the job manifest tests "
-    "validate against them, and skip without it.",
+    "GPUPOOL_KUEUE_CRDS": "A folder of Kueue's CRD schemas, used instead of those of the Kueue module the test "
+    "bed pins: the Kueue example tests validate against them, and skip with neither.",
+    "GPUPOOL_KUBEFLOW_CRDS": "A folder of the Kubeflow training operator's CRD schemas, used instead of those of "
+    "the module tools/crds/go.mod pins: the job manifest tests validate against them, and skip with neither.",
     "GPUPOOL_DASHBOARD_SCREENSHOT": "A file the dashboard's browser test copies its screenshot to (how "
     "docs/dashboard.png is made).",
     "GPUPOOL_DOCS_TEST": "Set in the shell sessions of the code-block test (tests/docs): finds every process a "
