@@ -55,7 +55,7 @@ from results_file import load_average, write_and_show  # noqa: E402  (beside thi
 from torch.utils.data import DataLoader  # noqa: E402
 
 from gpupool.train.data import Split  # noqa: E402
-from gpupool.train.models import build_model  # noqa: E402
+from gpupool.train.networks import build_model  # noqa: E402
 
 
 def lightning_run(

@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from gpupool.train.config import build_config  # noqa: E402
 from gpupool.train.data import MEAN, STD, Split, decode_resized  # noqa: E402
-from gpupool.train.models import build_model  # noqa: E402
+from gpupool.train.networks import build_model  # noqa: E402
 from gpupool.train.trainer import train  # noqa: E402
 
 

@@ -8,7 +8,7 @@ store, the pool and its accounting import them only once a queue is defined); `g
 the device filters, parsed only when a claim has some; `gpupool.core.nodescore`: the node scores
 of the extender and the simulator; `gpupool.pool.resume`: a server's start; `gpupool.core.attestation`:
 the node socket's protocol, which only a remote pool's runner speaks; `cuda.bindings.driver`: the
-driver bindings of the cuda suspend backend (isolation/checkpoint.py), loaded only when a lease is
+driver bindings of the cuda suspend backend (isolation/parking.py), loaded only when a lease is
 suspended or resumed on real GPUs; the rest: the
 network stack a remote pool needs and `logging` until a record is shown. (`typing` and `shutil`
 are no longer here: every module takes `TYPE_CHECKING` from typing, and argparse imports shutil

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from gpupool.isolation.checkpoint import cuda_unavailable_reason
+from gpupool.isolation.parking import cuda_unavailable_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_suspend_gpu import smi_gpu, smi_text

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from gpupool.isolation.checkpoint import backend_named, cuda_unavailable_reason
+from gpupool.isolation.parking import backend_named, cuda_unavailable_reason
 
 try:
     import pytest

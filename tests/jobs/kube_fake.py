@@ -33,7 +33,7 @@ def _matches(labels: Dict[str, str], selector: str) -> bool:
 
 
 class FakeCluster:
-    """The API calls KubernetesExecutor makes (its KubeApi), over objects in memory."""
+    """The API calls KubernetesExecutor makes (its JobApi), over objects in memory."""
 
     def __init__(self) -> None:
         self.objects: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
@@ -45,7 +45,7 @@ class FakeCluster:
     def server_version(self) -> str:
         return self.version
 
-    # --- KubeApi --------------------------------------------------------------
+    # --- JobApi --------------------------------------------------------------
     def create(self, obj: Dict[str, Any]) -> None:
         obj = copy.deepcopy(obj)
         meta = obj["metadata"]

@@ -1,4 +1,4 @@
-"""KubeApi, the executor's I/O, through the real kubernetes client against a stand-in API server
+"""JobApi, the executor's I/O, through the real kubernetes client against a stand-in API server
 on loopback (HTTP, the paths and JSON the API serves): models are read back to the API's
 JSON, errors become gpupool's, logs stream, and a dead server is ServerUnreachable."""
 

@@ -217,7 +217,7 @@ def test_renewal_keeps_the_lease_and_takes_a_lost_one_again(node):
     pool.release(lease.id)  # lost behind the plugin's back (an admin, or an expiry while it was down)
     plugin.preparer.renew()
     [again] = dra_leases(pool)
-    assert again.id != lease.id and plugin.checkpoint.get(UID).lease_id == again.id
+    assert again.id != lease.id and plugin.prepared.get(UID).lease_id == again.id
     assert kubelet.unprepare(CLAIM).claims[UID].error == ""
     assert dra_leases(pool) == []
 

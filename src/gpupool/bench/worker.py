@@ -119,7 +119,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from gpupool.train import distributed
     from gpupool.train.data import Normalizer
     from gpupool.train.loop import Engine, train_step
-    from gpupool.train.models import build_model
+    from gpupool.train.networks import build_model
 
     try:
         denv = distributed.read_env()

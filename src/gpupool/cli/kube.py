@@ -210,7 +210,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
         if path and not os.path.isfile(path):
             raise InvalidInput(f"{flag} {path!r} does not exist: {fix}")
     if args.kubeconfig:
-        from ..kube.config import use_kubeconfig
+        from ..kube.kubeconfig import use_kubeconfig
 
         use_kubeconfig(args.kubeconfig)
     token = Path(args.agent_token_file).read_text().strip() if args.agent_token_file else ""
@@ -232,7 +232,7 @@ def handle_webhook(args: argparse.Namespace) -> int:
     api = None
     if in_cluster:  # the extender's bind verb reads and binds pods
         from ..kube.apiclient import KubeApi
-        from ..kube.config import IN_CLUSTER_ONLY, api_client
+        from ..kube.kubeconfig import IN_CLUSTER_ONLY, api_client
 
         api = KubeApi(api_client("the extender binds pods", "pass --agents NODE=URL,...", IN_CLUSTER_ONLY))
     cluster = ClusterState(
@@ -271,7 +271,7 @@ def handle_agent(args: argparse.Namespace) -> int:
     if args.reap_interval <= 0:
         raise InvalidInput(f"--reap-interval {args.reap_interval:g}: give a positive number of seconds, e.g. 30")
     if args.kubeconfig:
-        from ..kube.config import use_kubeconfig
+        from ..kube.kubeconfig import use_kubeconfig
 
         use_kubeconfig(args.kubeconfig)
     config = AgentConfig(

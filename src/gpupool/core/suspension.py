@@ -1,7 +1,7 @@
 """A lease's suspension: the states, who asked, what was parked, and the claim that brings it back.
 
 A suspended lease keeps its id, holder, queue and priority but holds no GPU memory: its CUDA
-processes' memory is parked in their own host memory (isolation/checkpoint.py does that on the
+processes' memory is parked in their own host memory (isolation/parking.py does that on the
 node) and the rest of its tree is stopped. The walk is one way round:
 
     running --suspend--> suspending --runner parked it--> suspended

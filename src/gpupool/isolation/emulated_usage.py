@@ -3,7 +3,7 @@
 The file named by EMULATED_USAGE_ENV holds ``{"GPU-uuid": {"PID": ROW}}``, a ROW being the MiB the
 process holds (a number) or ``{"memory_mib": MiB, "utilization": SHARE}`` with the SM busy share
 in [0, 1] that NVML's per-process utilisation gives. The watchdog's sampler reads it
-(devices/usage.py) and the emulated suspend backend moves rows out and back (checkpoint.py):
+(devices/usage.py) and the emulated suspend backend moves rows out and back (parking.py):
 one reader and one writer of the format, here. Standard library only.
 """
 

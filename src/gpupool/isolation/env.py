@@ -45,10 +45,10 @@ MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 # Emulated GPUs: the JSON file of per-process usage ({"GPU-uuid": {"PID": MiB}}) that stands in for
-# NVML. devices/usage.py samples it, isolation/checkpoint.py's emulated backend parks entries of it;
+# NVML. devices/usage.py samples it, isolation/parking.py's emulated backend parks entries of it;
 # defined here because devices/usage.py pulls in modules an embedded run never loads.
 EMULATED_USAGE_ENV = "GPUPOOL_EMULATED_USAGE"
-# The runner's suspend backend (isolation/checkpoint.py): "auto" (the default) parks a lease on
+# The runner's suspend backend (isolation/parking.py): "auto" (the default) parks a lease on
 # emulated GPUs with the emulated backend and one on real GPUs with the CUDA driver's; "cuda" or
 # "emulated" forces one (e.g. "cuda" to see the requeue fallback where no driver is).
 SUSPEND_BACKEND_ENV = "GPUPOOL_SUSPEND_BACKEND"

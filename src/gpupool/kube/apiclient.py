@@ -83,6 +83,6 @@ def _status_message(data: bytes, response: Any) -> str:
 def from_environment(purpose: str) -> KubeApi:  # pragma: no cover - needs a cluster or a kubeconfig
     """The API server of the pod's service account, else of $KUBECONFIG (~/.kube/config); a clear
     one-line error when neither is there."""
-    from .config import IN_CLUSTER_FIRST, api_client
+    from .kubeconfig import IN_CLUSTER_FIRST, api_client
 
     return KubeApi(api_client(purpose, "set KUBECONFIG", IN_CLUSTER_FIRST))

@@ -17,6 +17,6 @@ def core_v1(purpose: str, outside_hint: str) -> CoreV1Api:  # pragma: no cover -
     """
     from kubernetes import client
 
-    from .config import IN_CLUSTER_ONLY, api_client
+    from .kubeconfig import IN_CLUSTER_ONLY, api_client
 
     return client.CoreV1Api(api_client(purpose, f"outside a cluster {outside_hint}", IN_CLUSTER_ONLY))

@@ -1,6 +1,6 @@
 """The runner's side of suspend and resume: park the command's tree and bring it back.
 
-Suspend: the backend (isolation/checkpoint.py) locks and parks every process of the tree that
+Suspend: the backend (isolation/parking.py) locks and parks every process of the tree that
 holds GPU state, then the rest of the tree is stopped (SIGSTOP: the command sees no signal it
 could handle), and the pool hears that the lease's memory is free. Resume: the backend restores
 the parked processes (onto the GPUs the pool gave, remapped where they moved) and unlocks them,
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Callable, List, Optional, Set
 
     from ..client.base import PoolClient
-    from ..isolation.checkpoint import Backend, Parked
+    from ..isolation.parking import Backend, Parked
 
 log = get_logger(__name__)
 
@@ -60,7 +60,7 @@ class Suspender:
     def backend(self) -> Backend:
         """The backend, made at first use (cuda-bindings is imported only when a lease suspends)."""
         if self._backend is None:
-            from ..isolation.checkpoint import backend_named
+            from ..isolation.parking import backend_named
 
             self._backend = backend_named(self.backend_name, self.usage_file, self.emulated)
         return self._backend
@@ -80,7 +80,7 @@ class Suspender:
     def _park(self, lease: Lease) -> None:
         backend = self.backend()
         if backend.name == "cuda":
-            from ..isolation.checkpoint import cuda_unavailable_reason
+            from ..isolation.parking import cuda_unavailable_reason
 
             reason = cuda_unavailable_reason()
             if reason is not None:

@@ -19,7 +19,7 @@ from torch import nn
 from gpupool.core.errors import InvalidInput
 from gpupool.train.checkpoint import atomic_save
 from gpupool.train.data import MEAN, STD, Normalizer
-from gpupool.train.models import Classifier, build_model, load_tensors_file
+from gpupool.train.networks import Classifier, build_model, load_tensors_file
 
 log = logging.getLogger(__name__)
 

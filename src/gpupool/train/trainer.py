@@ -33,7 +33,7 @@ from gpupool.train.data import (
 )
 from gpupool.train.export import save_serving
 from gpupool.train.loop import Engine, PartialEpoch, epoch_row, evaluate, train_epoch
-from gpupool.train.models import build_model, count_parameters
+from gpupool.train.networks import build_model, count_parameters
 from gpupool.train.run_place import RunPlace
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Rendering is pure (jobs/manifests/), so is reading a job's phase from its objects
 (kube_status.py); this module is the I/O: create, read objects and logs, delete, through
-`KubeApi`, a thin layer over the kubernetes client that speaks the API's JSON (dicts), so
+`JobApi`, a thin layer over the kubernetes client that speaks the API's JSON (dicts), so
 tests stand in for the API server with objects shaped as it serves them. Kubernetes does
 the supervising (restarts, deadline), the gpupool webhook and node agent do the GPU shares.
 """
@@ -36,7 +36,7 @@ _LOG_POLL_S = 2.0
 _LOG_GRACE_S = 5.0  # after the job ended, how long to keep reading logs still streaming
 
 
-class KubeApi:
+class JobApi:
     """The calls the executor makes, as API JSON: the kubernetes client's models are
     serialized back to the dicts the API sent, and its errors become gpupool's."""
 
@@ -45,7 +45,7 @@ class KubeApi:
             from kubernetes import client
         except ImportError:
             raise InvalidInput("--target kubernetes needs the kube extra: pip install 'gpupool[kube]'") from None
-        from ...kube.config import KUBECONFIG_FIRST, api_client
+        from ...kube.kubeconfig import KUBECONFIG_FIRST, api_client
 
         self._client = api_client(
             "--target kubernetes runs the job",
@@ -216,9 +216,9 @@ class KubernetesExecutor(Executor):
         return DryRunInfo(self.target, spec, manifests, text)
 
     def api(self) -> Any:
-        """The API layer: KubeApi over ~/.kube/config or the in-cluster service account."""
+        """The API layer: JobApi over ~/.kube/config or the in-cluster service account."""
         if self._api is None:
-            self._api = KubeApi()
+            self._api = JobApi()
         return self._api
 
     def schedule(self, info: DryRunInfo) -> str:

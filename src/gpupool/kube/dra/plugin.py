@@ -29,8 +29,8 @@ from . import dra_pb2_grpc as rpc
 from . import pluginregistration_pb2_grpc as reg_rpc
 from .attributes import nvml_attributes
 from .cdi import DEFAULT_CDI_DIR
-from .checkpoint import Checkpoint, PreparedDevice
 from .prepare import RENEW_EVERY_S, ClaimRef, PrepareError, Preparer
+from .prepared_claims import PreparedDevice, PreparedStore
 from .registration import RegistrationService, kubelet_root, registration_socket, service_socket
 from .slices import SlicePublisher
 
@@ -45,7 +45,7 @@ class DraConfig:
     kubelet_dir: str = "/var/lib/kubelet/device-plugins"  # the agent's; DRA sockets go in its kubelet root
     driver: str = DEFAULT_DRIVER
     cdi_dir: str = DEFAULT_CDI_DIR
-    state_dir: str = "/var/lib/gpupool"  # checkpoint and hook folder (DRA/ below it)
+    state_dir: str = "/var/lib/gpupool"  # prepared claims and hook folder (DRA/ below it)
     node: str = ""
     renew_every_s: float = RENEW_EVERY_S
     slice_every_s: float = 5.0  # how often device health is compared with the published slice
@@ -109,12 +109,12 @@ class DraPlugin:
         self.registration_socket = registration_socket(root, config.driver)
         self.service_socket = service_socket(root, config.driver)
         state = Path(config.state_dir) / "dra"
-        self.checkpoint = Checkpoint(state / "checkpoint.json")
+        self.prepared = PreparedStore(state / "checkpoint.json")  # the name older releases wrote
         self.hook_dir = str(write_hook_dir(state / "hook"))
         self.preparer = Preparer(
             pool,
             api,
-            self.checkpoint,
+            self.prepared,
             config.driver,
             config.node,
             config.cdi_dir,
@@ -146,7 +146,7 @@ class DraPlugin:
         )
 
     def stop(self) -> None:
-        """Stop serving and remove both sockets (prepared claims stay in the checkpoint, leases in the pool)."""
+        """Stop serving and remove both sockets (prepared claims stay in their store, leases in the pool)."""
         self.stopping.set()
         for server in self._servers:
             server.stop(grace=1).wait()

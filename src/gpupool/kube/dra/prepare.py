@@ -1,6 +1,6 @@
 """NodePrepareResources / NodeUnprepareResources for one claim: a lease in the node's pool for
 what the scheduler allocated, a CDI spec that hands the container its GPUs and limits, and a
-checkpoint entry, so both answers are idempotent and survive a restart of the plugin.
+prepared-claims entry, so both answers are idempotent and survive a restart of the plugin.
 
 Why the lease lives until unprepare: it is taken with a long TTL (LEASE_TTL_S) that the plugin
 renews (`renew`) while the claim is prepared, and labelled with the claim (not a pod), so the
@@ -25,7 +25,7 @@ from ...pool import Pool
 from ..apiclient import ApiError, KubeApi
 from .allocation import AllocatedDevice, allocated_devices, reserved_pods
 from .cdi import CdiDevice, CdiMount, remove_spec, write_spec
-from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from .prepared_claims import PreparedClaim, PreparedDevice, PreparedStore
 from .slices import device_name
 
 log = logging.getLogger(__name__)
@@ -77,14 +77,14 @@ class Preparer:
         self,
         pool: Pool,
         api: KubeApi,
-        checkpoint: Checkpoint,
+        prepared: PreparedStore,
         driver: str,
         node: str,
         cdi_dir: str,
         hook_dir: Optional[str] = None,
         evidence: Optional[Attestations] = None,
     ) -> None:
-        self.pool, self.api, self.checkpoint = pool, api, checkpoint
+        self.pool, self.api, self.prepared = pool, api, prepared
         self.evidence = evidence
         self.driver, self.node, self.cdi_dir, self.hook_dir = driver, node, cdi_dir, hook_dir
         self._lock = threading.Lock()
@@ -93,7 +93,7 @@ class Preparer:
     def prepare(self, ref: ClaimRef) -> List[PreparedDevice]:
         """The devices of `ref`, prepared now or earlier; PrepareError says why not."""
         with self._lock:
-            done = self.checkpoint.get(ref.uid)
+            done = self.prepared.get(ref.uid)
             if done is not None:
                 return list(done.devices)
             try:
@@ -112,7 +112,7 @@ class Preparer:
             if self.evidence is not None:
                 for pod_uid in pods:
                     self.evidence.add_pod(lease.id, pod_uid)
-            self.checkpoint.put(prepared)
+            self.prepared.put(prepared)
         except BaseException:
             self._release(lease.id)
             remove_spec(self.cdi_dir, self.driver, ref.uid)
@@ -148,7 +148,7 @@ class Preparer:
         return {a.device: by_name[a.device] for a in allocated}
 
     def _lease(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice], devices: Dict[str, Device]) -> Lease:
-        """This claim's lease: one left by an earlier attempt that died before its checkpoint, else a new one."""
+        """This claim's lease: one left by an earlier attempt that died before its entry was stored, else a new one."""
         label = claim_label(ref.namespace, ref.name, ref.uid)
         for lease in self.pool.status().leases:
             if claim_uid_of_label(lease.holder.label) == ref.uid:
@@ -194,14 +194,14 @@ class Preparer:
     def unprepare(self, ref: ClaimRef) -> None:
         """Release the claim's lease and remove its spec; a claim not prepared here is fine."""
         with self._lock:
-            done = self.checkpoint.get(ref.uid)
+            done = self.prepared.get(ref.uid)
             if done is not None:
                 self._release(done.lease_id)
-            for lease in self.pool.status().leases:  # one taken by an attempt that died before its checkpoint
+            for lease in self.pool.status().leases:  # one taken by an attempt that died before its entry was stored
                 if claim_uid_of_label(lease.holder.label) == ref.uid:
                     self._release(lease.id)
             remove_spec(self.cdi_dir, self.driver, ref.uid)
-            self.checkpoint.remove(ref.uid)
+            self.prepared.remove(ref.uid)
             if done is not None:
                 log.info("unprepared claim %s: lease %s released", ref, done.lease_id)
 
@@ -214,22 +214,22 @@ class Preparer:
     # -- keeping leases alive ----------------------------------------------
     def renew(self) -> None:
         """Heartbeat the lease of every prepared claim; take again one that was lost."""
-        for prepared in self.checkpoint.all():
+        for prepared in self.prepared.all():
             try:
                 self.pool.heartbeat(prepared.lease_id)
                 continue
             except NotFound:
                 pass
             with self._lock:
-                if self.checkpoint.get(prepared.uid) != prepared:
+                if self.prepared.get(prepared.uid) != prepared:
                     continue  # unprepared (or retaken) meanwhile
                 ref = ClaimRef(prepared.namespace, prepared.uid, prepared.name)
                 log.warning("lease %s of prepared claim %s is gone: taking it again", prepared.lease_id, ref)
-                self.checkpoint.remove(ref.uid)
+                self.prepared.remove(ref.uid)
                 try:
                     self._prepare(ref)
                 except (GpupoolError, ApiError, PrepareError) as err:
-                    self.checkpoint.put(prepared)  # still prepared for the kubelet; unprepare will clean up
+                    self.prepared.put(prepared)  # still prepared for the kubelet; unprepare will clean up
                     log.error("claim %s runs without a lease: %s", ref, err)
 
 

@@ -58,7 +58,7 @@ class PreparedClaim:
         return cls(str(data["uid"]), str(data["namespace"]), str(data["name"]), str(data["lease_id"]), devices)
 
 
-class Checkpoint:
+class PreparedStore:
     """The prepared claims of this node, kept in `path` (thread-safe)."""
 
     def __init__(self, path: Path) -> None:
@@ -73,13 +73,13 @@ class Checkpoint:
             return {}
         except (OSError, ValueError) as err:
             # Losing it would lose leases silently; refusing to start says what to look at.
-            raise RuntimeError(f"the DRA checkpoint {self.path} cannot be read ({err}): fix or move it") from None
+            raise RuntimeError(f"the DRA prepared-claims file {self.path} cannot be read ({err}): fix or move it") from None
         claims = {}
         for uid, entry in (data.get("claims") or {}).items():
             try:
                 claims[uid] = PreparedClaim.from_dict(entry)
             except (KeyError, TypeError) as err:
-                log.warning("DRA checkpoint: claim %s is malformed (%s): left out", uid, err)
+                log.warning("DRA prepared claims: claim %s is malformed (%s): left out", uid, err)
         return claims
 
     def _save(self) -> None:

@@ -14,7 +14,7 @@ from torch import nn  # noqa: E402
 
 from gpupool.core.errors import InvalidInput  # noqa: E402
 from gpupool.train.config import build_config  # noqa: E402
-from gpupool.train.models import WEIGHT_URLS, build_model, count_parameters  # noqa: E402
+from gpupool.train.networks import WEIGHT_URLS, build_model, count_parameters  # noqa: E402
 
 
 def _from_config(cfg, num_classes: int):  # type: ignore[no-untyped-def]

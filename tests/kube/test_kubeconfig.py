@@ -14,7 +14,14 @@ from gpupool.core.errors import InvalidInput
 
 pytest.importorskip("kubernetes")
 
-from gpupool.kube.config import IN_CLUSTER_FIRST, IN_CLUSTER_ONLY, KUBECONFIG_FIRST, api_client, load, use_kubeconfig
+from gpupool.kube.kubeconfig import (
+    IN_CLUSTER_FIRST,
+    IN_CLUSTER_ONLY,
+    KUBECONFIG_FIRST,
+    api_client,
+    load,
+    use_kubeconfig,
+)
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpupool"
 
@@ -102,4 +109,4 @@ def test_no_module_but_kube_config_loads_a_kubernetes_configuration():
     users = sorted(
         str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "_pb2" not in p.name and loaders.search(p.read_text())
     )
-    assert users == ["kube/config.py"]
+    assert users == ["kube/kubeconfig.py"]
