@@ -75,11 +75,11 @@ def test_the_youngest_lowest_priority_borrower_is_the_victim(pool):
     pool.set_queue(QueueSpec("b", 2))
     high = pool.claim(whole("a", priority=5), Holder("alice"))
     low = pool.claim(whole("a"), Holder("alice"))
-    started = pool.begin_claim(whole("b"), Holder("bob"))
+    started = pool.claims.begin(whole("b"), Holder("bob"))
     assert isinstance(started, Waiter) and started.wait_s >= 0.5 + PREEMPT_REAP_MARGIN_S
     assert pool.lease(low.id).preempted_at is not None
     assert pool.lease(high.id).preempted_at is None  # one victim is all placement needs
-    pool.cancel(started)
+    pool.claims.cancel(started)
 
 
 def test_a_claim_beyond_its_quota_preempts_nobody(pool):
@@ -96,14 +96,14 @@ def test_a_preempted_lease_nobody_releases_is_reaped_after_grace(clocked):
     clock.now += 0.5  # the younger one borrows
     victim = pool.claim(whole("a", grace=2), Holder("alice"), ttl_s=3600)
     clock.now += 0.5
-    waiter = pool.begin_claim(whole("b"), Holder("bob"))
+    waiter = pool.claims.begin(whole("b"), Holder("bob"))
     assert isinstance(waiter, Waiter)
-    assert pool.try_grant(waiter) is None
+    assert pool.claims.try_grant(waiter) is None
     # its runner still heartbeats, but that does not keep it past the reaping
     clock.now += 1
     assert pool.heartbeat(victim.id).expires_at == pytest.approx(1001 + 2 + PREEMPT_REAP_MARGIN_S)
     clock.now = 1001 + 2 + PREEMPT_REAP_MARGIN_S + 0.01
-    lease = pool.try_grant(waiter)
+    lease = pool.claims.try_grant(waiter)
     assert isinstance(lease, Lease) and lease.queue == "b"
     with pytest.raises(NotFound):
         pool.lease(victim.id)
@@ -118,12 +118,12 @@ def test_idle_capacity_goes_to_the_queue_holding_least_per_weight(clocked):
     pool.set_queue(QueueSpec("b", 0, weight=3))
     quarter = {q: Claim.single(1, fraction=0.25, queue=q) for q in "ab"}
     blocker = pool.claim(Claim.single(2, fraction=1.0), Holder("x"))
-    waiters = [pool.begin_claim(quarter[q], Holder(q), wait_s=60) for q in "aabbbb"]
+    waiters = [pool.claims.begin(quarter[q], Holder(q), wait_s=60) for q in "aabbbb"]
     pool.release(blocker.id)
     granted = []
     for _ in range(6):
         for w in waiters:
-            if w not in granted and isinstance(pool.try_grant(w), Lease):
+            if w not in granted and isinstance(pool.claims.try_grant(w), Lease):
                 granted.append(w)
                 break
     # weighted max-min: the next quarter goes to the queue with the least held per weight (ties: first come)
@@ -285,12 +285,12 @@ def test_priority_orders_the_waiting_line_of_a_pool_without_queues(tmp_path):
     pool = Pool(tmp_path, devices=emulated_devices("emulated:1x16GiB", "n"), node="n")
     try:
         blocker = pool.claim(Claim.single(1, fraction=1.0), Holder("x"))
-        low = pool.begin_claim(Claim.single(1, fraction=1.0), Holder("low"), wait_s=60)
-        high = pool.begin_claim(Claim.single(1, fraction=1.0, priority=5), Holder("high"), wait_s=60)
+        low = pool.claims.begin(Claim.single(1, fraction=1.0), Holder("low"), wait_s=60)
+        high = pool.claims.begin(Claim.single(1, fraction=1.0, priority=5), Holder("high"), wait_s=60)
         assert isinstance(low, Waiter) and isinstance(high, Waiter)
         pool.release(blocker.id)
-        assert pool.try_grant(low) is None and "1 earlier claim" in low.reason
-        granted = pool.try_grant(high)
+        assert pool.claims.try_grant(low) is None and "1 earlier claim" in low.reason
+        granted = pool.claims.try_grant(high)
         assert granted is not None and granted.priority == 5
     finally:
         pool.close()
@@ -355,17 +355,17 @@ def test_doctor_finds_quotas_above_a_pool_that_shrank_and_damaged_queue_rows(tmp
 def test_a_waiter_taken_for_dead_queues_again_in_its_own_queue_and_priority(pool):
     pool.claim(whole("a"), Holder("alice"))
     pool.claim(whole("b"), Holder("bob"))
-    waiter = pool.begin_claim(whole("b", priority=7), Holder("bob"), wait_s=60)
+    waiter = pool.claims.begin(whole("b", priority=7), Holder("bob"), wait_s=60)
     assert isinstance(waiter, Waiter)
     with pool.store.write() as tx:
         tx.delete_ticket(waiter.ticket)  # as the sweep does to a waiter silent for TICKET_TTL_S
     old = waiter.ticket
-    assert pool.try_grant(waiter) is None
+    assert pool.claims.try_grant(waiter) is None
     assert waiter.ticket != old
     with sqlite3.connect(pool.state_dir / "pool.db") as db:
         row = db.execute("SELECT queue, priority FROM tickets WHERE id = ?", (waiter.ticket,)).fetchone()
     assert row == ("b", 7)
-    pool.cancel(waiter)
+    pool.claims.cancel(waiter)
 
 
 def test_the_history_keeps_what_ended_in_the_retention_window(clocked):

@@ -69,7 +69,7 @@ def test_a_preempted_lease_keeps_the_time_it_had_to_stop(tmp_path):
     pool.set_queue(QueueSpec("a", quota=1))
     pool.set_queue(QueueSpec("b", quota=1))
     borrower = pool.claim(Claim.single(2, fraction=1.0, queue="b"), Holder("b"), ttl_s=30)
-    started = pool.begin_claim(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60, key="k" * 32)
+    started = pool.claims.begin(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60, key="k" * 32)
     assert not hasattr(started, "slices")
     victim = pool.lease(borrower.id)
     assert victim.preempted_at == clock.now
@@ -82,7 +82,7 @@ def test_a_preempted_lease_keeps_the_time_it_had_to_stop(tmp_path):
     assert moved.preempted_at == victim.preempted_at + 40
     assert reap_at(moved) - clock.now == left
     # the claim it was preempted for keeps its ticket, and the client re-attaches to it
-    back = again.begin_claim(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60, key="k" * 32)
+    back = again.claims.begin(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60, key="k" * 32)
     assert getattr(back, "ticket", None) == started.ticket
 
 
@@ -90,24 +90,24 @@ def test_a_keyed_ticket_keeps_its_place_and_a_keyless_one_of_the_dead_server_goe
     clock = FakeClock()
     pool = serving(tmp_path, clock)
     holder = pool.claim(Claim.single(2, fraction=1.0), Holder("full"), ttl_s=30)
-    first = pool.begin_claim(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
-    old = pool.begin_claim(Claim.single(1, fraction=0.5), Holder("old"), wait_s=60)  # a client without keys
+    first = pool.claims.begin(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
+    old = pool.claims.begin(Claim.single(1, fraction=0.5), Holder("old"), wait_s=60)  # a client without keys
     pool.expire()
     with pool.store.write() as tx:  # as if another process (the server killed now) held them
         tx.conn.execute("UPDATE tickets SET pid = 999999999")
     pool.close()
     clock.now += 10
     again = serving(tmp_path, clock)
-    later = again.begin_claim(Claim.single(1, fraction=0.5), Holder("c"), wait_s=60, key="c" * 32)
+    later = again.claims.begin(Claim.single(1, fraction=0.5), Holder("c"), wait_s=60, key="c" * 32)
     with again.store.read() as tx:
         tickets = {t[0]: t for t in tx.tickets()}
     assert set(tickets) == {first.ticket, later.ticket}, "the keyless ticket of the dead server is dropped"
     assert tickets[first.ticket][3] == clock.now + TICKET_REATTACH_S
     again.release(holder.id)
-    assert again.try_grant(later) is None, "the later claim may not pass the kept one"
-    back = again.begin_claim(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
+    assert again.claims.try_grant(later) is None, "the later claim may not pass the kept one"
+    back = again.claims.begin(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
     assert back.ticket == first.ticket
-    assert again.try_grant(back) is not None
+    assert again.claims.try_grant(back) is not None
     assert old.ticket not in tickets
 
 
@@ -115,7 +115,7 @@ def test_a_kept_ticket_whose_client_never_comes_back_expires(tmp_path):
     clock = FakeClock()
     pool = serving(tmp_path, clock)
     pool.claim(Claim.single(2, fraction=1.0), Holder("full"), ttl_s=600)
-    pool.begin_claim(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
+    pool.claims.begin(Claim.single(1, fraction=0.5), Holder("b"), wait_s=60, key="b" * 32)
     pool.expire()
     pool.close()
     again = serving(tmp_path, clock)
@@ -140,7 +140,7 @@ def test_a_preemption_whose_claim_did_not_outlive_the_stop_is_undone(tmp_path):
     pool.set_queue(QueueSpec("a", quota=1))
     pool.set_queue(QueueSpec("b", quota=1))
     borrower = pool.claim(Claim.single(2, fraction=1.0, queue="b"), Holder("b"), ttl_s=30)
-    pool.begin_claim(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60)  # a client without keys
+    pool.claims.begin(Claim.single(1, fraction=1.0, queue="a"), Holder("a"), wait_s=60)  # a client without keys
     assert pool.lease(borrower.id).preempted_at is not None
     pool.expire()
     pool.close()

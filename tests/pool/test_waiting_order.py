@@ -28,14 +28,14 @@ def pool(tmp_path):
 
 
 def wait(pool: Pool, c: Claim, who: str = "alice") -> Waiter:
-    started = pool.begin_claim(c, Holder(who), wait_s=60)
+    started = pool.claims.begin(c, Holder(who), wait_s=60)
     assert isinstance(started, Waiter), started
     return started
 
 
 def grants(pool: Pool, waiters: List[Waiter]) -> List[Optional[Lease]]:
     """One poll of each waiter, as their processes do."""
-    return [pool.try_grant(w) for w in waiters]
+    return [pool.claims.try_grant(w) for w in waiters]
 
 
 def tickets(pool: Pool) -> List[int]:
@@ -60,7 +60,7 @@ def test_two_queues_are_listed_in_the_order_the_pool_then_grants(pool):
     granted: List[int] = []
     for blocker in blockers:  # free one GPU at a time: the listed order is what happens
         pool.release(blocker.id)
-        got = [t for t, w in list(pending.items()) if pool.try_grant(w) is not None]
+        got = [t for t, w in list(pending.items()) if pool.claims.try_grant(w) is not None]
         assert len(got) == 1, got
         granted += got
         del pending[got[0]]
@@ -109,15 +109,15 @@ def test_hold_skips_a_claim_and_release_gives_its_place_back(pool):
     assert shown.held and shown.position == 0 and shown.why == WAIT_HELD
     assert tickets(pool) == [second.ticket, third.ticket, first.ticket]
     pool.release(blockers[0].id)
-    assert pool.try_grant(first) is None and "held" in first.reason
-    assert pool.try_grant(third) is None
-    assert pool.try_grant(second) is not None  # the held claim was passed over
+    assert pool.claims.try_grant(first) is None and "held" in first.reason
+    assert pool.claims.try_grant(third) is None
+    assert pool.claims.try_grant(second) is not None  # the held claim was passed over
     assert tickets(pool) == [third.ticket, first.ticket]
     back = pool.unhold(str(first.ticket), "alice")
     assert not back.held and back.position == 1  # its ticket is older than the third's: its place again
     assert tickets(pool) == [first.ticket, third.ticket]
     pool.release(blockers[1].id)
-    assert pool.try_grant(third) is None and pool.try_grant(first) is not None
+    assert pool.claims.try_grant(third) is None and pool.claims.try_grant(first) is not None
 
 
 def test_priority_reorders_within_the_queue_and_the_lease_gets_it(pool):
@@ -129,8 +129,8 @@ def test_priority_reorders_within_the_queue_and_the_lease_gets_it(pool):
     assert pool.set_priority(younger.ticket, 7).position == 1
     assert tickets(pool) == [younger.ticket, older.ticket]
     pool.release(pool.status().leases[0].id)
-    assert pool.try_grant(older) is None
-    lease = pool.try_grant(younger)
+    assert pool.claims.try_grant(older) is None
+    lease = pool.claims.try_grant(younger)
     assert lease is not None and lease.priority == 7
 
 
@@ -158,7 +158,7 @@ def test_a_claim_without_a_wait_is_not_refused_for_held_claims_alone(pool):
     pool.claim(claim(0.5), Holder("root"))
     waiting = wait(pool, claim())
     pool.hold(waiting.ticket)
-    assert isinstance(pool.begin_claim(claim(0.25), Holder("bob")), Lease)
+    assert isinstance(pool.claims.begin(claim(0.25), Holder("bob")), Lease)
 
 
 def test_the_exit_code_said_at_release_is_kept_in_the_history(pool):

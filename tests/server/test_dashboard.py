@@ -256,7 +256,7 @@ def test_a_waiting_claim_shows_in_the_queue_with_its_reason(client, pool):
     )
     waiting.start()
     try:
-        (queued,) = wait_until(pool.queue, 60, "carol's claim in the queue")
+        (queued,) = wait_until(pool.tickets.queue, 60, "carol's claim in the queue")
         assert queued.holder.name == "carol" and queued.claim.requests[0].fraction == 0.5
         html = client.get("/ui/live", headers=H).text
         assert "why it waits" in html and "carol@h:9" in html and "1 GPU(s) with 0.5 of the memory each" in html
@@ -264,7 +264,7 @@ def test_a_waiting_claim_shows_in_the_queue_with_its_reason(client, pool):
         pool.release(full[0])  # the GPU carol waits for
         waiting.join(60)
     assert not waiting.is_alive() and len(granted) == 1 and granted[0].holder.name == "carol"
-    assert pool.queue() == []
+    assert pool.tickets.queue() == []
 
 
 def test_the_cookie_is_secure_under_tls(pool):

@@ -112,7 +112,7 @@ def test_a_schema_4_database_gains_held_tickets_and_exit_codes(tmp_path):
         with pool.store.read() as tx:
             assert tx.meta("schema_version") == str(SCHEMA_VERSION)
         lease = pool.claim(Claim.single(1, fraction=1.0), Holder("bob"))
-        waiter = pool.begin_claim(Claim.single(1, fraction=1.0), Holder("bob"), wait_s=30)
+        waiter = pool.claims.begin(Claim.single(1, fraction=1.0), Holder("bob"), wait_s=30)
         assert pool.hold(waiter.ticket).held  # type: ignore[union-attr]
         pool.release(lease.id, exit_code=5)
         assert {r.lease_id: r.exit_code for r in pool.history(0)} == {"old": None, lease.id: 5}

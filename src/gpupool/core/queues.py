@@ -52,7 +52,7 @@ def _gpus(value: object, what: str, name: str, fix: str) -> float:
 
 @dataclass(frozen=True)
 class QueuedClaim:
-    """A claim waiting in the pool's FIFO queue (`Pool.queue()`), with when it joined (here, not in
+    """A claim waiting in the pool's FIFO queue (`Pool.tickets.queue()`), with when it joined (here, not in
     core.model: only views and metrics list waiting claims, and a run does not load this module)."""
 
     ticket: int

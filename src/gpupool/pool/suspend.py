@@ -1,6 +1,6 @@
 """The pool's side of suspend and resume: each step of core/suspension.py's walk in the caller's
 transaction. The node's side (park and restore the processes) is the runner's, with
-isolation/checkpoint.py; it reports each step back here.
+isolation/parking.py; it reports each step back here.
 
 A suspended lease gives its slices back (the rows go; `parked` keeps what they were) and keeps
 its expiry, renewed by its runner's heartbeats like any lease: a runner killed while its lease
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import InvalidInput
 from ..core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Device, Lease
 from ..core.resumption import back_in_place, park, remap_of, resume_claim, same_gpus
-from ..core.suspension import BY_PREEMPTION, PREEMPT_REQUEUE, PREEMPT_SUSPEND, Suspension, one_line
+from ..core.suspension import BY_ADMIN, BY_OWNER, BY_PREEMPTION, PREEMPT_REQUEUE, PREEMPT_SUSPEND, Suspension, one_line
 from ..logs import get_logger
 
 if TYPE_CHECKING:
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
     from ..core.model import Claim, Slice
     from ..store.tx import Tx
+    from .ledger import Ledger
+    from .watch import Watch
 
     # (ticket, claim) -> the slices admission grants it now, or None (it waits)
     Admit = Callable[[int, Claim], Optional[Tuple[Slice, ...]]]
@@ -181,3 +183,45 @@ def _expect(lease: Lease, state: str, verb: str) -> Suspension:
     if lease.suspension is None or lease.suspension.state != state:
         raise InvalidInput(f"lease {lease.id} is {lease.state}, not {state}: cannot {verb}")
     return lease.suspension
+
+
+class Suspensions:
+    """The verbs of suspension, each one transaction of the steps above: suspend, resume, and the
+    runner's reports. Placing a lease that wants room again is `Watch.step`'s (pool/watch.py)."""
+
+    def __init__(self, ledger: Ledger, watch: Watch) -> None:
+        self.ledger = ledger
+        self.watch = watch
+
+    def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "", by: str = "") -> Lease:
+        """Ask the lease's runner to park it (holder or admin; `requester` None acts as admin): it
+        resumes on `resume`, not on its own. `by` says who asks (default: its owner or an admin)."""
+        with self.ledger.step() as (tx, _view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "suspend")
+            by = by or (BY_ADMIN if requester is None or requester != lease.holder.name else BY_OWNER)
+            return ask(tx, lease, by, reason or f"suspended by its {by}", False, now)
+
+    def resume(self, lease_id: str, requester: Optional[str] = None) -> Lease:
+        """A suspended lease takes room again as soon as there is some (holder or admin)."""
+        with self.ledger.step() as (tx, _view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "resume")
+            lease = want_resume(tx, lease, now)
+        return self.watch.step(lease.id)
+
+    def report_parked(self, lease_id: str, requester: Optional[str], host_bytes: int = 0, error: str = "") -> Lease:
+        """The runner's word on a suspend: parked (`host_bytes` in host memory), or `error`."""
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "report on")
+            view.invalidate()  # its slices go
+            if error:
+                return park_failed(tx, lease, error, now)
+            return parked(tx, lease, view.devices, host_bytes, now)
+
+    def report_restored(self, lease_id: str, requester: Optional[str], error: str = "") -> Lease:
+        """The runner's word on a resume: restored, or `error` (the lease stays suspended)."""
+        with self.ledger.step() as (tx, view, now):
+            lease = self.ledger.owned(tx, lease_id, requester, "report on")
+            if error:
+                view.invalidate()  # its slices go back
+                return restore_failed(tx, lease, error, now)
+            return restored(tx, lease, now)

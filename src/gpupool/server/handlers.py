@@ -142,8 +142,8 @@ class LeaseApi:
         self, claim: Claim, holder: Holder, wait_s: float, ttl_s: float, disconnected: Disconnected, key: str = ""
     ) -> Lease:
         """Grant now, or poll the queue ticket until granted, the wait runs out or the client leaves."""
-        pool = self.pool
-        started = pool.begin_claim(claim, holder, wait_s, ttl_s, key)
+        claims = self.pool.claims  # the waiter protocol of pool/claims.py
+        started = claims.begin(claim, holder, wait_s, ttl_s, key)
         if isinstance(started, Lease):
             return started
         waiter: Optional[Waiter] = started
@@ -152,16 +152,16 @@ class LeaseApi:
             # (even 0) while it waits for the leases it preempted to stop.
             for pause in waiter_pauses(started):
                 await asyncio.sleep(pause)
-                lease = pool.try_grant(started)
+                lease = claims.try_grant(started)
                 if lease is not None:
                     waiter = None
                     return lease
                 if await disconnected():
                     raise Unavailable("the client went away while its claim waited")
-            raise pool.timed_out(started, started.wait_s)
+            raise claims.timed_out(started, started.wait_s)
         finally:
             if waiter is not None:
-                pool.cancel(waiter)
+                claims.cancel(waiter)
 
 
 def parse_claim(

@@ -54,7 +54,7 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             status = self.pool.status()
-            queue = self.pool.queue()
+            queue = self.pool.tickets.queue()
         except Exception:  # a scrape must not fail because the DB is busy
             log.warning("metrics: pool status failed", exc_info=True)
             return

@@ -153,7 +153,7 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
     deadline = time.monotonic() + seconds
     next_check = time.monotonic() + WATCH_DISCONNECT_CHECK_S
     while True:
-        lease = api.pool.watch_step(lease_id)
+        lease = api.pool.watcher.step(lease_id)
         now = time.monotonic()
         if lease.needs_runner or now >= deadline:
             return lease

@@ -76,7 +76,7 @@ class DashboardState:
         jobs: Optional[JobsReader] = None,
     ) -> None:
         self.history = history or History()
-        self.queue: QueueReader = queue or (lambda pool: pool.queue())
+        self.queue: QueueReader = queue or (lambda pool: pool.tickets.queue())
         self.jobs = jobs  # None: this server shows no jobs (the node agent; jobs live on the submitting host)
         self.status_max_age_s = status_max_age_s
         self._read: Optional[Tuple[float, PoolStatus, Tuple[QueuedClaim, ...]]] = None
