@@ -6,7 +6,7 @@ tests/test_pyz.py against a real process.
 and `gpupool.pool.admission`: the queue rules, which a pool without queues never applies (the
 store, the pool and its accounting import them only once a queue is defined); `gpupool.core.filters`:
 the device filters, parsed only when a claim has some; `gpupool.core.nodescore`: the node scores
-of the extender and the simulator; `gpupool.pool.resume`: a server's start; `gpupool.core.attestation`:
+of the extender and the simulator; `gpupool.pool.renewal`: a server's start; `gpupool.core.attestation`:
 the node socket's protocol, which only a remote pool's runner speaks; `cuda.bindings.driver`: the
 driver bindings of the cuda suspend backend (isolation/parking.py), loaded only when a lease is
 suspended or resumed on real GPUs; the rest: the
@@ -26,7 +26,7 @@ EMBEDDED_NEVER = (
     "gpupool.pool.admission",
     "gpupool.core.filters",
     "gpupool.core.nodescore",
-    "gpupool.pool.resume",
+    "gpupool.pool.renewal",
     "gpupool.core.attestation",
     "cuda.bindings.driver",
 )

@@ -82,7 +82,7 @@ class Pool:
         devices_from_env: `devices` came from $GPUPOOL_DEVICES, not a flag: they may not replace
             other devices the state dir already serves (InvalidInput says how to choose).
         serving: this pool is a server's (or node agent's), which holds the state dir's lock: its
-            open renews what was live when the last server stopped, its sweeps stamp it (pool/resume.py).
+            open renews what was live when the last server stopped, its sweeps stamp it (pool/renewal.py).
     """
 
     def __init__(
@@ -138,7 +138,7 @@ class Pool:
                     for problem in self.status().problems():
                         log.warning("%s", problem)
             if serving:
-                self._resume()
+                self._renew()
         except BaseException:
             self.store.close()  # no pool to close it later: NVML missing must not leak connections
             raise
@@ -147,21 +147,21 @@ class Pool:
     def open(cls, state_dir: Union[str, Path], **kwargs: Any) -> Pool:
         return cls(state_dir, **kwargs)
 
-    def _resume(self) -> None:
-        """A server's start: renew what was live when the last server stopped (pool/resume.py)."""
-        from .resume import resume  # lazily: only a server resumes; a run's embedded pool never loads it
+    def _renew(self) -> None:
+        """A server's start: renew what was live when the last server stopped (pool/renewal.py)."""
+        from .renewal import renew  # lazily: only a server renews; a run's embedded pool never loads it
 
         with self.store.write() as tx:
-            resumed = resume(tx, self.clock())
-        if resumed.leases or resumed.tickets:
+            renewed = renew(tx, self.clock())
+        if renewed.leases or renewed.tickets:
             log.warning(
-                "resumed after %.1f s without a server: %d lease(s) renewed for a full TTL, %d waiting claim(s) "
+                "back after %.1f s without a server: %d lease(s) renewed for a full TTL, %d waiting claim(s) "
                 "keep their place for %g s, %d preemption(s) with no claim left waiting undone",
-                resumed.down_s,
-                resumed.leases,
-                resumed.tickets,
+                renewed.down_s,
+                renewed.leases,
+                renewed.tickets,
                 TICKET_REATTACH_S,
-                resumed.undone,
+                renewed.undone,
             )
 
     def close(self) -> None:
@@ -200,8 +200,8 @@ class Pool:
         # rebuilding a view (a SUM over every slice) under the write lock would be wasted.
         with self.store.write() as tx:
             now = self.clock()
-            if self.serving:  # what the next start renews (pool/resume.py)
-                from .resume import stamp_alive  # lazily, as in _resume
+            if self.serving:  # what the next start renews (pool/renewal.py)
+                from .renewal import stamp_alive  # lazily, as in _renew
 
                 stamp_alive(tx, now)
             if now >= self._next_history_prune:

@@ -179,7 +179,7 @@ def prepare(config: ServerConfig) -> Prepared:
             background_checkpoint=True,
             preempt_grace_s=config.preempt_grace_s,
             preempt_mode=config.preempt_mode,
-            serving=True,  # renews what was live when the last server stopped (pool/resume.py)
+            serving=True,  # renews what was live when the last server stopped (pool/renewal.py)
         )
         _doctor(state)
         admin_token = load_or_create_token_file(config.token_file) if config.token_file else None

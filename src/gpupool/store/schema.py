@@ -167,6 +167,6 @@ ADDED_COLUMNS = {
 }
 
 # The index a retried claim finds its lease by (Tx.lease_by_key). Made by a server's start
-# (pool/resume.py), not with the tables: an older database has the column only after the ALTERs
+# (pool/renewal.py), not with the tables: an older database has the column only after the ALTERs
 # of ADDED_COLUMNS, and the embedded pool sends no keys; claims without a key add no entry.
 KEY_INDEX = "CREATE INDEX IF NOT EXISTS leases_by_key ON leases (claim_key) WHERE claim_key != ''"

@@ -1,4 +1,6 @@
-"""A server's start after an outage: the downtime of the last server is no holder's fault.
+"""A server's start after an outage renews leases: the downtime of the last server is no holder's fault.
+
+("Renew", not "resume": resuming is a suspended lease's, pool/suspend.py and core/resumption.py.)
 
 Every lease live at the last server's last sweep (`ALIVE_KEY`, stamped by each sweep of a
 serving pool) gets a full TTL from the return; a preempted one has its preemption and reaping
@@ -29,7 +31,7 @@ ALIVE_KEY = "server_alive"
 
 
 @dataclass(frozen=True)
-class Resumed:
+class Renewed:
     """What a start renewed: the downtime it made up for, leases renewed, tickets kept."""
 
     down_s: float = 0.0
@@ -43,7 +45,7 @@ def stamp_alive(tx: Tx, now: float) -> None:
     tx.set_meta(ALIVE_KEY, repr(now))
 
 
-def resume(tx: Tx, now: float) -> Resumed:
+def renew(tx: Tx, now: float) -> Renewed:
     """Renew, in the caller's transaction, what was live at the last stamp, and stamp `now`.
 
     One transaction: a kill during a start leaves the old stamp, and the next start renews the same.
@@ -56,7 +58,7 @@ def resume(tx: Tx, now: float) -> Resumed:
     except ValueError:  # a damaged row: renew nothing rather than guess
         alive_at = math.nan
     if not math.isfinite(alive_at):
-        return Resumed()
+        return Renewed()
     down = max(0.0, now - alive_at)  # a clock that went back makes up for nothing
     kept = tx.keep_keyed_tickets(alive_at, now + TICKET_REATTACH_S)
     leases = tx.leases("expires_at >= ?", (alive_at,))
@@ -71,4 +73,4 @@ def resume(tx: Tx, now: float) -> Resumed:
         # It may still be renewed by heartbeats up to its reaping, as before the outage.
         expires_at = min(max(lease.expires_at + down, now + lease.ttl_s), reap_at(moved) or math.inf)
         tx.set_lease_preempted(lease.id, lease.preempted_at + down, expires_at)
-    return Resumed(down, len(leases), kept, undone)
+    return Renewed(down, len(leases), kept, undone)

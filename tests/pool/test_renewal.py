@@ -1,4 +1,4 @@
-"""Issue 23 (2, 3): a server's downtime is no holder's fault, at the pool level (pool/resume.py).
+"""Issue 23 (2, 3): a server's downtime is no holder's fault, at the pool level (pool/renewal.py).
 
 A serving pool stamps each sweep; the next serving open renews what was live at the stamp. The
 embedded pool (every `gpupool run` opens the database) renews nothing. A claim's key finds its
@@ -13,7 +13,7 @@ from gpupool.core.model import Claim, Device, Holder
 from gpupool.core.outage import TICKET_REATTACH_S
 from gpupool.core.queues import QueueSpec, reap_at
 from gpupool.pool import Pool
-from gpupool.pool.resume import stamp_alive
+from gpupool.pool.renewal import stamp_alive
 
 DEVICES = [Device(f"GPU-{i}", i, "emulated", 16384, "n1") for i in range(2)]
 
