@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from envs import embedded_env
 from workload_imports import EMBEDDED_NEVER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,16 +80,8 @@ def test_runs_under_a_bare_python_without_the_venv(pyz, tmp_path, python):
     assert bad.returncode == 2 and "outside (0, 1]" in bad.stderr
 
 
-def embedded_env(tmp_path: Path) -> dict:
-    """This environment with an embedded pool of one emulated GPU in `tmp_path`, no server, no config."""
-    env = dict(os.environ, GPUPOOL_STATE=str(tmp_path / "s"), GPUPOOL_DEVICES="emulated:1x8GiB", HOME=str(tmp_path))
-    env.pop("GPUPOOL_SERVER", None)
-    env.pop("GPUPOOL_CONFIG", None)
-    return env
-
-
 def test_runs_as_an_executable_via_its_shebang(pyz, tmp_path):
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, "emulated:1x8GiB")
     done = subprocess.run(
         [str(pyz), "run", "-q", "-m", "1GiB", "--", "sh", "-c", "exit 7"],
         env=env,
@@ -101,7 +94,7 @@ def test_runs_as_an_executable_via_its_shebang(pyz, tmp_path):
 
 def test_a_run_through_the_zipapp_imports_none_of_what_the_install_never_imports(pyz, tmp_path):
     """The zipapp starts as light as the install: `python -X importtime` lists every module imported."""
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, "emulated:1x8GiB")
     done = subprocess.run(
         [sys.executable, "-X", "importtime", str(pyz), "run", "-q", "-p", "0.5", "--", "true"],
         env=env,

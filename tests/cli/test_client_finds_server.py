@@ -6,19 +6,14 @@ to stop the server first."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict
 
+from envs import clean_env
+
 from gpupool.core.errors import InvalidInput, ServerUnreachable, StateLocked
-
-
-def clean_env(tmp_path: Path, **extra: str) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), **extra)
-    return env
 
 
 def gpupool(env: Dict[str, str], *argv: str) -> subprocess.CompletedProcess:

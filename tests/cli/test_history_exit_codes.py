@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import httpx
+from envs import clean_env
 from waiting import wait_until
 
 # Run i sleeps DURATIONS[i] and exits i. The lease spans a little more than its command: the runner
@@ -25,14 +25,8 @@ from waiting import wait_until
 DURATIONS = [4.0 + 0.25 * i for i in range(10)]
 
 
-def env_for(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_DEVICES="emulated:2x16GiB")
-    return env
-
-
 def test_ten_runs_are_listed_with_their_elapsed_time_and_exit_code(tmp_path: Path) -> None:
-    state, flags, env = tmp_path / "state", tmp_path / "flags", env_for(tmp_path)
+    state, flags, env = tmp_path / "state", tmp_path / "flags", clean_env(tmp_path, GPUPOOL_DEVICES="emulated:2x16GiB")
     flags.mkdir()
     runs: List[subprocess.Popen] = []
     launched: List[float] = []

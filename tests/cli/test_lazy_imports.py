@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
+from envs import clean_env, embedded_env
 from workload_imports import EMBEDDED_NEVER
 
 import gpupool
@@ -60,10 +60,9 @@ def loaded(env: Dict[str, str], watched: tuple, *args: str) -> List[str]:
 
 
 @pytest.fixture
-def embedded_env(tmp_path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES="emulated:2x16GiB")
-    return env
+def embedded(tmp_path) -> Dict[str, str]:
+    """The env of an embedded pool of two emulated GPUs in tmp_path."""
+    return embedded_env(tmp_path, "emulated:2x16GiB")
 
 
 @pytest.mark.parametrize(
@@ -77,13 +76,13 @@ def embedded_env(tmp_path) -> Dict[str, str]:
     ],
     ids=lambda a: " ".join(a[:2]),
 )
-def test_embedded_pool_verbs_import_no_network_stack_and_no_logging(embedded_env, args):
-    assert loaded(embedded_env, EMBEDDED_NEVER, *args) == []
+def test_embedded_pool_verbs_import_no_network_stack_and_no_logging(embedded, args):
+    assert loaded(embedded, EMBEDDED_NEVER, *args) == []
 
 
-def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded_env):
+def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded):
     # A WARNING record makes gpupool.logs import logging and run the CLI's deferred basicConfig.
-    env = dict(embedded_env, GPUPOOL_SERVER="embedded:" + embedded_env["GPUPOOL_STATE"], GPUPOOL_CONFIG="/nonexistent")
+    env = dict(embedded, GPUPOOL_SERVER="embedded:" + embedded["GPUPOOL_STATE"], GPUPOOL_CONFIG="/nonexistent")
     done = subprocess.run(
         [sys.executable, "-m", "gpupool", "status", "--json"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -92,16 +91,15 @@ def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded_env):
 
 
 def test_plain_http_pool_verbs_import_no_http_client_ssl_or_logging(running_server, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), GPUPOOL_SERVER=running_server.url, GPUPOOL_TOKEN=running_server.token or "")
+    env = clean_env(HOME=str(tmp_path), GPUPOOL_SERVER=running_server.url, GPUPOOL_TOKEN=running_server.token or "")
     assert loaded(env, REMOTE_NEVER, "run", "-q", "-p", "0.5", "--", "true") == []
     assert loaded(env, REMOTE_NEVER, "status", "--json") == []
     assert loaded(env, REMOTE_NEVER, "release", "0123456789abcdef") == []
 
 
-def test_a_verb_imports_only_its_own_cli_module(embedded_env):
+def test_a_verb_imports_only_its_own_cli_module(embedded):
     others = tuple(f"gpupool.cli.{m}" for m in {m for m, _ in COMMANDS.values()} - {"run"})
-    assert loaded(embedded_env, others, "run", "-q", "-n", "1", "-p", "0.5", "--", "true") == []
+    assert loaded(embedded, others, "run", "-q", "-n", "1", "-p", "0.5", "--", "true") == []
 
 
 def test_the_command_table_matches_what_each_module_registers():

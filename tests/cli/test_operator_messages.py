@@ -8,15 +8,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
 
+from envs import clean_env
 from waiting import wait_until
-
-
-def clean_env(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["HOME"] = str(tmp_path / "home")
-    return env
 
 
 def test_a_reader_that_went_away_ends_the_verb_quietly_as_sigpipe_would(tmp_path: Path) -> None:

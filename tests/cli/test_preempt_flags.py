@@ -6,11 +6,12 @@ import importlib
 import json
 
 import pytest
+from envs import embedded_env
 
 from gpupool.cli.main import main
 from gpupool.core.suspension import DEFAULT_PREEMPT_MODE, PREEMPT_KILL, PREEMPT_REQUEUE
 
-from .test_queue_cli import embedded_env, gpupool
+from .test_queue_cli import DEVICES, gpupool
 
 
 @pytest.mark.parametrize("flags, mode", [([], DEFAULT_PREEMPT_MODE), (["--preempt", PREEMPT_KILL], PREEMPT_KILL)])
@@ -41,7 +42,7 @@ def test_node_agent_passes_its_preempt_mode(monkeypatch):
 
 @pytest.mark.parametrize("verb", [["server"], ["queue", "set", "team-a", "--quota", "1"], ["kube", "agent"]])
 def test_a_bad_preempt_mode_is_exit_2_naming_the_choices(tmp_path, verb):
-    done = gpupool(*verb, "--preempt", "pause", env=embedded_env(tmp_path))
+    done = gpupool(*verb, "--preempt", "pause", env=embedded_env(tmp_path, DEVICES))
     assert done.returncode == 2
     error = done.stderr.strip().splitlines()[-1]
     assert "--preempt" in error and "'pause'" in error and "suspend" in error and "requeue" in error, done.stderr
@@ -49,7 +50,7 @@ def test_a_bad_preempt_mode_is_exit_2_naming_the_choices(tmp_path, verb):
 
 
 def test_queue_set_preempt_is_listed_and_kept(tmp_path):
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, DEVICES)
     done = gpupool("queue", "set", "team-a", "--quota", "1", "--preempt", PREEMPT_KILL, env=env)
     assert done.returncode == 0 and f"preempt {PREEMPT_KILL}" in done.stderr, done.stderr
     assert gpupool("queue", "set", "team-b", "--quota", "0.5", env=env).returncode == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -15,18 +14,13 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
+from envs import embedded_env
 
 DEVICES = "emulated:2x16GiB"
 
 
 def gpupool(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpupool", *args], capture_output=True, text=True, env=env, timeout=60)
-
-
-def embedded_env(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES=DEVICES)
-    return env
 
 
 def one_line_exit_2(done: subprocess.CompletedProcess, *words: str) -> None:
@@ -38,7 +32,7 @@ def one_line_exit_2(done: subprocess.CompletedProcess, *words: str) -> None:
 
 
 def test_queues_on_the_embedded_pool(tmp_path):
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, DEVICES)
     assert gpupool("queue", "list", env=env).stdout.startswith(f"pool: embedded {env['GPUPOOL_STATE']}\nno queues")
     done = gpupool("queue", "set", "team-a", "--quota", "1.5", "--weight", "2", env=env)
     assert done.returncode == 0, done.stderr
@@ -88,16 +82,16 @@ def test_queues_on_the_embedded_pool(tmp_path):
     ],
 )
 def test_hostile_queue_flags_are_exit_2_one_liners(tmp_path, args, words):
-    one_line_exit_2(gpupool("queue", *args, env=embedded_env(tmp_path)), *words)
+    one_line_exit_2(gpupool("queue", *args, env=embedded_env(tmp_path, DEVICES)), *words)
 
 
 @pytest.mark.parametrize("since", ["yesterday", "-5h", "nan", "1e400", "2999-01-01", "24x"])
 def test_a_bad_since_is_an_exit_2_one_liner(tmp_path, since):
-    one_line_exit_2(gpupool("usage", f"--since={since}", env=embedded_env(tmp_path)), "--since", since)
+    one_line_exit_2(gpupool("usage", f"--since={since}", env=embedded_env(tmp_path, DEVICES)), "--since", since)
 
 
 def test_usage_on_the_embedded_pool_as_table_json_and_csv(tmp_path):
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, DEVICES)
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
     launched = time.time()
     done = gpupool("run", "-n", "1", "-p", "0.5", "--queue", "team-a", "--", "sleep", "1", env=env)
@@ -151,7 +145,7 @@ def test_queues_usage_and_bound_tokens_against_a_server(running_server, tmp_path
 
 
 def test_token_create_queue_in_the_state_dir(tmp_path):
-    env = embedded_env(tmp_path)
+    env = embedded_env(tmp_path, DEVICES)
     assert gpupool("queue", "set", "team-a", "--quota", "1", env=env).returncode == 0
     state = str(tmp_path / "state")
     base = ["token", "create", "--server", "http://127.0.0.1:1", "--state", state, "--name", "bob"]
@@ -167,8 +161,10 @@ def test_token_create_queue_in_the_state_dir(tmp_path):
 @pytest.mark.parametrize("grace", ["nan", "-1", "1e400", "4000"])
 def test_a_bad_preempt_grace_stops_the_server_with_an_exit_2_one_liner(tmp_path, grace):
     args = ["server", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "s"), "--devices", "emulated:1x1GiB"]
-    one_line_exit_2(gpupool(*args, f"--preempt-grace={grace}", env=embedded_env(tmp_path)), "--preempt-grace")
+    one_line_exit_2(gpupool(*args, f"--preempt-grace={grace}", env=embedded_env(tmp_path, DEVICES)), "--preempt-grace")
 
 
 def test_an_unknown_usage_key_is_an_exit_2_one_liner(tmp_path):
-    one_line_exit_2(gpupool("usage", "--by", "team", env=embedded_env(tmp_path)), "'team'", "queue, holder, label")
+    one_line_exit_2(
+        gpupool("usage", "--by", "team", env=embedded_env(tmp_path, DEVICES)), "'team'", "queue, holder, label"
+    )

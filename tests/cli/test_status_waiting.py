@@ -4,24 +4,18 @@ queue, priority, share, holder, age and the reason the pool gave it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict
 
+from envs import clean_env
 from waiting import wait_until
-
-
-def env_for(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_DEVICES="emulated:1x16GiB")
-    return env
 
 
 def test_status_lists_a_waiting_claim_with_its_reason(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = env_for(tmp_path)
+    env = clean_env(tmp_path, GPUPOOL_DEVICES="emulated:1x16GiB")
     gpupool = [sys.executable, "-m", "gpupool"]
     # The holder holds, and the waiter waits, until the test kills them: far longer than its checks.
     holder = subprocess.Popen(

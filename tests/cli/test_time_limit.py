@@ -6,13 +6,13 @@ time is untouched; a bad duration is one line (exit 2). On an embedded pool and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from envs import embedded_env
 from waiting import wait_until
 
 from gpupool.core.errors import InvalidInput, TimeLimit
@@ -24,12 +24,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def embedded_env(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), GPUPOOL_DEVICES="emulated:1x16G", GPUPOOL_STATE=str(tmp_path / "state"))
-    return env
 
 
 def gpupool(env: Dict[str, str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -63,7 +57,7 @@ def check_time_limit(env: Dict[str, str], tmp_path: Path, *pool: str) -> None:
 
 
 def test_time_limit_on_an_embedded_pool(tmp_path: Path) -> None:
-    check_time_limit(embedded_env(tmp_path), tmp_path)
+    check_time_limit(embedded_env(tmp_path, "emulated:1x16G"), tmp_path)
 
 
 def test_time_limit_through_a_server(running_server, tmp_path: Path) -> None:
@@ -72,6 +66,6 @@ def test_time_limit_through_a_server(running_server, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["0", "abc", "-5m", "nan", "400d"])
 def test_a_bad_time_limit_is_one_line(tmp_path: Path, value: str) -> None:
-    done = gpupool(embedded_env(tmp_path), "run", f"--time={value}", "--", "true")
+    done = gpupool(embedded_env(tmp_path, "emulated:1x16G"), "run", f"--time={value}", "--", "true")
     assert done.returncode == InvalidInput.exit_code, done.stderr
     assert done.stderr.count("\n") == 1 and f"--time {value!r}" in done.stderr, done.stderr

@@ -5,24 +5,18 @@ each, and the bundle's token works against that server."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 from typing import Dict
+
+from envs import clean_env
 
 from gpupool.client.http import HttpPoolClient
 
 
 def gpupool(*args: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpupool", *args], capture_output=True, text=True, env=env, timeout=60)
-
-
-def clean_env(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"))
-    return env
 
 
 def one_line(done: subprocess.CompletedProcess, code: int, *words: str) -> None:
@@ -40,7 +34,9 @@ def test_token_create_over_verified_https(server_factory, tmp_path):
     admin_file = s.state.parent / f"{s.state.name}-token"
     out = tmp_path / "alice.tar"
     args = ["token", "create", "--server", s.url, "--name", "alice", "--admin-token-file", str(admin_file)]
-    done = gpupool(*args, "--ca", str(ca), "--out", str(out), env=clean_env(tmp_path))
+    done = gpupool(
+        *args, "--ca", str(ca), "--out", str(out), env=clean_env(tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded"))
+    )
     assert done.returncode == 0, done.stderr
     with tarfile.open(out) as tar:
         bundle = json.loads(tar.extractfile("client.yaml").read())  # type: ignore[union-attr]
@@ -53,7 +49,9 @@ def test_token_create_over_verified_https(server_factory, tmp_path):
         client.close()
 
     # Without the pool's CA the system CAs do not vouch for it: one line naming the fix.
-    done = gpupool(*args, "--out", str(tmp_path / "b.tar"), env=clean_env(tmp_path))
+    done = gpupool(
+        *args, "--out", str(tmp_path / "b.tar"), env=clean_env(tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded"))
+    )
     one_line(done, 5, "TLS verification", "ca.crt")
 
 
@@ -63,7 +61,19 @@ def test_a_refused_admin_token_and_a_missing_server_are_one_line(server_factory,
     wrong.write_text("not-the-admin-token\n")
     base = ["token", "create", "--name", "bob", "--admin-token-file", str(wrong), "--out", str(tmp_path / "b.tar")]
     one_line(
-        gpupool(*base, "--server", s.url, env=clean_env(tmp_path)), 10, s.url, "--admin-token-file"
+        gpupool(*base, "--server", s.url, env=clean_env(tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded"))),
+        10,
+        s.url,
+        "--admin-token-file",
     )  # a refused token
-    one_line(gpupool(*base, "--server", "http://127.0.0.1:9", env=clean_env(tmp_path)), 5, "127.0.0.1:9")
+    one_line(
+        gpupool(
+            *base,
+            "--server",
+            "http://127.0.0.1:9",
+            env=clean_env(tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded")),
+        ),
+        5,
+        "127.0.0.1:9",
+    )
     assert not (tmp_path / "b.tar").exists()

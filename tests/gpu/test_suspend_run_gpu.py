@@ -10,7 +10,6 @@ Runs under pytest (`pytest -m gpu tests/gpu/test_suspend_run_gpu.py`) or as a sc
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,9 @@ from pathlib import Path
 from typing import Any, Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
+from envs import clean_env
+from gpupool_cli import gpupool
 from test_suspend_gpu import (
     BIG,
     HOLD_FRACTION,
@@ -47,26 +49,22 @@ TOOK = re.compile(r"is (?:suspended|running) \(([0-9.]+) s\)")
 
 
 def cli(state: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *args],
-        env=env_for(state),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return gpupool(*args, env=run_env(state), timeout=600)
 
 
-def env_for(state: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_STATE=str(state), CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
-    return env
+def run_env(state: Path) -> Dict[str, str]:
+    """A clean environment on the pool in `state` (the real GPUs), deterministic cuBLAS."""
+    return clean_env(GPUPOOL_STATE=str(state), CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
 
 
 def train_run(state: Path, losses: Path, log: Path) -> subprocess.Popen:
     args = [str(losses), str(HOLD_FRACTION), str(STEPS), str(PAUSE_S)]
     command = ["run", "-n", "1", "-p", RUN_FRACTION, "--", sys.executable, "-c", TRAIN, *args]
     return subprocess.Popen(
-        [sys.executable, "-m", "gpupool", *command], env=env_for(state), stdout=log.open("w"), stderr=subprocess.STDOUT
+        [sys.executable, "-m", "gpupool", *command],
+        env=run_env(state),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
 
 

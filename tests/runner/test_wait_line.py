@@ -15,13 +15,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from envs import clean_env
 from waiting import wait_until
-
-
-def env_for(tmp_path: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_DEVICES="emulated:1x16GiB", PYTHONUNBUFFERED="1")
-    return env
 
 
 def gpupool(*argv: str) -> List[str]:
@@ -45,7 +40,11 @@ def hold_the_gpu(state: Path, env: Dict[str, str], flags: Path) -> subprocess.Po
 
 
 def test_on_a_terminal_one_line_is_redrawn_with_the_elapsed_time(tmp_path: Path) -> None:
-    state, flags, env = tmp_path / "state", tmp_path / "flags", env_for(tmp_path)
+    state, flags, env = (
+        tmp_path / "state",
+        tmp_path / "flags",
+        clean_env(tmp_path, GPUPOOL_DEVICES="emulated:1x16GiB", PYTHONUNBUFFERED="1"),
+    )
     flags.mkdir()
     holder = hold_the_gpu(state, env, flags)
     master, slave = pty.openpty()
@@ -93,7 +92,11 @@ def test_on_a_terminal_one_line_is_redrawn_with_the_elapsed_time(tmp_path: Path)
 
 
 def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: Path) -> None:
-    state, flags, env = tmp_path / "state", tmp_path / "flags", env_for(tmp_path)
+    state, flags, env = (
+        tmp_path / "state",
+        tmp_path / "flags",
+        clean_env(tmp_path, GPUPOOL_DEVICES="emulated:1x16GiB", PYTHONUNBUFFERED="1"),
+    )
     flags.mkdir()
     holder = hold_the_gpu(state, env, flags)
     first = subprocess.Popen(
