@@ -12,7 +12,7 @@ from gpupool.core.model import Claim, Holder
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
 from gpupool.server.auth import create_token, revoke_token
-from gpupool.store import tx as store_tx
+from gpupool.store import tx_history as store_tx  # how_ended reads ENDED_LOOKBACK there
 
 
 @pytest.fixture
