@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.isolation_mode import IsolationMode, NodeIsolation
-from ..core.model import Claim, Device, Holder, Lease, local_user
-from ..core.status import PoolStatus, WaitingClaim
+from ..core.model import Device, local_user
+from ..core.operations import Operation, invoke
 from ..logs import get_logger
 from .base import PoolClient
 
 if TYPE_CHECKING:  # types only: the workload path never needs the queue classes
-    from typing import List, Optional, Sequence
+    from typing import Any, Optional, Sequence, TypeVar
 
-    from ..core.queues import LeaseRecord, QueueSpec, QueueStatus, UsageRow
+    A = TypeVar("A")
 
 log = get_logger(__name__)
 
@@ -70,71 +70,11 @@ class EmbeddedPoolClient(PoolClient):
             self._pool.close()
             raise
 
-    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0, key: str = "") -> Lease:
-        return self._pool.claim(claim, holder, wait_s=wait_s, ttl_s=ttl_s, key=key)
-
-    def heartbeat(self, lease_id: str) -> Lease:
-        return self._pool.heartbeat(lease_id)
-
-    def release(self, lease_id: str, exit_code: Optional[int] = None, timed_out: bool = False) -> None:
-        # As the admin of the state dir, in the name of the local user: its own lease's owner.
-        self._pool.release(lease_id, None, exit_code, local_user(), timed_out)
-
-    def status(self) -> PoolStatus:
-        # The pool leaves expired leases out of its status and reclaims them on
-        # the next write, so no reaper is needed without a server.
-        return self._pool.status()
-
-    def get_lease(self, lease_id: str) -> Lease:
-        """One lease by id (NotFound when it expired or was released)."""
-        return self._pool.lease(lease_id)
-
-    def watch(self, lease_id: str, timeout_s: float) -> Lease:
-        return self._pool.watch(lease_id, timeout_s)
-
-    def suspend(self, lease_id: str, reason: str = "") -> Lease:
-        return self._pool.suspend(lease_id, None, reason)
-
-    def resume(self, lease_id: str) -> Lease:
-        return self._pool.resume(lease_id)
-
-    def report_parked(self, lease_id: str, host_bytes: int = 0, error: str = "") -> Lease:
-        return self._pool.report_parked(lease_id, None, host_bytes, error)
-
-    def report_restored(self, lease_id: str, error: str = "") -> Lease:
-        return self._pool.report_restored(lease_id, None, error)
-
-    def queues(self) -> List[QueueStatus]:
-        return self._pool.queues()
-
-    def set_queue(self, spec: QueueSpec) -> QueueStatus:
-        return self._pool.set_queue(spec)
-
-    def delete_queue(self, name: str) -> None:
-        self._pool.delete_queue(name)
-
-    def usage(
-        self, since: float, until: Optional[float] = None, by: str = "queue", user: str = "", queue: str = ""
-    ) -> List[UsageRow]:
-        return self._pool.usage(since, until, by, user, queue)
-
-    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
-        return self._pool.history(since, until)
-
-    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
-        return self._pool.waiting(queue, key)
-
-    def hold_claim(self, claim_id: str) -> WaitingClaim:
-        return self._pool.hold(claim_id)
-
-    def release_claim(self, claim_id: str) -> WaitingClaim:
-        return self._pool.unhold(claim_id)
-
-    def cancel_claim(self, claim_id: str) -> WaitingClaim:
-        return self._pool.cancel_claim(claim_id)
-
-    def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
-        return self._pool.set_priority(claim_id, priority)
+    def call(self, op: Operation[A], **args: Any) -> A:
+        # The pool answers every operation itself. As the admin of the state dir (requester None),
+        # in the name of the local user: its own leases' owner in the history. Expired leases are
+        # left out of its answers and reclaimed on the next write: no reaper without a server.
+        return invoke(self._pool, op, args, None, local_user())
 
     def close(self) -> None:
         self._pool.close()

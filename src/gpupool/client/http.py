@@ -17,6 +17,7 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING
 
+from ..core import operations as ops
 from ..core.attestation import AttestTicket
 from ..core.errors import (
     GpupoolError,
@@ -26,17 +27,16 @@ from ..core.errors import (
     error_for_status,
     error_from_dict,
 )
-from ..core.model import Claim, Holder, Lease
-from ..core.status import PoolStatus, WaitingClaim
+from ..core.operations import Operation
 from ..logs import get_logger
 from .base import PoolClient
 from .config import normalize_url
 
 if TYPE_CHECKING:
     import ssl
-    from typing import Any, Dict, List, Optional, Tuple, Type, Union
+    from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
-    from ..core.queues import LeaseRecord, QueueSpec, QueueStatus, UsageRow
+    A = TypeVar("A")
 
 log = get_logger(__name__)
 
@@ -84,109 +84,25 @@ class HttpPoolClient(PoolClient):
 
     # -- PoolClient -------------------------------------------------------
 
-    def claim(self, claim: Claim, holder: Holder, *, wait_s: float = 0.0, ttl_s: float = 30.0, key: str = "") -> Lease:
-        body = {"claim": claim.to_dict(), "holder": holder.to_dict(), "wait_s": wait_s, "ttl_s": ttl_s}
-        if key:
-            body["key"] = key
-        # The server holds the request while the claim waits in its queue.
-        data = self.request("POST", "/v1/leases", body, timeout_s=wait_s + self._timeout_s, retry=False)
-        lease = Lease.from_dict(data)
-        self._tickets[lease.id] = AttestTicket.from_answer(data) or AttestTicket("", "")
-        return lease
+    def call(self, op: Operation[A], **args: Any) -> A:
+        """The HTTP request of `op` (`core.operations`: its route, query and body), its answer decoded."""
+        query, body = op.wire(args)
+        path = op.path.format(**{name: _quote(args[name]) for name in op.path_args()})
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        # The server holds a waiting claim or a watch up to its seconds: the client waits longer.
+        timeout_s = float(args[op.waits]) + self._timeout_s if op.waits else None
+        channel = {"watch": self._watching, "ask": self._asking}.get(op.channel, self._main)
+        data = self.request(op.method, path, body, timeout_s=timeout_s, retry=op.retry, channel=channel)
+        answer = op.decode(data)
+        if op is ops.CLAIM:  # the attestation ticket of a lease: only a claim's answer carries one
+            self._tickets[data.get("id", "")] = AttestTicket.from_answer(data) or AttestTicket("", "")
+        elif op is ops.RELEASE:
+            self._tickets.pop(args["lease_id"], None)
+        return answer
 
     def attest_ticket(self, lease_id: str) -> Optional[AttestTicket]:
         return self._tickets.get(lease_id, AttestTicket("", ""))
-
-    def heartbeat(self, lease_id: str) -> Lease:
-        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/heartbeat"))
-
-    def release(self, lease_id: str, exit_code: Optional[int] = None, timed_out: bool = False) -> None:
-        said = {k: v for k, v in (("exit_code", exit_code), ("timed_out", timed_out or None)) if v is not None}
-        body = said or None
-        self.request("DELETE", f"/v1/leases/{_quote(lease_id)}", body)
-        self._tickets.pop(lease_id, None)
-
-    def status(self) -> PoolStatus:
-        return PoolStatus.from_dict(self.request("GET", "/v1/status"))
-
-    def get_lease(self, lease_id: str) -> Lease:
-        """One lease by id (NotFound when it expired or was released)."""
-        return Lease.from_dict(self.request("GET", f"/v1/leases/{_quote(lease_id)}"))
-
-    def watch(self, lease_id: str, timeout_s: float) -> Lease:
-        """Long poll: the server answers when the lease is preempted or after `timeout_s` (at most 60)."""
-        query = urllib.parse.urlencode({"watch": f"{timeout_s:g}"})
-        path = f"/v1/leases/{_quote(lease_id)}?{query}"
-        # No resend: a watch cut by close() must end, and the caller's loop watches again anyway.
-        data = self.request("GET", path, timeout_s=timeout_s + self._timeout_s, retry=False, channel=self._watching)
-        return Lease.from_dict(data)
-
-    def suspend(self, lease_id: str, reason: str = "") -> Lease:
-        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/suspend", {"reason": reason}))
-
-    def resume(self, lease_id: str) -> Lease:
-        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/resume", {}))
-
-    def report_parked(self, lease_id: str, host_bytes: int = 0, error: str = "") -> Lease:
-        body = {"host_bytes": host_bytes, "error": error}
-        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/parked", body))
-
-    def report_restored(self, lease_id: str, error: str = "") -> Lease:
-        return Lease.from_dict(self.request("POST", f"/v1/leases/{_quote(lease_id)}/restored", {"error": error}))
-
-    def queues(self) -> List[QueueStatus]:
-        from ..core.queues import QueueStatus  # lazily: the workload path never lists queues
-
-        return [QueueStatus.from_dict(q) for q in self.request("GET", "/v1/queues").get("queues", [])]
-
-    def set_queue(self, spec: QueueSpec) -> QueueStatus:
-        from ..core.queues import QueueStatus
-
-        body = {k: v for k, v in spec.to_dict().items() if k != "name"}
-        return QueueStatus.from_dict(self.request("PUT", f"/v1/queues/{_quote(spec.name)}", body))
-
-    def delete_queue(self, name: str) -> None:
-        self.request("DELETE", f"/v1/queues/{_quote(name)}")
-
-    def usage(
-        self, since: float, until: Optional[float] = None, by: str = "queue", user: str = "", queue: str = ""
-    ) -> List[UsageRow]:
-        from ..core.queues import UsageRow
-
-        params = {"since": repr(float(since)), "by": by}
-        params.update({k: v for k, v in (("user", user), ("queue", queue)) if v})
-        if until is not None:
-            params["until"] = repr(float(until))
-        data = self.request("GET", "/v1/usage?" + urllib.parse.urlencode(params))
-        return [UsageRow.from_dict(row) for row in data.get("usage", [])]
-
-    def history(self, since: float, until: Optional[float] = None) -> List[LeaseRecord]:
-        from ..core.queues import LeaseRecord
-
-        params = {"since": repr(float(since))}
-        if until is not None:
-            params["until"] = repr(float(until))
-        data = self.request("GET", "/v1/history?" + urllib.parse.urlencode(params))
-        return [LeaseRecord.from_dict(row) for row in data.get("leases", [])]
-
-    def waiting(self, queue: Optional[str] = None, key: str = "") -> List[WaitingClaim]:
-        params = {k: v for k, v in (("queue", queue or ""), ("key", key)) if v}
-        path = "/v1/queue" + ("?" + urllib.parse.urlencode(params) if params else "")
-        data = self.request("GET", path, channel=self._asking if key else None)
-        return [WaitingClaim.from_dict(w) for w in data.get("waiting", [])]
-
-    def hold_claim(self, claim_id: str) -> WaitingClaim:
-        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/hold", {}))
-
-    def release_claim(self, claim_id: str) -> WaitingClaim:
-        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/release", {}))
-
-    def cancel_claim(self, claim_id: str) -> WaitingClaim:
-        return WaitingClaim.from_dict(self.request("POST", f"/v1/claims/{_quote(claim_id)}/cancel", {}))
-
-    def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
-        body = {"priority": priority}
-        return WaitingClaim.from_dict(self.request("PUT", f"/v1/claims/{_quote(claim_id)}/priority", body))
 
     def close(self) -> None:
         """Close the connections; a watch in flight in another thread ends at once (ServerUnreachable)."""

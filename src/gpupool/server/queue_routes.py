@@ -1,5 +1,7 @@
-"""The queue and usage routes: `GET/PUT/DELETE /v1/queues[/{name}]`, `GET /v1/usage`, the waiting
-claims (`GET /v1/queue`) and their hold, release, cancel and priority (`/v1/claims/{id}/...`).
+"""The queue and usage routes written by hand: `PUT/DELETE /v1/queues/{name}`, `GET /v1/usage`,
+`GET /v1/history` and the waiting claims (`GET /v1/queue`); listing queues and a waiting claim's
+hold, release, cancel and priority (`/v1/claims/{id}/...`) are generated from the operation table
+(`operation_routes`).
 
 Listing queues, waiting claims and usage needs any valid token; creating, changing and deleting a
 queue needs an admin token; holding, releasing and reprioritising a waiting claim its holder's
@@ -20,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import InvalidInput
 from ..core.queues import QueueSpec, check_usage_key
-from .models import HoldRequest, PriorityRequest, QueueRequest, validated
+from .models import QueueRequest, validated
 from .routes import Admin, Api, Caller, json_response, read_body
 from .wire import json_object
 
@@ -28,48 +30,12 @@ from .wire import json_object
 EPOCH_SINCE = 1e9
 
 queue_routes = APIRouter(prefix="/v1", tags=["queues"])
-claim_routes = APIRouter(prefix="/v1/claims", tags=["queues"])
 
 
 @queue_routes.get("/queue", summary="Waiting claims in the order the pool grants them, each with why it waits")
 async def waiting(api: Api, _identity: Caller, queue: Optional[str] = None, key: Optional[str] = None) -> Response:
     rows = await run_in_threadpool(api.pool.waiting, queue or None, key or "")
     return json_response({"waiting": [w.to_dict() for w in rows]})
-
-
-@claim_routes.post(
-    "/{claim_id}/hold", summary="Hold a waiting claim: it keeps its place, grants skip it (holder or admin)"
-)
-async def hold(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    validated(HoldRequest, json_object(await read_body(request)))
-    return json_response((await run_in_threadpool(api.pool.hold, claim_id, identity.requester)).to_dict())
-
-
-@claim_routes.post("/{claim_id}/release", summary="Release a held claim: grants take it again (holder or admin)")
-async def unhold(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    validated(HoldRequest, json_object(await read_body(request)))
-    return json_response((await run_in_threadpool(api.pool.unhold, claim_id, identity.requester)).to_dict())
-
-
-@claim_routes.post(
-    "/{claim_id}/cancel", summary="Cancel a waiting claim: it leaves the queue, its waiter is told (holder or admin)"
-)
-async def cancel(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    validated(HoldRequest, json_object(await read_body(request)))
-    return json_response((await run_in_threadpool(api.pool.cancel_claim, claim_id, identity.requester)).to_dict())
-
-
-@claim_routes.put("/{claim_id}/priority", summary="Change a waiting claim's priority in its queue (holder or admin)")
-async def priority(claim_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    body = validated(PriorityRequest, json_object(await read_body(request)))
-    changed = await run_in_threadpool(api.pool.set_priority, claim_id, body.priority, identity.requester)
-    return json_response(changed.to_dict())
-
-
-@queue_routes.get("/queues", summary="Queues with their quota, weight, limit, allocated, borrowed, waiting")
-async def list_queues(api: Api, _identity: Caller) -> Response:
-    queues = await run_in_threadpool(api.pool.queues)
-    return json_response({"queues": [q.to_dict() for q in queues]})
 
 
 @queue_routes.put(

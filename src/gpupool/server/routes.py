@@ -21,7 +21,7 @@ from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
 from .auth import Identity, create_token, list_tokens, require_admin, require_queue, revoke_token, rotate_token
 from .handlers import LeaseApi, dumps
-from .models import ParkedReport, RestoredReport, ResumeRequest, SuspendRequest, TokenRequest, validated
+from .models import ParkedReport, RestoredReport, TokenRequest, validated
 from .wire import check_size, json_object
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
@@ -167,20 +167,6 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
 @lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
     return json_response(api.heartbeat(identity, lease_id))
-
-
-@lease_routes.post("/{lease_id}/suspend", summary="Suspend a lease: its runner parks it (holder or admin)")
-async def suspend(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    body = validated(SuspendRequest, json_object(await read_body(request)))
-    lease = await run_in_threadpool(api.pool.suspend, lease_id, identity.requester, body.reason)
-    return json_response(lease.to_dict())
-
-
-@lease_routes.post("/{lease_id}/resume", summary="Resume a suspended lease when there is room (holder or admin)")
-async def resume(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    validated(ResumeRequest, json_object(await read_body(request)))
-    lease = await run_in_threadpool(api.pool.resume, lease_id, identity.requester)
-    return json_response(lease.to_dict())
 
 
 @lease_routes.post("/{lease_id}/parked", summary="The runner's word on a suspend: parked, or its error")

@@ -16,21 +16,13 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
+from ..core import operations as ops
 from ..core.model import LEASE_STATES, RUNNING
 from ..core.queues import USAGE_KEYS
 from ..core.status import WAIT_REASONS
 from .models import (
     REQUESTS,
-    ClaimRequest,
-    HoldRequest,
-    ParkedReport,
     Pid,
-    PriorityRequest,
-    QueueRequest,
-    ReleaseRequest,
-    RestoredReport,
-    ResumeRequest,
-    SuspendRequest,
     TokenRequest,
 )
 from .wire import MAX_BODY_BYTES
@@ -324,50 +316,24 @@ TEXT = "text"  # the Prometheus text format instead of a JSON schema
 # (path, method) -> (success status, its schema, error statuses it may answer). Errors 401 and
 # the 403s of auth are dropped when the server runs without auth (see `responses`).
 OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
-    ("/v1/leases", "post"): (201, "LeaseBody", (400, 401, 403, 409, 413, 422, 503)),
+    # the pool's operations, as their entries of the operation table say
+    **{(op.path, op.method.lower()): (op.status, op.answer, op.errors) for op in ops.OPERATIONS},
+    # the server's own
     ("/v1/leases", "get"): (200, "LeaseList", (401, 503)),
-    ("/v1/leases/{lease_id}", "get"): (200, "LeaseBody", (400, 401, 404, 503)),
-    ("/v1/leases/{lease_id}", "delete"): (200, "Released", (400, 401, 403, 404, 413, 503)),
-    ("/v1/leases/{lease_id}/heartbeat", "post"): (200, "LeaseBody", (401, 403, 404, 503)),
-    ("/v1/leases/{lease_id}/suspend", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/leases/{lease_id}/resume", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/leases/{lease_id}/parked", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/leases/{lease_id}/restored", "post"): (200, "LeaseBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/status", "get"): (200, "PoolStatusBody", (401, 503)),
     ("/v1/devices", "get"): (200, "DeviceList", (401, 503)),
     ("/v1/tokens", "post"): (201, "TokenBody", (400, 401, 403, 413, 503)),
     ("/v1/tokens", "get"): (200, "TokenList", (401, 403, 503)),
     ("/v1/tokens/{name}", "delete"): (200, "Revoked", (401, 403, 404, 503)),
     ("/v1/tokens/{name}/rotate", "post"): (201, "TokenBody", (401, 403, 404, 503)),
     ("/v1/doctor", "get"): (200, "DoctorReport", (401, 403, 503)),
-    ("/v1/queues", "get"): (200, "QueueList", (401, 503)),
-    ("/v1/queues/{name}", "put"): (200, "QueueBody", (400, 401, 403, 413, 503)),
-    ("/v1/queues/{name}", "delete"): (200, "QueueDeleted", (400, 401, 403, 404, 503)),
-    ("/v1/queue", "get"): (200, "WaitingList", (401, 404, 503)),
-    ("/v1/claims/{claim_id}/hold", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/claims/{claim_id}/release", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/claims/{claim_id}/cancel", "post"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/claims/{claim_id}/priority", "put"): (200, "WaitingBody", (400, 401, 403, 404, 413, 503)),
-    ("/v1/usage", "get"): (200, "UsageBody", (400, 401, 503)),
-    ("/v1/history", "get"): (200, "HistoryBody", (400, 401, 503)),
     ("/healthz", "get"): (200, "Health", ()),
     ("/metrics", "get"): (200, TEXT, ()),
 }
 # Operations that answer 403 without auth too (a server without auth mints no tokens).
 _FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post"), ("/v1/tokens/{name}/rotate", "post")}
 REQUEST_BODIES = {
-    ("/v1/leases", "post"): ClaimRequest.__name__,
+    **{(op.path, op.method.lower()): op.request for op in ops.OPERATIONS if op.request},
     ("/v1/tokens", "post"): TokenRequest.__name__,
-    ("/v1/queues/{name}", "put"): QueueRequest.__name__,
-    ("/v1/leases/{lease_id}/suspend", "post"): SuspendRequest.__name__,
-    ("/v1/leases/{lease_id}/resume", "post"): ResumeRequest.__name__,
-    ("/v1/leases/{lease_id}/parked", "post"): ParkedReport.__name__,
-    ("/v1/leases/{lease_id}/restored", "post"): RestoredReport.__name__,
-    ("/v1/leases/{lease_id}", "delete"): ReleaseRequest.__name__,
-    ("/v1/claims/{claim_id}/hold", "post"): HoldRequest.__name__,
-    ("/v1/claims/{claim_id}/release", "post"): HoldRequest.__name__,
-    ("/v1/claims/{claim_id}/cancel", "post"): HoldRequest.__name__,
-    ("/v1/claims/{claim_id}/priority", "put"): PriorityRequest.__name__,
 }
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",

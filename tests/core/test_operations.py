@@ -1,0 +1,51 @@
+"""The operation table (core.operations): each entry is callable in-process and over HTTP as declared."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from gpupool.client.base import PoolClient
+from gpupool.core import operations as ops
+from gpupool.pool import Pool
+
+
+@pytest.mark.parametrize("op", ops.OPERATIONS, ids=lambda op: op.name)
+def test_each_pool_method_takes_what_the_entry_gives_it(op):
+    """The Pool method an entry names exists and binds its arguments (mypy cannot see a getattr)."""
+    owner, *parts = (Pool, *op.pool.split("."))
+    if parts[:-1]:  # a part of the pool: its class is the annotation of Pool's attribute
+        pytest.skip(f"{op.pool}: a part of the pool, checked by the in-process tests")
+    method = getattr(owner, parts[-1])
+    inspect.signature(method).bind(None, *op.pool_args)  # None: self
+
+
+@pytest.mark.parametrize("op", ops.OPERATIONS, ids=lambda op: op.name)
+def test_each_entry_is_said_once(op):
+    assert op.method in ("GET", "POST", "PUT", "DELETE") and op.path.startswith("/v1/")
+    assert op.who in (ops.ANYONE, ops.ADMIN, ops.OPEN)
+    assert not op.body or op.request, "body fields without a request model"
+    assert sum(other.name == op.name for other in ops.OPERATIONS) == 1
+    routes = [(o.method, o.path) for o in ops.OPERATIONS if (o.method, o.path) == (op.method, op.path)]
+    assert len(routes) == 1 or op in (ops.GET_LEASE, ops.WATCH)  # a watch is GET /v1/leases/ID?watch=S
+
+
+def test_pool_client_has_one_abstract_method():
+    """Every method of PoolClient is derived from `call`: an HTTP or in-process client writes only it."""
+    assert PoolClient.__abstractmethods__ == frozenset({"call"})
+
+
+def test_the_wire_of_the_default_encoding():
+    assert ops.SUSPEND.wire({"lease_id": "l1", "reason": "why"}) == ({}, {"reason": "why"})
+    assert ops.HEARTBEAT.wire({"lease_id": "l1"}) == ({}, None)
+    assert ops.RESUME.wire({"lease_id": "l1"}) == ({}, {})
+    assert ops.WAITING.wire({"queue": None, "key": "k"}) == ({"key": "k"}, None)
+    assert ops.RELEASE.wire({"lease_id": "l", "exit_code": None, "timed_out": False}) == ({}, None)
+    assert ops.RELEASE.wire({"lease_id": "l", "exit_code": 3, "timed_out": True}) == (
+        {},
+        {"exit_code": 3, "timed_out": True},
+    )
+    query, _ = ops.USAGE.wire({"since": 5, "until": None, "by": "queue", "user": "", "queue": "q"})
+    assert query == {"since": "5.0", "by": "queue", "queue": "q"}
+    assert ops.CLAIM_PRIORITY.path_args() == ("claim_id",)
