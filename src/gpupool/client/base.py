@@ -122,10 +122,6 @@ class PoolClient(abc.ABC):
         """Let grants take a held claim again, in the place its ticket gives it."""
         return self.call(ops.RELEASE_CLAIM, claim_id=claim_id)
 
-    def cancel_claim(self, claim_id: str) -> WaitingClaim:
-        """Take a waiting claim out of the queue (its holder or an admin); its waiter exits ClaimCancelled."""
-        return self.call(ops.CANCEL_CLAIM, claim_id=claim_id)
-
     def set_claim_priority(self, claim_id: str, priority: int) -> WaitingClaim:
         """Change a waiting claim's priority: its order within its queue."""
         return self.call(ops.CLAIM_PRIORITY, claim_id=claim_id, priority=priority)
