@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from waiting import wait_until
+
 from gpupool.pool.notify import LeaseBoard
 
 # Waits that a bump must cut short: far longer than any loaded machine takes to deliver one.
@@ -105,3 +107,15 @@ def test_an_async_wait_times_out_and_forgets_its_future():
             return woken
 
     assert asyncio.run(main()) is False
+
+
+def test_waiting_counts_the_blocked_threads_and_futures():
+    board = LeaseBoard()
+    with board.watch("a") as sub:
+        seen = sub.seen()
+        waiter = threading.Thread(target=sub.wait, args=(seen, LONG_S), daemon=True)
+        waiter.start()
+        wait_until(lambda: board.waiting() == 1, what="the thread to wait")
+        board.bump(["a"])
+        waiter.join(LONG_S)
+        assert not waiter.is_alive() and board.waiting() == 0

@@ -33,6 +33,7 @@ class LeaseBoard:
         # lease id -> the event loops' futures waiting on it (resolved by the next bump)
         self._futures: Dict[str, List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._closed = False
+        self._blocked = 0  # threads in Subscription.wait now
 
     @property
     def closed(self) -> bool:
@@ -70,6 +71,12 @@ class LeaseBoard:
             self._cond.notify_all()
         _resolve(woken)
 
+    def waiting(self) -> int:
+        """How many waits (threads and futures) are blocked now: for tests, which release a lease
+        once its watch waits, and for the curious."""
+        with self._cond:
+            return self._blocked + sum(len(futures) for futures in self._futures.values())
+
     def _count(self, lease_id: str) -> int:
         return self._watched[lease_id][0]
 
@@ -102,12 +109,16 @@ class Subscription:
         board = self.board
         deadline = time.monotonic() + timeout_s
         with board._cond:
-            while board._count(self.lease_id) == seen and not board._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                board._cond.wait(remaining)
-            return True
+            board._blocked += 1
+            try:
+                while board._count(self.lease_id) == seen and not board._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    board._cond.wait(remaining)
+                return True
+            finally:
+                board._blocked -= 1
 
     async def wait_async(self, seen: int, timeout_s: float) -> bool:
         """`wait` for a coroutine: the event loop runs on while it waits (no thread is held)."""

@@ -36,7 +36,7 @@ from .schema import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 from .tx import Tx
 
 if TYPE_CHECKING:
-    from typing import Iterator, List, Optional, Union
+    from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 log = get_logger(__name__)
 
@@ -107,6 +107,9 @@ class Store:
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 100 ms: that made the tail latency under load.
         self._write_lock = threading.Lock()
+        # Told the leases a write transaction changed (Tx.changed), after its commit: the pool's
+        # notification path (pool/notify.py), which wakes their watches in this process.
+        self.on_commit: Optional[Callable[[Sequence[str]], None]] = None
         self._checkpointer: Optional[threading.Thread] = None
         self._stop = threading.Event()
         # Before SQLite sees the file: it would make an empty pool of a lost one (store.marker).
@@ -269,8 +272,9 @@ class Store:
                 conn = self.connection()
                 with self._write_lock:
                     conn.execute("BEGIN IMMEDIATE")
+                    tx = Tx(conn)
                     try:
-                        yield Tx(conn)
+                        yield tx
                     except BaseException:
                         if conn.in_transaction:
                             conn.execute("ROLLBACK")
@@ -284,6 +288,8 @@ class Store:
                     self._local.commits = getattr(self._local, "commits", 0) + 1
         except (sqlite3.Error, UnicodeEncodeError) as err:
             raise self._explained(err) from None
+        if tx.changed and self.on_commit is not None:
+            self.on_commit(tx.changed)
 
     def _explained(self, err: BaseException) -> BaseException:
         """The GpupoolError a database error means for the user, or `err` itself when it means none."""

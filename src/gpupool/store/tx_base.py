@@ -16,6 +16,9 @@ class TxBase:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        # The leases whose runner may have a step to take after this transaction (ended, preempted,
+        # their suspension record written): the store tells its `on_commit` once it commits.
+        self.changed: List[str] = []
 
     # --- meta -----------------------------------------------------------------
     def meta(self, key: str) -> Optional[str]:

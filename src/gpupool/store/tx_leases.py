@@ -45,6 +45,7 @@ class LeaseTx(TxBase):
             "DELETE FROM slices WHERE lease_id = ? RETURNING device_uuid, memory_mib", (lease_id,)
         ).fetchall()
         rows = self.conn.execute("DELETE FROM leases WHERE id = ? RETURNING holder_name", (lease_id,)).fetchall()
+        self.changed.append(lease_id)
         return (rows[0][0], slices) if rows else None
 
     def insert_lease(self, lease: Lease, key: str = "") -> None:
@@ -118,6 +119,7 @@ class LeaseTx(TxBase):
         return self.conn.execute("SELECT 1 FROM leases WHERE expires_at < ? LIMIT 1", (now,)).fetchone() is not None
 
     def delete_lease(self, lease_id: str) -> bool:
+        self.changed.append(lease_id)
         self.conn.execute("DELETE FROM slices WHERE lease_id = ?", (lease_id,))
         return self.conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
 
@@ -132,6 +134,7 @@ class LeaseTx(TxBase):
 
     def set_lease_preempted(self, lease_id: str, preempted_at: float, expires_at: float) -> None:
         """Mark a lease preempted; it is reaped at `expires_at` unless released before."""
+        self.changed.append(lease_id)
         self.conn.execute(
             "UPDATE leases SET preempted_at = ?, expires_at = ? WHERE id = ?", (preempted_at, expires_at, lease_id)
         )
@@ -139,6 +142,7 @@ class LeaseTx(TxBase):
     # --- suspensions (core/suspension.py) ----------------------------------------
     def put_suspension(self, lease_id: str, suspension: Suspension) -> None:
         """Write the suspension record of `lease_id` (replacing the one before)."""
+        self.changed.append(lease_id)
         self.conn.execute(
             "INSERT OR REPLACE INTO suspensions (lease_id, state, record) VALUES (?, ?, ?)",
             (lease_id, suspension.state, json.dumps(suspension.to_dict())),

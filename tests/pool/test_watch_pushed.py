@@ -1,0 +1,129 @@
+"""A watch is told, not polling (issue 37): the write that releases, suspends or preempts a lease
+wakes its watch through the pool's notification path (pool/notify.py). Each test sets the watch's
+re-read to LONG_FALLBACK_S and lets the write come once the watch waits: a watch back within
+WOKEN_WITHIN_S was woken by the write, not by a re-read. A write by another process, which no
+board of this one sees, still reaches the watch by the re-read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Dict
+
+import pytest
+from waiting import wait_until
+
+from gpupool.core.errors import GpupoolError, NotFound
+from gpupool.core.model import SUSPENDING, Claim, Holder
+from gpupool.core.queues import QueueSpec
+from gpupool.devices import emulated_devices
+from gpupool.pool import Pool
+
+LONG_FALLBACK_S = 30.0
+WOKEN_WITHIN_S = 10.0  # generous on a loaded machine, and still a third of the fallback
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n")
+    p.watcher.fallback_s = LONG_FALLBACK_S
+    yield p
+    p.close()
+
+
+def watched(pool: Pool, lease_id: str, watch: Callable[[], Any]) -> Dict[str, Any]:
+    """Start `watch()` on a thread, wait until it waits on the board; its answer lands in the dict."""
+    got: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["lease"] = watch()
+        except GpupoolError as err:
+            got["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_until(lambda: pool.watcher.board.waiting() == 1, what=f"the watch of {lease_id} to wait")
+    got["thread"] = thread
+    return got
+
+
+def answered(got: Dict[str, Any]) -> Dict[str, Any]:
+    got["thread"].join(WOKEN_WITHIN_S)
+    assert not got["thread"].is_alive(), f"the watch was not woken within {WOKEN_WITHIN_S:g} s: only a re-read"
+    return got
+
+
+def test_the_owner_s_release_wakes_the_watch(pool):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+    got = watched(pool, lease.id, lambda: pool.watch(lease.id, 60))
+    pool.release(lease.id, "alice")
+    error = answered(got)["error"]
+    assert isinstance(error, NotFound) and "released by its owner" in error.message
+
+
+def test_an_admin_s_release_wakes_the_watch(pool):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+    got = watched(pool, lease.id, lambda: pool.watch(lease.id, 60))
+    pool.release(lease.id, None, caller="root")
+    error = answered(got)["error"]
+    assert isinstance(error, NotFound) and "released by an admin" in error.message
+
+
+def test_a_suspend_wakes_the_watch(pool):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+    got = watched(pool, lease.id, lambda: pool.watch(lease.id, 60))
+    pool.suspend(lease.id, "alice")
+    assert answered(got)["lease"].state == SUSPENDING
+
+
+@pytest.mark.parametrize("mode", ["suspend", "requeue"])
+def test_a_preemption_wakes_the_watch(pool, mode):
+    pool.set_queue(QueueSpec("a", 1, preempt=mode))
+    pool.set_queue(QueueSpec("b", 1))
+    pool.claim(Claim.single(1, fraction=1.0, queue="a"), Holder("alice"))
+    borrowed = pool.claim(Claim.single(1, fraction=1.0, queue="a", preempt_grace_s=120), Holder("alice"))
+    got = watched(pool, borrowed.id, lambda: pool.watch(borrowed.id, 60))
+    granted: list = []
+    claimer = threading.Thread(
+        target=lambda: granted.append(pool.claim(Claim.single(1, fraction=1.0, queue="b"), Holder("bob"), wait_s=300)),
+        daemon=True,
+    )
+    claimer.start()  # preempts the borrower at once, then waits for its GPU
+    lease = answered(got)["lease"]
+    assert lease.preempted_at is not None
+    assert (lease.state == SUSPENDING) == (mode == "suspend")
+    pool.release(borrowed.id, "alice")  # as its runner does, once its command stopped
+    claimer.join(300)
+    assert granted and granted[0].holder.name == "bob"
+
+
+def test_the_server_s_watch_is_woken_on_its_event_loop(pool):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+
+    async def disconnected() -> bool:
+        return False
+
+    got = watched(pool, lease.id, lambda: asyncio.run(pool.watcher.watch_async(lease.id, 60, disconnected)))
+    pool.release(lease.id, "alice")
+    assert isinstance(answered(got)["error"], NotFound)
+
+
+def test_another_process_s_write_reaches_the_watch_by_the_re_read(tmp_path):
+    devices = emulated_devices("emulated:2x16GiB", "n")
+    watching, other = Pool(tmp_path, devices=devices, node="n"), Pool(tmp_path, devices=devices, node="n")
+    try:  # `other` stands for another process: its own store, and no board of `watching`'s
+        lease = watching.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+        got = watched(watching, lease.id, lambda: watching.watch(lease.id, 60))
+        other.release(lease.id, "alice")
+        assert isinstance(answered(got)["error"], NotFound)  # the embedded fallback re-reads every 0.1 s
+    finally:
+        other.close()
+        watching.close()
+
+
+def test_closing_the_pool_ends_a_waiting_watch(pool):
+    lease = pool.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+    got = watched(pool, lease.id, lambda: pool.watch(lease.id, 60))
+    pool.close()
+    assert "closed" in answered(got)["error"].message
