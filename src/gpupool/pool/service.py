@@ -116,7 +116,7 @@ class Pool:
             self.claims = Claims(self.ledger, self.preempt_grace_s, self.preempt_mode)
             self.mix = self.claims.mix  # fragaware's mix, learned from the claims seen
             self.tickets = Tickets(self.ledger, self.mix)
-            self.watcher = Watch(self.ledger, self.claims)
+            self.watcher = Watch(self.ledger, self.claims, serving)
             self.suspensions = Suspensions(self.ledger, self.watcher)
             self.accounts = Accounts(self.ledger, self.preempt_mode)
             if devices is None:
@@ -165,7 +165,7 @@ class Pool:
             )
 
     def close(self) -> None:
-        self.watcher.closed.set()  # ends the watches of other threads
+        self.watcher.close()  # ends the watches of other threads and of event loops
         self.store.close()
 
     # --- claims and leases (pool/claims.py) ---------------------------------------
