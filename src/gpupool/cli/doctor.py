@@ -81,10 +81,11 @@ def handle_doctor(args: argparse.Namespace) -> int:
         pool, report = f"embedded:{state}", check_state(state).to_dict()
     else:
         from ..client.http import HttpPoolClient
+        from ..core.operations import DOCTOR
 
         client = HttpPoolClient(choice.address, token=choice.token, ca=choice.ca)
         try:
-            pool, report = client.address, client.request("GET", "/v1/doctor")
+            pool, report = client.address, client.call(DOCTOR)
         finally:
             client.close()
     if args.json:

@@ -12,11 +12,11 @@ import ssl
 import sys
 import tarfile
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..core.errors import GpupoolError, InvalidInput, Unauthorized
+from ..core.operations import CREATE_TOKEN, LIST_TOKENS, REVOKE_TOKEN, ROTATE_TOKEN, Operation
 from .groups import help_when_bare
 from .pool_options import print_pool
 
@@ -106,7 +106,7 @@ def handle_create(args: argparse.Namespace) -> int:
 
 
 def handle_list(args: argparse.Namespace) -> int:
-    rows = _on_tokens(args, "GET", "/v1/tokens", lambda store: [t.to_dict() for t in _auth().list_tokens(store)])
+    rows = _on_tokens(args, LIST_TOKENS, lambda store: [t.to_dict() for t in _auth().list_tokens(store)])
     tokens = rows if isinstance(rows, list) else rows.get("tokens", [])
     if args.json:
         print(json.dumps({"tokens": tokens}))
@@ -131,8 +131,7 @@ def handle_list(args: argparse.Namespace) -> int:
 
 
 def handle_revoke(args: argparse.Namespace) -> int:
-    path = f"/v1/tokens/{urllib.parse.quote(args.name, safe='')}"
-    _on_tokens(args, "DELETE", path, lambda store: _auth().revoke_token(store, args.name))
+    _on_tokens(args, REVOKE_TOKEN, lambda store: _auth().revoke_token(store, args.name), name=args.name)
     print_pool(_pool(args.state, args.server), sys.stderr)
     print(f"gpupool: token {args.name!r} revoked: it no longer authenticates", file=sys.stderr)
     return 0
@@ -143,8 +142,11 @@ def handle_rotate(args: argparse.Namespace) -> int:
 
     if not args.server:
         raise InvalidInput("gpupool token rotate needs --server URL: the bundle names the server its clients use")
-    path = f"/v1/tokens/{urllib.parse.quote(args.name, safe='')}/rotate"
-    answer = _on_tokens(args, "POST", path, lambda store: {"token": _auth().rotate_token(store, args.name)})
+
+    def local(store: Any) -> Dict[str, str]:
+        return {"token": _auth().rotate_token(store, args.name)}
+
+    answer = _on_tokens(args, ROTATE_TOKEN, local, name=args.name)
     token = answer.get("token") if isinstance(answer, dict) else None
     if not isinstance(token, str) or not token:
         raise GpupoolError(f"{args.server} answered without a token: is it a gpupool server?")
@@ -168,8 +170,8 @@ def _auth() -> Any:
     return auth
 
 
-def _on_tokens(args: argparse.Namespace, method: str, path: str, local: Any) -> Any:
-    """`local(store)` in --state's store, else the admin call `method path` on --server."""
+def _on_tokens(args: argparse.Namespace, op: Operation[Any], local: Any, **call: Any) -> Any:
+    """`local(store)` in --state's store, else the admin call `op` (with `call`) on --server."""
     if args.state:
         from ..store import Store
 
@@ -179,14 +181,16 @@ def _on_tokens(args: argparse.Namespace, method: str, path: str, local: Any) -> 
         finally:
             store.close()
     if not args.server:
-        raise InvalidInput(f"give --server URL (with --admin-token-file) or --state DIR for `gpupool token {path}`")
+        raise InvalidInput(
+            f"give --server URL (with --admin-token-file) or --state DIR for `gpupool token {op.name.split('_')[0]}`"
+        )
     from ..client.config import normalize_url
     from ..client.http import HttpPoolClient
 
     url = normalize_url(args.server)
     client = HttpPoolClient(url, _admin_token(args.admin_token_file), str(_ca_file(args.ca, None) or ""))
     try:
-        return client.request(method, path, {} if method == "POST" else None, retry=False)
+        return client.call(op, **call)
     except Unauthorized:
         raise Unauthorized(f"{url} refused the admin token: pass --admin-token-file, or --state on its host") from None
     finally:
@@ -260,14 +264,9 @@ def _create_remote(
     """The token made by the server at `url` (POST /v1/tokens with the admin token), through the pool's client."""
     from ..client.http import HttpPoolClient
 
-    request_body: Dict[str, Any] = {"name": name, "admin": admin}
-    if queue:  # only when bound: a server older than queues refuses the field
-        request_body["queue"] = queue
-    if replace:  # likewise: a server before token lists replaced always
-        request_body["replace"] = True
     client = HttpPoolClient(url, admin_token, str(ca_file or ""))
     try:
-        answer = client.request("POST", "/v1/tokens", request_body, retry=False)  # a token made twice is two
+        answer = client.call(CREATE_TOKEN, name=name, admin=admin, queue=queue, replace=replace)
     except Unauthorized:
         raise Unauthorized(
             f"{url} refused the admin token: pass --admin-token-file with the file the server's --token-file "

@@ -140,6 +140,10 @@ def _nothing(_data: Dict[str, Any]) -> None:
     return None
 
 
+def _as_is(data: Dict[str, Any]) -> Dict[str, Any]:
+    return data
+
+
 def _queues(data: Dict[str, Any]) -> List[QueueStatus]:
     from .queues import QueueStatus  # lazily: the workload path never lists queues
 
@@ -199,6 +203,19 @@ def _watch_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
 
 def _queue_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
     return {}, {k: v for k, v in args["spec"].to_dict().items() if k != "name"}
+
+
+def _token_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
+    body: Dict[str, Any] = {"name": args["name"], "admin": args["admin"]}
+    if args.get("queue"):  # only when bound: a server older than queues refuses the field
+        body["queue"] = args["queue"]
+    if args.get("replace"):  # likewise: a server before token lists replaced always
+        body["replace"] = True
+    return {}, body
+
+
+def _empty_body(_args: Mapping[str, Any]) -> Tuple[Query, Body]:
+    return {}, {}
 
 
 def _span_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
@@ -263,6 +280,35 @@ STATUS: Operation[PoolStatus] = Operation(
     PoolStatus.from_dict,
     errors=READ_ERRORS,
     pool="status",
+    route=True,
+    group="pool",
+)
+LIST_LEASES: Operation[Dict[str, Any]] = Operation(
+    "list_leases",
+    "GET",
+    "/v1/leases",
+    "Live leases",
+    ANYONE,
+    "LeaseList",
+    _as_is,
+    errors=READ_ERRORS,
+    pool="status",
+    to_wire=lambda status: {"leases": [lease.to_dict() for lease in status.leases]},
+    route=True,
+)
+DEVICES: Operation[Dict[str, Any]] = Operation(
+    "devices",
+    "GET",
+    "/v1/devices",
+    "Devices with their allocated MiB",
+    ANYONE,
+    "DeviceList",
+    _as_is,
+    errors=READ_ERRORS,
+    pool="status",
+    to_wire=lambda status: {"devices": status.to_dict()["devices"]},
+    route=True,
+    group="pool",
 )
 GET_LEASE: Operation[Lease] = Operation(
     "get_lease",
@@ -495,13 +541,80 @@ HISTORY: Operation[List[LeaseRecord]] = Operation(
     pool_args=("since", "until"),
     group="queues",
 )
+# The tokens and the doctor: a server's alone (the embedded pool's are `token create --state` and
+# `doctor --state`); their routes are written in server/routes.py (the authenticator's cache).
+CREATE_TOKEN: Operation[Dict[str, Any]] = Operation(
+    "create_token",
+    "POST",
+    "/v1/tokens",
+    "Create or rotate a named token (admin only)",
+    ADMIN,
+    "TokenBody",
+    _as_is,
+    status=201,
+    errors=ADMIN_ERRORS,
+    request="TokenRequest",
+    encode=_token_wire,
+    retry=False,  # a token made twice is two
+    group="pool",
+)
+LIST_TOKENS: Operation[Dict[str, Any]] = Operation(
+    "list_tokens",
+    "GET",
+    "/v1/tokens",
+    "The named tokens: name, admin, queue, origin, created, last used (admin only)",
+    ADMIN,
+    "TokenList",
+    _as_is,
+    errors=(401, 403, 503),
+    group="pool",
+)
+REVOKE_TOKEN: Operation[Dict[str, Any]] = Operation(
+    "revoke_token",
+    "DELETE",
+    "/v1/tokens/{name}",
+    "Revoke a named token (admin only)",
+    ADMIN,
+    "Revoked",
+    _as_is,
+    errors=(401, 403, 404, 503),
+    retry=False,
+    group="pool",
+)
+ROTATE_TOKEN: Operation[Dict[str, Any]] = Operation(
+    "rotate_token",
+    "POST",
+    "/v1/tokens/{name}/rotate",
+    "A new token for a name, as it was; the old one stops (admin only)",
+    ADMIN,
+    "TokenBody",
+    _as_is,
+    status=201,
+    errors=(401, 403, 404, 503),
+    encode=_empty_body,
+    retry=False,
+    group="pool",
+)
+DOCTOR: Operation[Dict[str, Any]] = Operation(
+    "doctor",
+    "GET",
+    "/v1/doctor",
+    "Check the pool's invariants and its database (admin only)",
+    ADMIN,
+    "DoctorReport",
+    _as_is,
+    errors=(401, 403, 503),
+    group="pool",
+)
 
 #: every operation, in the order the server's routes and the OpenAPI document list them
 OPERATIONS: Tuple[Operation[Any], ...] = (
     CLAIM,
+    LIST_LEASES,
     HEARTBEAT,
     RELEASE,
     STATUS,
+    DEVICES,
     GET_LEASE,
     WATCH,
     SUSPEND,
@@ -518,4 +631,9 @@ OPERATIONS: Tuple[Operation[Any], ...] = (
     DELETE_QUEUE,
     USAGE,
     HISTORY,
+    CREATE_TOKEN,
+    LIST_TOKENS,
+    REVOKE_TOKEN,
+    ROTATE_TOKEN,
+    DOCTOR,
 )

@@ -111,12 +111,6 @@ async def claim(request: Request, api: Api, identity: Claimer) -> Response:
     return json_response(lease, 201)
 
 
-@lease_routes.get("", summary="Live leases")
-async def list_leases(api: Api, _identity: Caller) -> Response:
-    status = await run_in_threadpool(api.pool.status)
-    return json_response({"leases": [lease.to_dict() for lease in status.leases]})
-
-
 @lease_routes.get(
     "/{lease_id}",
     summary="One live lease; with ?watch=S, answers when its runner has a step to take (preempted, "
@@ -192,16 +186,6 @@ async def release(lease_id: str, request: Request, api: Api, identity: Caller) -
 
 # --- pool -------------------------------------------------------------------------
 pool_routes = APIRouter(prefix="/v1", tags=["pool"])
-
-
-@pool_routes.get("/status", summary="Devices with their allocation, live leases, queue length")
-async def status(api: Api, _identity: Caller) -> Response:
-    return json_response((await run_in_threadpool(api.pool.status)).to_dict())
-
-
-@pool_routes.get("/devices", summary="Devices with their allocated MiB")
-async def devices(api: Api, _identity: Caller) -> Response:
-    return json_response({"devices": (await run_in_threadpool(api.pool.status)).to_dict()["devices"]})
 
 
 @pool_routes.post(

@@ -23,7 +23,6 @@ from ..core.status import WAIT_REASONS
 from .models import (
     REQUESTS,
     Pid,
-    TokenRequest,
 )
 from .wire import MAX_BODY_BYTES
 
@@ -318,14 +317,7 @@ TEXT = "text"  # the Prometheus text format instead of a JSON schema
 OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     # the pool's operations, as their entries of the operation table say
     **{(op.path, op.method.lower()): (op.status, op.answer, op.errors) for op in ops.OPERATIONS},
-    # the server's own
-    ("/v1/leases", "get"): (200, "LeaseList", (401, 503)),
-    ("/v1/devices", "get"): (200, "DeviceList", (401, 503)),
-    ("/v1/tokens", "post"): (201, "TokenBody", (400, 401, 403, 413, 503)),
-    ("/v1/tokens", "get"): (200, "TokenList", (401, 403, 503)),
-    ("/v1/tokens/{name}", "delete"): (200, "Revoked", (401, 403, 404, 503)),
-    ("/v1/tokens/{name}/rotate", "post"): (201, "TokenBody", (401, 403, 404, 503)),
-    ("/v1/doctor", "get"): (200, "DoctorReport", (401, 403, 503)),
+    # the probes'
     ("/healthz", "get"): (200, "Health", ()),
     ("/metrics", "get"): (200, TEXT, ()),
 }
@@ -333,7 +325,6 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
 _FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post"), ("/v1/tokens/{name}/rotate", "post")}
 REQUEST_BODIES = {
     **{(op.path, op.method.lower()): op.request for op in ops.OPERATIONS if op.request},
-    ("/v1/tokens", "post"): TokenRequest.__name__,
 }
 _DESCRIPTIONS = {
     400: "bad input (not JSON, nested too deeply, a field of the wrong kind)",
