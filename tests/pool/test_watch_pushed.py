@@ -14,7 +14,7 @@ import pytest
 from waiting import wait_until
 
 from gpupool.core.errors import GpupoolError, NotFound
-from gpupool.core.model import SUSPENDING, Claim, Holder
+from gpupool.core.model import RESUMING, SUSPENDED, SUSPENDING, Claim, Holder
 from gpupool.core.queues import QueueSpec
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
@@ -127,3 +127,17 @@ def test_closing_the_pool_ends_a_waiting_watch(pool):
     got = watched(pool, lease.id, lambda: pool.watch(lease.id, 60))
     pool.close()
     assert "closed" in answered(got)["error"].message
+
+
+def test_room_given_back_resumes_a_waiting_lease_in_that_write_and_wakes_its_watch(pool):
+    whole = Claim.single(1, fraction=1.0)
+    first = pool.claim(whole, Holder("alice"))
+    pool.suspend(first.id, "alice")
+    pool.report_parked(first.id, "alice")
+    blockers = [pool.claim(whole, Holder("bob")) for _ in range(2)]
+    assert pool.resume(first.id, "alice").state == SUSPENDED  # no room: it waits with a ticket
+    got = watched(pool, first.id, lambda: pool.watch(first.id, 60))
+    pool.release(blockers[0].id, "bob")
+    # Placed by the release itself (no watch, no read placed it), and its watch told at once.
+    assert pool.lease(first.id).state == RESUMING
+    assert answered(got)["lease"].state == RESUMING

@@ -64,6 +64,9 @@ class Ledger:
         self.host = host  # this host's name: a ticket of a dead pid here is dropped at once
         self._devices_cache: Tuple[int, List[Device]] = (-1, [])
         self._local = threading.local()  # this thread's View
+        # Run at the end of every write, in its transaction: the pool's resume placement
+        # (Suspensions.place_waiting), which room given back or a queue moved on may let in.
+        self.after_write: Optional[Callable[[Tx, View], None]] = None
 
     @contextmanager
     def write(self) -> Iterator[Tuple[Tx, View]]:
@@ -94,6 +97,8 @@ class Ledger:
                 )
             self._local.view = None  # until the commit: a failure anywhere leaves no half-updated view
             yield tx, view
+            if self.after_write is not None:
+                self.after_write(tx, view)
         view.commits = self.store.commits()
         self._local.view = view if view.valid else None
 

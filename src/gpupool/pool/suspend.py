@@ -17,13 +17,14 @@ from ..core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Device, Lease
 from ..core.resumption import back_in_place, park, remap_of, resume_claim, same_gpus
 from ..core.suspension import BY_ADMIN, BY_OWNER, BY_PREEMPTION, PREEMPT_REQUEUE, PREEMPT_SUSPEND, Suspension, one_line
 from ..logs import get_logger
+from .tickets import TICKET_TTL_S, take_ticket
 
 if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional, Sequence, Tuple
 
     from ..core.model import Claim, Slice
     from ..store.tx import Tx
-    from .ledger import Ledger
+    from .ledger import Ledger, View
     from .watch import Watch
 
     # (ticket, claim) -> the slices admission grants it now, or None (it waits)
@@ -187,11 +188,46 @@ def _expect(lease: Lease, state: str, verb: str) -> Suspension:
 
 class Suspensions:
     """The verbs of suspension, each one transaction of the steps above: suspend, resume, and the
-    runner's reports. Placing a lease that wants room again is `Watch.step`'s (pool/watch.py)."""
+    runner's reports; and `place_waiting`, the resume placement, run at the end of every write."""
 
     def __init__(self, ledger: Ledger, watch: Watch) -> None:
         self.ledger = ledger
         self.watch = watch
+        ledger.after_write = self.place_waiting
+
+    def place_waiting(self, tx: Tx, view: View) -> None:
+        """Room again for the suspended leases that want it, oldest suspension first, as admission
+        gives it to claims, in the caller's write: a release, a parking, an expiry, a claim given up
+        or granted, a heartbeat may let one in. Its commit wakes the lease's watch (pool/notify.py)."""
+        if view.tickets == 0 and not tx.changed:
+            return  # a lease that wants room holds a ticket, or is being resumed by this write
+        waiting = tx.suspensions(SUSPENDED)
+        if not waiting:
+            return
+        now = self.ledger.clock()
+        if not view.valid:  # this write moved slices the view does not follow: count them again
+            view.allocated = tx.allocated()
+        claims = self.watch.claims
+        for lease_id in waiting:
+            lease = tx.get_lease(lease_id)
+            if lease is None or lease.suspension is None or not lease.suspension.want_resume:
+                continue
+            holder = lease.holder
+            placed = try_place(
+                tx,
+                lease,
+                view.devices,
+                view.allocated,
+                lambda ticket, claim: claims.room_for(tx, view, ticket, claim, now),
+                lambda claim: take_ticket(tx, claim, holder, self.ledger.host, now, pid=0),  # noqa: B023
+                now,
+                TICKET_TTL_S,
+            )
+            view.tickets = None
+            if placed is not None:
+                for sl in placed.slices:
+                    view.allocated[sl.device_uuid] = view.allocated.get(sl.device_uuid, 0) + sl.memory_mib
+                view.invalidate()  # admission may have written more than the view follows
 
     def suspend(self, lease_id: str, requester: Optional[str] = None, reason: str = "", by: str = "") -> Lease:
         """Ask the lease's runner to park it (holder or admin; `requester` None acts as admin): it
@@ -206,7 +242,7 @@ class Suspensions:
         with self.ledger.step() as (tx, _view, now):
             lease = self.ledger.owned(tx, lease_id, requester, "resume")
             lease = want_resume(tx, lease, now)
-        return self.watch.step(lease.id)
+        return self.watch.step(lease.id)  # placed at the end of that write if there was room
 
     def report_parked(self, lease_id: str, requester: Optional[str], host_bytes: int = 0, error: str = "") -> Lease:
         """The runner's word on a suspend: parked (`host_bytes` in host memory), or `error`."""

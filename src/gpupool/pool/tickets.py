@@ -93,13 +93,14 @@ def _pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
         delay = min(delay * 1.5, POLL_MAX_S)
 
 
-def take_ticket(tx: Tx, claim: Claim, holder: Holder, host: str, now: float, key: str = "") -> int:
-    """A place in the queue for `claim`, held while this process polls it (see TICKET_TTL_S)."""
+def take_ticket(tx: Tx, claim: Claim, holder: Holder, host: str, now: float, key: str = "", pid: int = -1) -> int:
+    """A place in the queue for `claim`, held while this process polls it (see TICKET_TTL_S); `pid`
+    0: held while the writes that place it refresh it, whichever process makes them (a resume's)."""
     ticket = tx.add_ticket(
         claim.to_dict(),
         holder.to_dict(),
         host,
-        os.getpid(),
+        os.getpid() if pid < 0 else pid,
         now,
         now + TICKET_TTL_S,
         queue=claim.queue,

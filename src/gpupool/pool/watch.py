@@ -8,8 +8,8 @@ The watch is told, not polling: every write transaction names the leases it chan
 (`watch_async`). The re-read of the lease from SQLite stays as the fallback, for the writes no
 board of this process sees: every WATCH_FALLBACK_S in a serving pool (whose state dir no other
 process writes), every WATCH_POLL_S in an embedded one (other runs on the state dir write it).
-`Watch.step` is one look, and places a suspended lease that wants room (a write: its resume
-placement); such a lease is looked at every WATCH_POLL_S, as room may come from any lease.
+`Watch.step` is one look, a read: a suspended lease that wants room is given it by the writes
+(`Suspensions.place_waiting`, after every write of the ledger), whose commit wakes its watch.
 """
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GpupoolError
-from ..core.model import SUSPENDED, Lease
-from . import suspend
+from ..core.model import Lease
 from .ledger import check_seconds
 from .notify import LeaseBoard
-from .tickets import TICKET_TTL_S, take_ticket
 
 if TYPE_CHECKING:
     from .claims import Claims
     from .ledger import Ledger
 
-# An embedded pool's watch reads the lease this often (other processes write the state dir), as does
-# any watch of a suspended lease that wants room (room may come from any lease).
+# An embedded pool's watch reads the lease this often (other processes write the state dir).
 WATCH_POLL_S = 0.1
 # A serving pool's watch reads the lease this often when no write of this process names it: the
 # fallback for a write the board does not see (this process writes everything the state dir gets).
@@ -59,8 +56,7 @@ class Watch:
 
     def _wait_s(self, lease: Lease, remaining: float) -> float:
         """How long a watch that saw `lease` waits for its notification before it reads it again."""
-        wants_room = lease.state == SUSPENDED and lease.suspension is not None and lease.suspension.want_resume
-        return max(0.0, min(WATCH_POLL_S if wants_room else self.fallback_s, remaining))
+        return max(0.0, min(self.fallback_s, remaining))
 
     def watch(self, lease_id: str, timeout_s: float) -> Lease:
         """The lease as soon as its runner has a step to take (preempted, to park, to restore: see
@@ -106,24 +102,5 @@ class Watch:
                         break
 
     def step(self, lease_id: str) -> Lease:
-        """One look at a watched lease: a suspended one that wants room takes it if it can."""
-        lease = self.claims.lease(lease_id)
-        if lease.suspension is None or not lease.suspension.want_resume or lease.state != SUSPENDED:
-            return lease
-        with self.ledger.step() as (tx, view, now):
-            lease = self.ledger.owned(tx, lease_id, None, "resume")
-            placed = suspend.try_place(
-                tx,
-                lease,
-                view.devices,
-                view.allocated,
-                lambda ticket, claim: self.claims.room_for(tx, view, ticket, claim, now),
-                lambda claim: take_ticket(tx, claim, lease.holder, self.ledger.host, now),
-                now,
-                TICKET_TTL_S,
-            )
-            if placed is not None:
-                view.invalidate()
-                return placed
-            view.tickets = None
-            return lease
+        """One look at a watched lease (a read: resume placement is the writes', pool/suspend.py)."""
+        return self.claims.lease(lease_id)

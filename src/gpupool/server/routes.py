@@ -8,9 +8,7 @@ dependency in a worker thread, which would cost more than the token lookup.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Depends, Request
@@ -24,11 +22,8 @@ from .handlers import LeaseApi, dumps
 from .models import ParkedReport, RestoredReport, TokenRequest, validated
 from .wire import check_size, json_object
 
-# A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most, and looks at the lease this often.
+# A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most.
 MAX_WATCH_S = 60.0
-WATCH_POLL_S = 0.1
-# How often a watch asks whether its client has gone (each ask reads the connection).
-WATCH_DISCONNECT_CHECK_S = 1.0
 
 
 # --- dependencies -------------------------------------------------------------
@@ -138,24 +133,9 @@ def parse_watch(text: str) -> float:
 
 
 async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected: Any) -> Lease:
-    """The lease once preempted, or as it is after `seconds`; NotFound once it is gone.
-
-    A watcher is a coroutine that reads the lease (one small SQLite read, inline) every
-    WATCH_POLL_S: no thread is held per watcher, and a preemption by any process on the
-    state dir is seen within that time.
-    """
-    deadline = time.monotonic() + seconds
-    next_check = time.monotonic() + WATCH_DISCONNECT_CHECK_S
-    while True:
-        lease = api.pool.watcher.step(lease_id)
-        now = time.monotonic()
-        if lease.needs_runner or now >= deadline:
-            return lease
-        if now >= next_check:
-            if await disconnected():
-                return lease  # nobody reads the answer
-            next_check = now + WATCH_DISCONNECT_CHECK_S
-        await asyncio.sleep(min(WATCH_POLL_S, max(deadline - now, 0.0)))
+    """The lease once its runner has a step to take, or as it is after `seconds`; NotFound once it
+    is gone. A coroutine on the event loop, woken by the write that changes the lease (pool/watch.py)."""
+    return await api.pool.watcher.watch_async(lease_id, seconds, disconnected)
 
 
 @lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
