@@ -12,6 +12,7 @@ and the ratios are of the medians. The result file is the last "after" run's, wi
     python3 benchmarks/before_after.py pool --before 70f8f71 --after HEAD [--rounds 3] [-- --seconds 4]
     python3 benchmarks/before_after.py webhook --before 70f8f71 --after HEAD
     python3 benchmarks/before_after.py extender --before 70f8f71 --after HEAD
+    python3 benchmarks/before_after.py push --before c317867 --after HEAD -- --cycles 6
 """
 
 from __future__ import annotations
@@ -57,8 +58,18 @@ def _extender(result: Dict[str, Any]) -> Dict[str, float]:
     }
 
 
+def _push(result: Dict[str, Any]) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for pool, figures in result["pools"].items():
+        out[f"{pool}_median_s"] = figures["median_s"]
+        for kind, each in figures["kinds"].items():
+            out[f"{pool}_{kind}_median_s"] = each["median_s"]
+    return out
+
+
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], Dict[str, float]]] = {
     "pool": _pool,
+    "push": _push,
     "webhook": _webhook,
     "extender": _extender,
 }
