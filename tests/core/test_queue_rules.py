@@ -78,11 +78,28 @@ def test_spec_status_and_usage_round_trip():
         QueueSpec.from_dict({"name": "a", "quota": 1, "quote": 2})
     with pytest.raises(InvalidInput, match="no quota"):
         QueueSpec.from_dict({"name": "a"})
+    timed = QueueSpec.from_dict({"name": "t", "quota": 1, "default_time_s": 3600, "max_time_s": 86400})
+    assert (timed.default_time_s, timed.max_time_s) == (3600.0, 86400.0) and QueueSpec.from_dict(
+        timed.to_dict()
+    ) == timed
+    assert (timed.time_limit(None), timed.time_limit(60), QueueSpec("u", 1, max_time_s=7200).time_limit(None)) == (
+        3600.0,
+        60,
+        7200.0,
+    )
+    with pytest.raises(InvalidInput, match="--time 2d is above queue t's max time 1d"):
+        timed.time_limit(2 * 86400)
+    with pytest.raises(InvalidInput, match="default time 2h is above its max time 1h"):
+        QueueSpec("v", 1, default_time_s=7200, max_time_s=3600)
+    with pytest.raises(InvalidInput, match="max time 0 must be between"):
+        QueueSpec("w", 1, max_time_s=0)
     status = QueueStatus(spec, 2.0, 0.5, 3, 1)
     assert status.to_dict() == {
         "name": "a",
         "preempt": "",
         "idle_suspend_s": None,
+        "default_time_s": None,
+        "max_time_s": None,
         "quota": 1.5,
         "weight": 2.0,
         "limit": 3.0,

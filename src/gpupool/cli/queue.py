@@ -45,6 +45,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="suspend its leases once their GPUs were 0%% busy this long (e.g. 30m; a run's own --idle-suspend "
         "wins); default: the server's",
     )
+    s.add_argument(
+        "--default-time",
+        default=None,
+        metavar="DURATION",
+        help="wall-time limit of its runs without --time (e.g. 1h; as Slurm's DefaultTime); default: none "
+        "(then --max-time)",
+    )
+    s.add_argument(
+        "--max-time",
+        default=None,
+        metavar="DURATION",
+        help="the most `gpupool run --time` may ask in it (e.g. 24h; as Slurm's MaxTime): more is refused, exit 2; "
+        "default: no maximum",
+    )
     add_pool_arguments(s)
     s.set_defaults(func=handle_set)
 
@@ -85,7 +99,15 @@ def _idle(text: str) -> float:
     return parse_duration(text, "--idle-suspend", MIN_IDLE_SUSPEND_S, MAX_IDLE_SUSPEND_S)
 
 
+def _time(text: Optional[str], flag: str) -> Optional[float]:
+    from ..core.model import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
+    from ..core.quantity import parse_duration
+
+    return None if text is None else parse_duration(text, flag, MIN_TIME_LIMIT_S, MAX_TIME_LIMIT_S)
+
+
 def handle_set(args: argparse.Namespace) -> int:
+    from ..core.quantity import format_duration
     from ..core.queues import QueueSpec
 
     spec = QueueSpec.from_dict(
@@ -96,6 +118,8 @@ def handle_set(args: argparse.Namespace) -> int:
             "limit": None if args.limit is None else gpus_flag("--limit", args.limit),
             "preempt": args.preempt,
             "idle_suspend_s": None if args.idle_suspend is None else _idle(args.idle_suspend),
+            "default_time_s": _time(args.default_time, "--default-time"),
+            "max_time_s": _time(args.max_time, "--max-time"),
         }
     )
     with connect_one(args, "gpupool queue set") as client:
@@ -104,6 +128,9 @@ def handle_set(args: argparse.Namespace) -> int:
     preempt = f", preempt {status.spec.preempt}" if status.spec.preempt else ""
     if status.spec.idle_suspend_s is not None:
         preempt += f", idle-suspend {status.spec.idle_suspend_s:g}s"
+    for flag, seconds in (("default-time", status.spec.default_time_s), ("max-time", status.spec.max_time_s)):
+        if seconds is not None:
+            preempt += f", {flag} {format_duration(seconds)}"
     print_pool(client, sys.stderr)
     print(
         f"queue {status.spec.name}: quota {status.spec.quota:g} GPUs, weight {status.spec.weight:g}{limit}{preempt}",

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidInput
 from .model import DEFAULT_PREEMPT_GRACE_S as DEFAULT_PREEMPT_GRACE_S  # the one default, defined with Lease
+from .model import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S, Claim, Device, Holder, Lease, Slice, check_idle, check_queue_name
 from .model import PREEMPT_REAP_MARGIN_S as PREEMPT_REAP_MARGIN_S  # with reap_at, beside Lease: the run path reads it
-from .model import Claim, Device, Holder, Lease, Slice, check_idle, check_queue_name
 from .model import reap_at as reap_at
+from .quantity import format_duration
 from .suspension import PREEMPT_MODES, PREEMPTED_AS, check_preempt_mode
 
 if TYPE_CHECKING:  # types only: a run against a server reads QueueStatus and never places anything
@@ -38,6 +39,18 @@ MAX_WEIGHT = 1_000_000.0
 # GPU sizes add up in floating point (three thirds of a GPU): comparisons allow this much.
 EPSILON = 1e-9
 USAGE_KEYS = ("queue", "holder", "label")
+
+
+def _time(value: object, what: str, name: str) -> float:
+    """A queue's time limit in seconds within `gpupool run --time`'s range, else InvalidInput."""
+    fix = "give a duration such as 2h or 30m"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInput(f"queue {name!r}: {what} {value!r} is not a number of seconds: {fix}")
+    if not MIN_TIME_LIMIT_S <= value <= MAX_TIME_LIMIT_S:
+        raise InvalidInput(
+            f"queue {name!r}: {what} {value!r} must be between {MIN_TIME_LIMIT_S:g} and {MAX_TIME_LIMIT_S:g} seconds: {fix}"
+        )
+    return float(value)
 
 
 def _gpus(value: object, what: str, name: str, fix: str) -> float:
@@ -61,7 +74,7 @@ class QueuedClaim:
     queued_at: float
 
 
-QUEUE_FIELDS = ("name", "quota", "weight", "limit", "preempt", "idle_suspend_s")
+QUEUE_FIELDS = ("name", "quota", "weight", "limit", "preempt", "idle_suspend_s", "default_time_s", "max_time_s")
 
 
 @dataclass(frozen=True)
@@ -76,9 +89,22 @@ class QueueSpec:
     idle_suspend_s: Optional[float] = (
         None  # suspend its leases idle this long (a claim's own limit wins); None: the node's
     )
+    # The wall-time limit of its runs (`gpupool run --time`), as a Slurm partition's DefaultTime and
+    # MaxTime: a run without --time gets the default (else the maximum); a --time above the maximum
+    # is refused. None: no default, no maximum.
+    default_time_s: Optional[float] = None
+    max_time_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_queue_name(self.name, InvalidInput)
+        for what, value in (("default time", self.default_time_s), ("max time", self.max_time_s)):
+            if value is not None:
+                object.__setattr__(self, what.replace(" ", "_") + "_s", _time(value, what, self.name))
+        if self.default_time_s is not None and self.max_time_s is not None and self.default_time_s > self.max_time_s:
+            raise InvalidInput(
+                f"queue {self.name!r}: default time {format_duration(self.default_time_s)} is above its max time "
+                f"{format_duration(self.max_time_s)}: give --default-time of at most --max-time"
+            )
         if self.preempt:
             check_preempt_mode(self.preempt, f"queue {self.name!r}: preempt")
         if self.idle_suspend_s is not None:
@@ -108,7 +134,21 @@ class QueueSpec:
             "limit": self.limit,
             "preempt": self.preempt,
             "idle_suspend_s": self.idle_suspend_s,
+            "default_time_s": self.default_time_s,
+            "max_time_s": self.max_time_s,
         }
+
+    def time_limit(self, asked: Optional[float]) -> Optional[float]:
+        """A run's wall-time limit in this queue: `asked` (its --time) up to the maximum, else the
+        default, else the maximum; a --time above the maximum is InvalidInput naming both."""
+        if asked is None:
+            return self.default_time_s if self.default_time_s is not None else self.max_time_s
+        if self.max_time_s is not None and asked > self.max_time_s:
+            most = format_duration(self.max_time_s)
+            raise InvalidInput(
+                f"--time {format_duration(asked)} is above queue {self.name}'s max time {most}: give --time {most} or less"
+            )
+        return asked
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QueueSpec:
@@ -127,6 +167,8 @@ class QueueSpec:
             limit=data.get("limit"),
             preempt=str(data.get("preempt") or ""),
             idle_suspend_s=data.get("idle_suspend_s"),
+            default_time_s=data.get("default_time_s"),
+            max_time_s=data.get("max_time_s"),
         )
 
 

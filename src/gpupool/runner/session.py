@@ -16,7 +16,7 @@ from ..client.resolve import choose_and_claim, connect_all, pool_line
 from ..core.errors import GpupoolError, LeaseLost, NotFound, Preempted, ServerUnreachable, TimeLimit
 from ..core.isolation_mode import IsolationMode
 from ..core.model import MAX_WAIT_S, Claim, Holder, Lease, local_user
-from ..core.quantity import format_mib
+from ..core.quantity import format_duration, format_mib
 from ..devices.health import is_emulated
 from ..isolation import child_env, isolation_env, shares, write_hook_dir
 from ..isolation.emulated_usage import usage_file
@@ -189,10 +189,18 @@ def _run_once(
             f"lease TTL {options.ttl_s:g}s, queue wait {wait_s:g}s" + (f"; attempt {attempt}" if attempt > 1 else "")
         )
         say(f"Choosing GPUs from server list [{addresses}]")
+        if attempt == 1 and claim.queue and len(clients) == 1:  # a --time over the queue's max: refused before it waits
+            _queue_time_limit(clients[0], claim.queue, options.time_s)
         if attempt == 1:
             client, lease = _claim(clients, claim, options, say, wait_s)
         else:
             client, lease = _claim_again(clients, claim, options, say)
+        # The queue the pool put the lease in (a token may bind one) sets the default and the maximum.
+        time_s, time_source = options.time_s, "--time"
+        if lease.queue:
+            time_s = _queue_time_limit(client, lease.queue, options.time_s)
+            if options.time_s is None and time_s is not None:
+                time_source = f"queue {lease.queue}'s default"
         attest_lease(client, lease, warn)  # before the command starts: the node's watchdog then sees its tree
         # Orphans of an unguarded child re-parent to the runner (the guard's, to the guard).
         subreaper = become_subreaper()
@@ -237,8 +245,8 @@ def _run_once(
         # One path for what the pool does to the lease: the watch hears a preemption, a suspension
         # and the lease's end (a release, its token revoked) at once; the heartbeat is the fallback.
         watch = PreemptionWatch(client, lease.id, _preempt_stopper(child.pid, keep, warn, cgroup), suspender, on_gone)
-        if options.time_s is not None:  # the wall-time limit ends the tree as a release does
-            limit = _time_limit(options.time_s, child.pid, keep, options.grace_s, warn, cgroup)
+        if time_s is not None:  # the wall-time limit ends the tree as a release does
+            limit = _time_limit(time_s, child.pid, keep, options.grace_s, warn, cgroup, time_source)
         heartbeat = Heartbeat(
             client,
             lease.id,
@@ -380,13 +388,14 @@ def _time_limit(
     grace_s: float,
     warn: Callable[[str], None],
     cgroup: Optional[LeaseCgroup] = None,
+    source: str = "--time",
 ) -> _TimeLimit:
-    """Start --time's timer for the command just started."""
+    """Start the timer of the wall-time limit (`source`: --time or the queue's default) for the command just started."""
 
     def end() -> None:
         timer.fired = True
         warn(
-            f"time limit {_duration(limit_s)} reached (--time): ending the command "
+            f"time limit {format_duration(limit_s)} reached ({source}): ending the command "
             f"(SIGTERM, SIGKILL after {grace_s:g}s), exit code {TimeLimit.exit_code}"
         )
         _signal_tree(pgid, keep, grace_s, "at the time limit", cgroup)
@@ -397,12 +406,13 @@ def _time_limit(
     return timer
 
 
-def _duration(seconds: float) -> str:
-    """2h, 90m, 45s: a limit as it was most likely written."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+def _queue_time_limit(client: PoolClient, queue: str, asked: Optional[float]) -> Optional[float]:
+    """The run's wall-time limit in `queue` (core.queues.QueueSpec.time_limit): --time up to the
+    queue's max time, else its default; InvalidInput (exit 2) for a --time above the max."""
+    for status in client.queues():
+        if status.spec.name == queue:
+            return status.spec.time_limit(asked)
+    return asked
 
 
 def _lease_gone_warning(warn: Callable[[str], None]) -> Callable[[str], None]:

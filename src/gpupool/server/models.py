@@ -30,10 +30,12 @@ from ..core.model import (
     MAX_PREEMPT_GRACE_S,
     MAX_PRIORITY,
     MAX_REQUESTS_PER_CLAIM,
+    MAX_TIME_LIMIT_S,
     MAX_TTL_S,
     MAX_WAIT_S,
     MIN_FRACTION,
     MIN_IDLE_SUSPEND_S,
+    MIN_TIME_LIMIT_S,
     MIN_TTL_S,
     PID_MAX,
     QUEUE_NAME_RE,
@@ -268,6 +270,20 @@ class QueueRequest(_Body):
         le=MAX_IDLE_SUSPEND_S,
         description="suspend its leases once idle this long (a claim's own limit wins); null: the server's",
         json_schema_extra=example(1800),
+    )
+    default_time_s: Optional[float] = Field(
+        None,
+        ge=MIN_TIME_LIMIT_S,
+        le=MAX_TIME_LIMIT_S,
+        description="wall-time limit of its runs without --time (as Slurm's DefaultTime); null: none",
+        json_schema_extra=example(3600),
+    )
+    max_time_s: Optional[float] = Field(
+        None,
+        ge=MIN_TIME_LIMIT_S,
+        le=MAX_TIME_LIMIT_S,
+        description="the most --time its runs may ask (as Slurm's MaxTime); null: no maximum",
+        json_schema_extra=example(86400),
     )
     preempt: Literal[PREEMPT_MODES_OR_DEFAULT] = Field(  # type: ignore[valid-type]
         "",

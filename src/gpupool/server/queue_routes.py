@@ -91,7 +91,16 @@ def parse_queue(name: str, body: Dict[str, Any]) -> QueueSpec:
     the name and what spans fields (a limit below the quota)."""
     request = validated(QueueRequest, body)
     weight = 1.0 if request.weight is None else request.weight
-    return QueueSpec(name, request.quota, weight, request.limit, request.preempt, request.idle_suspend_s)
+    return QueueSpec(
+        name,
+        request.quota,
+        weight,
+        request.limit,
+        request.preempt,
+        request.idle_suspend_s,
+        request.default_time_s,
+        request.max_time_s,
+    )
 
 
 def parse_since(text: str, now: float) -> float:

@@ -84,7 +84,9 @@ CREATE TABLE IF NOT EXISTS queues (
     weight     REAL NOT NULL,       -- share of idle GPUs lent
     limit_gpus REAL,                -- NULL: no cap
     preempt    TEXT NOT NULL DEFAULT '',  -- what preempting its borrowers does; '' = the pool's default
-    idle_suspend_s REAL                  -- its leases' idle limit; NULL: the node's
+    idle_suspend_s REAL,                 -- its leases' idle limit; NULL: the node's
+    default_time_s REAL,                 -- its runs' wall-time limit without --time; NULL: none
+    max_time_s     REAL                  -- the most --time it allows; NULL: no maximum
 );
 -- one row per lease that ended, written in the transaction that ended it: usage accounting.
 -- No index: one would cost every release another page written; `gpupool usage` scans instead.
@@ -148,7 +150,12 @@ ADDED_COLUMNS = {
         ("claim_key", "TEXT NOT NULL DEFAULT ''"),
         ("idle_suspend_s", "REAL"),
     ),
-    "queues": (("preempt", "TEXT NOT NULL DEFAULT ''"), ("idle_suspend_s", "REAL")),
+    "queues": (
+        ("preempt", "TEXT NOT NULL DEFAULT ''"),
+        ("idle_suspend_s", "REAL"),
+        ("default_time_s", "REAL"),
+        ("max_time_s", "REAL"),
+    ),
     "lease_history": (
         ("suspended_s", "REAL NOT NULL DEFAULT 0"),
         ("exit_code", "INTEGER"),

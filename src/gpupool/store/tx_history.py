@@ -23,7 +23,8 @@ class HistoryTx(LeaseTx):
     # --- queues ---------------------------------------------------------------
     def queue_specs(self) -> List[QueueSpec]:
         rows = self.conn.execute(
-            "SELECT name, quota, weight, limit_gpus, preempt, idle_suspend_s FROM queues ORDER BY name"
+            "SELECT name, quota, weight, limit_gpus, preempt, idle_suspend_s, default_time_s, max_time_s "
+            "FROM queues ORDER BY name"
         ).fetchall()
         if not rows:  # the common pool has no queues: core.queues (and placement under it) stays unloaded
             return []
@@ -33,10 +34,21 @@ class HistoryTx(LeaseTx):
 
     def put_queue(self, spec: QueueSpec) -> None:
         self.conn.execute(
-            "INSERT INTO queues (name, quota, weight, limit_gpus, preempt, idle_suspend_s) VALUES (?, ?, ?, ?, ?, ?) "
+            "INSERT INTO queues (name, quota, weight, limit_gpus, preempt, idle_suspend_s, default_time_s, max_time_s) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (name) DO UPDATE SET quota = excluded.quota, weight = excluded.weight, "
-            "limit_gpus = excluded.limit_gpus, preempt = excluded.preempt, idle_suspend_s = excluded.idle_suspend_s",
-            (spec.name, spec.quota, spec.weight, spec.limit, spec.preempt, spec.idle_suspend_s),
+            "limit_gpus = excluded.limit_gpus, preempt = excluded.preempt, idle_suspend_s = excluded.idle_suspend_s, "
+            "default_time_s = excluded.default_time_s, max_time_s = excluded.max_time_s",
+            (
+                spec.name,
+                spec.quota,
+                spec.weight,
+                spec.limit,
+                spec.preempt,
+                spec.idle_suspend_s,
+                spec.default_time_s,
+                spec.max_time_s,
+            ),
         )
 
     def delete_queue(self, name: str) -> bool:
