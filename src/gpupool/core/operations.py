@@ -69,7 +69,8 @@ class Operation(Generic[A]):
         encode: (query, body) of the arguments, where the defaults above do not say it.
         pool, pool_args: the `Pool` method (dotted: of a part of the pool) that answers it in-process, and what it is called with
             (argument names, REQUESTER, CALLER); pool "" where only a server answers it.
-        to_wire: the pool's answer -> the answer's JSON object (the server's side of `decode`).
+        to_wire: (the pool's answer, the arguments) -> the answer's JSON object (the server's side
+            of `decode`).
         route: the server's route is generated from this entry (else written in server/routes).
         waits: the argument whose seconds the server may hold the request (the client waits longer).
         retry: whether a dropped connection may resend it (never a claim or a watch).
@@ -94,7 +95,7 @@ class Operation(Generic[A]):
     encode: Optional[Callable[[Mapping[str, Any]], Tuple[Query, Body]]] = None
     pool: str = ""
     pool_args: Tuple[str, ...] = ()
-    to_wire: Callable[[Any], Dict[str, Any]] = field(default=lambda answer: answer.to_dict())
+    to_wire: Callable[[Any, Mapping[str, Any]], Dict[str, Any]] = field(default=lambda answer, _args: answer.to_dict())
     route: bool = False
     waits: str = ""
     retry: bool = True
@@ -172,9 +173,9 @@ def _waiting(data: Dict[str, Any]) -> List[WaitingClaim]:
     return [WaitingClaim.from_dict(w) for w in data.get("waiting", [])]
 
 
-def _listed(key: str) -> Callable[[Any], Dict[str, Any]]:
+def _listed(key: str) -> Callable[[Any, Mapping[str, Any]], Dict[str, Any]]:
     """The server's answer of a list: `{key: [each.to_dict()]}`."""
-    return lambda rows: {key: [row.to_dict() for row in rows]}
+    return lambda rows, _args: {key: [row.to_dict() for row in rows]}
 
 
 # --- requests the default encoding does not say --------------------------------------------
@@ -293,7 +294,7 @@ LIST_LEASES: Operation[Dict[str, Any]] = Operation(
     _as_is,
     errors=READ_ERRORS,
     pool="status",
-    to_wire=lambda status: {"leases": [lease.to_dict() for lease in status.leases]},
+    to_wire=lambda status, _args: {"leases": [lease.to_dict() for lease in status.leases]},
     route=True,
 )
 DEVICES: Operation[Dict[str, Any]] = Operation(
@@ -306,7 +307,7 @@ DEVICES: Operation[Dict[str, Any]] = Operation(
     _as_is,
     errors=READ_ERRORS,
     pool="status",
-    to_wire=lambda status: {"devices": status.to_dict()["devices"]},
+    to_wire=lambda status, _args: {"devices": status.to_dict()["devices"]},
     route=True,
     group="pool",
 )
@@ -406,6 +407,7 @@ WAITING: Operation[List[WaitingClaim]] = Operation(
     pool="waiting",
     pool_args=("queue", "key"),
     to_wire=_listed("waiting"),
+    route=True,
     channel="ask",  # a waiting run asks its place on a connection of its own: the main one carries its claim
     group="queues",
 )
@@ -511,6 +513,8 @@ DELETE_QUEUE: Operation[None] = Operation(
     errors=(400, 401, 403, 404, 503),
     pool="delete_queue",
     pool_args=("name",),
+    to_wire=lambda _none, args: {"deleted": args["name"]},
+    route=True,
     group="queues",
 )
 USAGE: Operation[List[UsageRow]] = Operation(

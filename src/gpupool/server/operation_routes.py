@@ -11,7 +11,7 @@ request bodies come from the same entries (`schemas.OPERATIONS`, `schemas.REQUES
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable, Dict, Type
+from typing import Any, Awaitable, Callable, Dict, Optional, Type
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -30,16 +30,17 @@ _WHO = {ops.ANYONE: Caller, ops.ADMIN: Admin}
 
 
 def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
-    """The route function of `op`: path arguments by name, the caller, the pool's answer."""
+    """The route function of `op`: path and query arguments by name, the caller, the pool's answer."""
     model = _MODELS[op.request] if op.request else None
 
-    async def answer(request: Request, api: Any, identity: Identity, **path: str) -> Response:
-        args: Dict[str, Any] = dict(path)
+    async def answer(request: Request, api: Any, identity: Identity, **given: Optional[str]) -> Response:
+        # A query field not given (or empty) is None: the pool reads it as "not said".
+        args: Dict[str, Any] = {name: value or None for name, value in given.items()}
         if model is not None:
             body = validated(model, json_object(await read_body(request)))
             args.update((name, getattr(body, name)) for name in op.body)
         result = await run_in_threadpool(invoke, api.pool, op, args, identity.requester, identity.name)
-        return json_response(op.to_wire(result), op.status)
+        return json_response(op.to_wire(result, args), op.status)
 
     # FastAPI reads the parameters (the path's, the dependencies) from the signature.
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -49,7 +50,8 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
             inspect.Parameter("request", keyword, annotation=Request),
             inspect.Parameter("api", keyword, annotation=Api),
             inspect.Parameter("identity", keyword, annotation=_WHO[op.who]),
-        ],
+        ]
+        + [inspect.Parameter(name, keyword, default=None, annotation=Optional[str]) for name in op.query],
         return_annotation=Response,
     )
     answer.__name__ = op.name

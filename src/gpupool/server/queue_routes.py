@@ -1,7 +1,7 @@
-"""The queue and usage routes written by hand: `PUT/DELETE /v1/queues/{name}`, `GET /v1/usage`,
-`GET /v1/history` and the waiting claims (`GET /v1/queue`); listing queues and a waiting claim's
-hold, release, cancel and priority (`/v1/claims/{id}/...`) are generated from the operation table
-(`operation_routes`).
+"""The queue and usage routes written by hand: `PUT /v1/queues/{name}`, `GET /v1/usage` and
+`GET /v1/history`; listing and deleting queues, the waiting claims (`GET /v1/queue`) and a waiting
+claim's hold, release, cancel and priority (`/v1/claims/{id}/...`) are generated from the
+operation table (`operation_routes`).
 
 Listing queues, waiting claims and usage needs any valid token; creating, changing and deleting a
 queue needs an admin token; holding, releasing and reprioritising a waiting claim its holder's
@@ -32,12 +32,6 @@ EPOCH_SINCE = 1e9
 queue_routes = APIRouter(prefix="/v1", tags=["queues"])
 
 
-@queue_routes.get("/queue", summary="Waiting claims in the order the pool grants them, each with why it waits")
-async def waiting(api: Api, _identity: Caller, queue: Optional[str] = None, key: Optional[str] = None) -> Response:
-    rows = await run_in_threadpool(api.pool.waiting, queue or None, key or "")
-    return json_response({"waiting": [w.to_dict() for w in rows]})
-
-
 @queue_routes.put(
     "/queues/{name}",
     summary="Create or change a queue (admin only)",
@@ -46,12 +40,6 @@ async def put_queue(name: str, request: Request, api: Api, _admin: Admin) -> Res
     spec = parse_queue(name, json_object(await read_body(request)))
     status = await run_in_threadpool(api.pool.set_queue, spec)
     return json_response(status.to_dict())
-
-
-@queue_routes.delete("/queues/{name}", summary="Delete a queue without leases or waiting claims (admin only)")
-async def delete_queue(name: str, api: Api, _admin: Admin) -> Response:
-    await run_in_threadpool(api.pool.delete_queue, name)
-    return json_response({"deleted": name})
 
 
 @queue_routes.get("/usage", summary="GPU-seconds per queue, holder or label since a time (one user's, one queue's)")
