@@ -6,6 +6,7 @@ of the HTTP API and of the SQLite store, so both sides share one definition.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import os
@@ -19,9 +20,11 @@ from .suspension import LEASE_STATES as LEASE_STATES  # defined with the walk of
 from .suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Suspension
 
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, Type, TypeVar
 
     from .filters import Filter
+
+    D = TypeVar("D")
 
 # The smallest share: a grant is at least 1 MiB per GPU, and a fraction below MIN_FRACTION is
 # refused (it would round to 0 MiB on any GPU, and any number of such shares would "fit").
@@ -367,6 +370,23 @@ def pod_of_label(label: str) -> Tuple[str, str]:
         return "", ""
     namespace, _, name = label[4:].rsplit(":", 1)[0].partition("/")
     return (namespace, name) if namespace and name else ("", "")
+
+
+def prechecked(cls: Type[D], **values: Any) -> D:
+    """An instance of the frozen dataclass `cls` (GpuRequest, Claim) from values that the same rules
+    have checked already: the API's request models (server/models.py) state every rule of
+    `__post_init__` with this module's constants, so an HTTP claim's rules are checked once.
+    A field not given takes its default."""
+    made = object.__new__(cls)
+    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]  # D is a dataclass
+        if spec.name in values:
+            value = values[spec.name]
+        elif spec.default is not dataclasses.MISSING:
+            value = spec.default
+        else:
+            value = spec.default_factory()  # type: ignore[operator]  # a field without either is given
+        object.__setattr__(made, spec.name, value)  # as a frozen dataclass's own __init__ does
+    return made
 
 
 class Holder(NamedTuple):

@@ -43,6 +43,7 @@ from ..core.model import (
     GpuRequest,
     Holder,
     Policy,
+    prechecked,
 )
 from ..core.outage import KEY_PATTERN
 from ..core.queues import MAX_QUEUE_GPUS, MAX_WEIGHT
@@ -116,7 +117,10 @@ class GpuRequestBody(_Body):
 
     def to_core(self) -> GpuRequest:
         filters = tuple(Filter.parse(text) for text in self.filters or ())
-        return GpuRequest(self.count, self.fraction, self.memory_mib, filters)
+        # The rules of GpuRequest are this model's: checked once (prechecked), by pydantic.
+        return prechecked(
+            GpuRequest, count=self.count, fraction=self.fraction, memory_mib=self.memory_mib, filters=filters
+        )
 
 
 class ClaimBody(_Body):
@@ -157,7 +161,15 @@ class ClaimBody(_Body):
 
     def to_core(self) -> Claim:
         requests = tuple(request.to_core() for request in self.requests)
-        return Claim(requests, self.policy, self.queue, self.priority, self.preempt_grace_s, self.idle_suspend_s)
+        return prechecked(
+            Claim,
+            requests=requests,
+            policy=self.policy,
+            queue=self.queue,
+            priority=self.priority,
+            preempt_grace_s=self.preempt_grace_s,
+            idle_suspend_s=self.idle_suspend_s,
+        )
 
 
 class HolderRequest(_Body):
