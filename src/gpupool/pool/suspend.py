@@ -199,8 +199,8 @@ class Suspensions:
         """Room again for the suspended leases that want it, oldest suspension first, as admission
         gives it to claims, in the caller's write: a release, a parking, an expiry, a claim given up
         or granted, a heartbeat may let one in. Its commit wakes the lease's watch (pool/notify.py)."""
-        if view.tickets == 0 and not tx.changed:
-            return  # a lease that wants room holds a ticket, or is being resumed by this write
+        if view.tickets == 0:
+            return  # every lease that wants room holds a ticket (`resume` and a parking say None: ask)
         waiting = tx.suspensions(SUSPENDED)
         if not waiting:
             return
@@ -239,9 +239,10 @@ class Suspensions:
 
     def resume(self, lease_id: str, requester: Optional[str] = None) -> Lease:
         """A suspended lease takes room again as soon as there is some (holder or admin)."""
-        with self.ledger.step() as (tx, _view, now):
+        with self.ledger.step() as (tx, view, now):
             lease = self.ledger.owned(tx, lease_id, requester, "resume")
             lease = want_resume(tx, lease, now)
+            view.tickets = None  # no ticket yet: place_waiting, at the end of this write, looks
         return self.watch.step(lease.id)  # placed at the end of that write if there was room
 
     def report_parked(self, lease_id: str, requester: Optional[str], host_bytes: int = 0, error: str = "") -> Lease:
@@ -249,6 +250,7 @@ class Suspensions:
         with self.ledger.step() as (tx, view, now):
             lease = self.ledger.owned(tx, lease_id, requester, "report on")
             view.invalidate()  # its slices go
+            view.tickets = None  # a preemption's victim wants room back, with no ticket yet
             if error:
                 return park_failed(tx, lease, error, now)
             return parked(tx, lease, view.devices, host_bytes, now)
