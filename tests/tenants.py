@@ -4,16 +4,11 @@ of one server use (claim hold/cancel, the filters)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from typing import Dict
+
+from gpupool_cli import gpupool
 
 
 def gpupool_as(env: Dict[str, str], token: str, *argv: str) -> subprocess.CompletedProcess:
     """`python -m gpupool ARGV` in `env` with `token` as GPUPOOL_TOKEN; its output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *argv],
-        env=dict(env, GPUPOOL_TOKEN=token),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return gpupool(*argv, env=dict(env, GPUPOOL_TOKEN=token))

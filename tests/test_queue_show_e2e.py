@@ -16,15 +16,12 @@ from pathlib import Path
 from typing import Dict, List
 
 import httpx
+from gpupool_cli import gpupool
 from waiting import wait_until
 
 
-def gpupool(env: Dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *argv], env=env, capture_output=True, text=True, timeout=60)
-
-
 def shown(env: Dict[str, str], url: str, *queue: str) -> List[dict]:
-    done = gpupool(env, "queue", "show", *queue, "--json", "--server", url)
+    done = gpupool("queue", "show", *queue, "--json", "--server", url, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["waiting"]
 
@@ -61,7 +58,7 @@ def test_queue_show_lists_the_order_that_then_happens(server_factory, tmp_path: 
         assert [w["position"] for w in listed] == [1, 2, 3]
         assert all(w["why"] == "no-room" and w["reason"].startswith("no room") for w in listed), listed
         assert [w["label"] for w in shown(env, server.url, "a")] == ["a2", "a1"]
-        table = gpupool(env, "queue", "show", "--server", server.url).stdout.splitlines()
+        table = gpupool("queue", "show", "--server", server.url, env=env).stdout.splitlines()
         assert table[0] == f"pool: {server.url}"
         assert table[1].split() == ["#", "ID", "QUEUE", "PRIO", "SHARE", "HOLDER", "WAITING", "WHY"]
         assert [line.split()[0] for line in table[2:]] == ["1", "2", "3"] and "[b1]" in table[2]

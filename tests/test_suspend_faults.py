@@ -5,29 +5,25 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from gpupool_cli import gpupool
 
 from tests.conftest import start_server
-from tests.test_queues_e2e import CLI, events, leases, wait_dead, wait_for_event
+from tests.test_queues_e2e import events, leases, wait_dead, wait_for_event
 from tests.test_suspend_e2e import Pool, continuous, proc_state
 
 pytestmark = pytest.mark.slow
-
-
-def gpupool(pool: Pool, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), env=pool.env, capture_output=True, text=True, timeout=60)
 
 
 def test_kill_9_of_the_runner_while_suspended_ends_the_tree_and_the_lease(server_factory, tmp_path: Path) -> None:
     pool = Pool(server_factory(), tmp_path)
     runner, log, _ = pool.job("a", "a")
     lease_id, pid = str(events(log)[0]["lease"]), int(events(log)[0]["pid"])
-    assert gpupool(pool, "suspend", lease_id).returncode == 0
+    assert gpupool("suspend", lease_id, env=pool.env).returncode == 0
     assert proc_state(pid) == "T"
     runner.proc.send_signal(signal.SIGKILL)
     runner.wait()
@@ -48,7 +44,7 @@ def test_kill_9_of_the_server_loses_no_suspended_lease(server_factory, tmp_path:
         answer = httpx.post(f"{server.url}/v1/leases/{lease_id}/suspend", json={}, headers=server.headers())
         assert answer.status_code == 200 and answer.json()["state"] == "suspending"
     else:
-        assert gpupool(pool, "suspend", lease_id).returncode == 0
+        assert gpupool("suspend", lease_id, env=pool.env).returncode == 0
     server.stop(signal.SIGKILL)
     time.sleep(1.0)
     port = server.url.rsplit(":", 1)[1]
@@ -58,7 +54,7 @@ def test_kill_9_of_the_server_loses_no_suspended_lease(server_factory, tmp_path:
         pool.wait_state(lease_id, "suspended")  # the step is finished: parked, memory given back
         assert proc_state(pid) == "T" and pid not in pool.usage.pids()
         assert pool.lease(lease_id)["devices"] == []
-        done = gpupool(pool, "resume", lease_id)
+        done = gpupool("resume", lease_id, env=pool.env)
         assert done.returncode == 0, done.stderr
         assert proc_state(pid) in ("S", "R") and pid in pool.usage.pids()
         ticks = len(continuous(log))
@@ -75,18 +71,18 @@ def test_a_failed_restore_leaves_the_lease_suspended_with_its_error(server_facto
     pool = Pool(server_factory(), tmp_path)
     runner, log, stop = pool.job("a", "a")
     lease_id, pid = str(events(log)[0]["lease"]), int(events(log)[0]["pid"])
-    assert gpupool(pool, "suspend", lease_id).returncode == 0
+    assert gpupool("suspend", lease_id, env=pool.env).returncode == 0
     lock = Path(str(pool.usage.path) + ".lock")
     lock.unlink()
     lock.mkdir()  # the emulated restore cannot rewrite the usage file (as root too)
-    done = gpupool(pool, "resume", lease_id)
+    done = gpupool("resume", lease_id, env=pool.env)
     assert done.returncode == 1 and "could not rewrite" in done.stderr, done.stderr
     lease = pool.lease(lease_id)
     assert lease["state"] == "suspended" and lease["devices"] == [], "no GPU memory is held for it"
     assert "could not rewrite" in str(lease["suspension"]["error"])  # type: ignore[index]
     assert proc_state(pid) == "T", "the process stays parked, never half restored"
     shutil.rmtree(lock)
-    done = gpupool(pool, "resume", lease_id)
+    done = gpupool("resume", lease_id, env=pool.env)
     assert done.returncode == 0, done.stderr
     stop.touch()
     assert runner.wait(30) == 0, runner.stderr

@@ -8,21 +8,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
+from gpupool_cli import gpupool_cmd
 
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def gpupool(*args: str) -> List[str]:
-    return [sys.executable, "-m", "gpupool", *args]
 
 
 @pytest.fixture
@@ -72,10 +68,7 @@ def _report(out: Path) -> dict:
 def test_scaling_on_emulated_gpus(tmp_path, env):
     out = tmp_path / "scaling"
     proc = subprocess.run(
-        gpupool(
-            "bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1,2", "--steps", "30",
-            "--out", str(out), "--progress",
-        ),
+        gpupool_cmd("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1,2", "--steps", "30", "--out", str(out), "--progress"),
         env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -98,10 +91,7 @@ def test_scaling_on_emulated_gpus(tmp_path, env):
 def test_share_on_one_emulated_gpu(tmp_path, env):
     out = tmp_path / "share"
     proc = subprocess.run(
-        gpupool(
-            "bench", "share", "--model", "convnet", "--image-size", "32", "--fractions", "1,0.5", "--steps", "30",
-            "--out", str(out), "--json",
-        ),
+        gpupool_cmd("bench", "share", "--model", "convnet", "--image-size", "32", "--fractions", "1,0.5", "--steps", "30", "--out", str(out), "--json"),
         env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -141,7 +131,7 @@ def _wait_for_measuring(out: Path, proc: subprocess.Popen, timeout: float = 90.0
 def test_a_signal_leaves_no_process_and_no_lease(tmp_path, env, sig, args):
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        gpupool("bench", *args, "--model", "convnet", "--image-size", "32", "--steps", "100000", "--out", str(out)),
+        gpupool_cmd("bench", *args, "--model", "convnet", "--image-size", "32", "--steps", "100000", "--out", str(out)),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:
@@ -159,7 +149,7 @@ def test_a_signal_leaves_no_process_and_no_lease(tmp_path, env, sig, args):
 
 def test_a_run_the_pool_can_never_hold_is_refused_before_anything_starts(tmp_path, env):
     proc = subprocess.run(
-        gpupool("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1,4", "--out", str(tmp_path / "o")),
+        gpupool_cmd("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1,4", "--out", str(tmp_path / "o")),
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -178,7 +168,7 @@ def test_a_signal_while_queued_for_gpus_leaves_no_process_and_no_lease(tmp_path,
     with EmbeddedPoolClient(state) as client:  # someone else holds both GPUs for a while
         held = client.claim(Claim((GpuRequest(2, fraction=1.0),)), Holder("other", os.getpid()), ttl_s=300)
     proc = subprocess.Popen(
-        gpupool("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1", "--out", str(tmp_path / "o")),
+        gpupool_cmd("bench", "scaling", "--model", "convnet", "--image-size", "32", "--gpus", "1", "--out", str(tmp_path / "o")),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:
@@ -206,10 +196,7 @@ def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path, env):
         (data / c / "x.png").write_bytes(b"not an image")
     out = tmp_path / "o"
     proc = subprocess.run(
-        gpupool(
-            "bench", "share", "--model", "convnet", "--image-size", "32", "--fractions", "0.5", "--data", str(data),
-            "--batch-size", "8", "--out", str(out),
-        ),
+        gpupool_cmd("bench", "share", "--model", "convnet", "--image-size", "32", "--fractions", "0.5", "--data", str(data), "--batch-size", "8", "--out", str(out)),
         env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr

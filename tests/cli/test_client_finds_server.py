@@ -6,18 +6,12 @@ to stop the server first."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Dict
 
 from envs import clean_env
+from gpupool_cli import gpupool
 
 from gpupool.core.errors import InvalidInput, ServerUnreachable, StateLocked
-
-
-def gpupool(env: Dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *argv], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_clients_find_a_tls_server(server_factory, tmp_path: Path) -> None:
@@ -28,36 +22,38 @@ def test_clients_find_a_tls_server(server_factory, tmp_path: Path) -> None:
     plain = "http://" + s.url.split("://", 1)[1]
 
     # http:// against TLS: one line naming the https:// URL to use
-    done = gpupool(clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""), "status", "--server", plain)
+    done = gpupool("status", "--server", plain, env=clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""))
     assert done.returncode == ServerUnreachable.exit_code, done.stderr
     assert f"this server speaks TLS: use {s.url}" in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
     # --ca on client verbs: trusted with it, one line without it, a missing file named
     for argv in (["status"], ["queue", "list"], ["usage"], ["queue", "show"]):
-        done = gpupool(clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""), *argv, "--server", s.url, "--ca", str(ca))
+        done = gpupool(*argv, "--server", s.url, "--ca", str(ca), env=clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""))
         assert done.returncode == 0, (argv, done.stderr)
-    done = gpupool(clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""), "status", "--server", s.url)
+    done = gpupool("status", "--server", s.url, env=clean_env(tmp_path, GPUPOOL_TOKEN=s.token or ""))
     assert done.returncode == ServerUnreachable.exit_code and "TLS verification" in done.stderr, done.stderr
-    done = gpupool(clean_env(tmp_path), "status", "--server", s.url, "--ca", str(tmp_path / "none.crt"))
+    done = gpupool("status", "--server", s.url, "--ca", str(tmp_path / "none.crt"), env=clean_env(tmp_path))
     assert done.returncode == InvalidInput.exit_code and "none.crt" in done.stderr, done.stderr
 
     # doctor: --token-file, and the pool of $GPUPOOL_SERVER and of client.yaml, as other verbs
-    done = gpupool(clean_env(tmp_path), "doctor", "--server", s.url, "--ca", str(ca), "--token-file", str(admin_file))
+    done = gpupool(
+        "doctor", "--server", s.url, "--ca", str(ca), "--token-file", str(admin_file), env=clean_env(tmp_path)
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"pool: {s.url}", done.stdout
     env = clean_env(tmp_path, GPUPOOL_SERVER=s.url, GPUPOOL_CA=str(ca))
-    done = gpupool(env, "doctor", "--token-file", str(admin_file), "--json")
+    done = gpupool("doctor", "--token-file", str(admin_file), "--json", env=env)
     assert done.returncode == 0 and json.loads(done.stdout)["healthy"], done.stderr
     config = tmp_path / "client.yaml"
     config.write_text(json.dumps({"servers": [{"url": s.url, "token": s.token, "ca": str(ca)}]}))
-    done = gpupool(clean_env(tmp_path, GPUPOOL_CONFIG=str(config)), "doctor")
+    done = gpupool("doctor", env=clean_env(tmp_path, GPUPOOL_CONFIG=str(config)))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"pool: {s.url}", done.stdout
 
     # restore while the server runs
     backup = tmp_path / "pool-backup.db"
-    done = gpupool(clean_env(tmp_path), "backup", "--state", str(s.state), str(backup))
+    done = gpupool("backup", "--state", str(s.state), str(backup), env=clean_env(tmp_path))
     assert done.returncode == 0, done.stderr
-    done = gpupool(clean_env(tmp_path), "restore", "--state", str(s.state), str(backup))
+    done = gpupool("restore", "--state", str(s.state), str(backup), env=clean_env(tmp_path))
     assert done.returncode == StateLocked.exit_code, done.stderr
     assert "stop the server first" in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -12,28 +12,25 @@ from typing import Iterator, List, Tuple
 
 import httpx
 import pytest
+from gpupool_cli import gpupool
 
 from gpupool.cli.main import COMMANDS, build_parser
 from gpupool.core.errors import Forbidden, InvalidInput, Unauthorized, exit_codes_help
-
-
-def gpupool(env: dict, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *argv], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_a_refused_token_has_its_own_exit_code(running_server, tmp_path: Path) -> None:
     server = running_server
     env = server.client_env(tmp_path)
     assert Unauthorized.exit_code == Forbidden.exit_code != InvalidInput.exit_code == 2
-    wrong = gpupool(dict(env, GPUPOOL_TOKEN="not-a-token-of-this-pool"), "status", "--server", server.url)
+    wrong = gpupool("status", "--server", server.url, env=dict(env, GPUPOOL_TOKEN="not-a-token-of-this-pool"))
     assert wrong.returncode == Unauthorized.exit_code, wrong.stderr
     assert wrong.stderr.count("\n") == 1 and "Traceback" not in wrong.stderr
     answer = httpx.post(f"{server.url}/v1/tokens", json={"name": "carol"}, headers=server.headers())
     carol = dict(env, GPUPOOL_TOKEN=answer.json()["token"])
-    refused = gpupool(carol, "queue", "set", "team-x", "--quota", "1", "--server", server.url)  # an admin call
+    refused = gpupool("queue", "set", "team-x", "--quota", "1", "--server", server.url, env=carol)  # an admin call
     assert refused.returncode == Forbidden.exit_code, refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
-    usage = gpupool(carol, "status", "--server", server.url, "--no-such-flag")
+    usage = gpupool("status", "--server", server.url, "--no-such-flag", env=carol)
     assert usage.returncode == 2 and "--no-such-flag" in usage.stderr
 
 

@@ -6,15 +6,7 @@ import os
 import subprocess
 import sys
 
-
-def gpupool(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *args],
-        env=dict(os.environ, **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from gpupool_cli import gpupool
 
 
 def test_help_lists_every_verb_without_heavy_imports():
@@ -56,7 +48,9 @@ def test_no_command_prints_help_and_exits_2():
 
 
 def test_a_state_dir_that_cannot_be_made_is_a_message_not_a_traceback():
-    done = gpupool("status", GPUPOOL_STATE="/proc/gpupool-cannot-be-here", GPUPOOL_DEVICES="emulated:1x1GiB")
+    done = gpupool(
+        "status", env=dict(os.environ, GPUPOOL_STATE="/proc/gpupool-cannot-be-here", GPUPOOL_DEVICES="emulated:1x1GiB")
+    )
     assert done.returncode == 1
     assert "gpupool: error:" in done.stderr and "/proc/gpupool-cannot-be-here" in done.stderr
     assert "Traceback" not in done.stderr

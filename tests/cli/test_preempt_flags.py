@@ -7,11 +7,12 @@ import json
 
 import pytest
 from envs import embedded_env
+from gpupool_cli import gpupool
 
 from gpupool.cli.main import main
 from gpupool.core.suspension import DEFAULT_PREEMPT_MODE, PREEMPT_KILL, PREEMPT_REQUEUE
 
-from .test_queue_cli import DEVICES, gpupool
+from .test_queue_cli import DEVICES
 
 
 @pytest.mark.parametrize("flags, mode", [([], DEFAULT_PREEMPT_MODE), (["--preempt", PREEMPT_KILL], PREEMPT_KILL)])

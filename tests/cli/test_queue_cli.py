@@ -7,20 +7,15 @@ import csv
 import io
 import json
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Dict, Optional
 
 import pytest
 from envs import embedded_env
+from gpupool_cli import gpupool
 
 DEVICES = "emulated:2x16GiB"
-
-
-def gpupool(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 def one_line_exit_2(done: subprocess.CompletedProcess, *words: str) -> None:

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-
-
-def gpupool(*args: str, cwd, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *args],
-        env=dict(os.environ, **env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from gpupool_cli import gpupool
 
 
 @pytest.mark.parametrize("ca", ["missing.crt", "garbage.crt"])
 def test_client_with_an_unusable_ca_file(tmp_path, ca):
     (tmp_path / "garbage.crt").write_text("not a certificate\n")
-    done = gpupool("status", "--server", "https://127.0.0.1:9", cwd=tmp_path, GPUPOOL_CA=ca)
+    done = gpupool("status", "--server", "https://127.0.0.1:9", env=dict(os.environ, GPUPOOL_CA=ca), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"CA file '{ca}' cannot be used" in done.stderr and "token bundle" in done.stderr
     assert "Traceback" not in done.stderr
@@ -42,6 +30,9 @@ def test_token_create_with_a_ca_that_is_not_pem(tmp_path):
         "garbage.crt",
         "--out",
         "bundle.tar",
+        env=dict(
+            os.environ,
+        ),
         cwd=tmp_path,
     )
     assert done.returncode == 2, done.stderr

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
-from typing import Dict
 
 from envs import clean_env
+from gpupool_cli import gpupool
 
 from gpupool.client.http import HttpPoolClient
-
-
-def gpupool(*args: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpupool", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 def one_line(done: subprocess.CompletedProcess, code: int, *words: str) -> None:

@@ -7,27 +7,20 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
 
 import httpx
-
-
-def gpupool(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    env: Dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_DEVICES="emulated:2x16GiB")
-    return subprocess.run([sys.executable, "-m", "gpupool", *argv], capture_output=True, text=True, timeout=60, env=env)
+from envs import clean_env
+from gpupool_cli import gpupool
 
 
 def test_each_ended_lease_is_listed_with_its_span_and_end(tmp_path: Path) -> None:
     state = ["--state", str(tmp_path / "s")]
     launched = time.time()
+    env = clean_env(tmp_path, GPUPOOL_DEVICES="emulated:2x16GiB")
     run = gpupool(
-        tmp_path,
         "run",
         *state,
         "-p",
@@ -38,18 +31,19 @@ def test_each_ended_lease_is_listed_with_its_span_and_end(tmp_path: Path) -> Non
         sys.executable,
         "-c",
         "import time; time.sleep(0.5)",
+        env=env,
     )
     lived = time.time() - launched  # the lease lay within the run's life
     assert run.returncode == 0, run.stderr
-    listed = gpupool(tmp_path, "usage", "--by", "lease", "--json", *state)
+    listed = gpupool("usage", "--by", "lease", "--json", *state, env=env)
     assert listed.returncode == 0, listed.stderr
     (row,) = json.loads(listed.stdout)["leases"]
     assert row["label"] == "exp-1" and row["gpus"] == 0.5 and row["ended"] == "released"
     assert 0.5 <= row["elapsed_s"] <= lived and abs(row["gpu_seconds"] - 0.5 * row["elapsed_s"]) < 1e-3
-    table = gpupool(tmp_path, "usage", "--by", "lease", *state).stdout.splitlines()
+    table = gpupool("usage", "--by", "lease", *state, env=env).stdout.splitlines()
     assert table[0] == f"pool: embedded {tmp_path / 's'}"
     assert table[1].split()[:3] == ["LEASE", "HOLDER", "QUEUE"] and "exp-1" in table[2] and "released" in table[2]
-    (parsed,) = list(csv.DictReader(io.StringIO(gpupool(tmp_path, "usage", "--by", "lease", "--csv", *state).stdout)))
+    (parsed,) = list(csv.DictReader(io.StringIO(gpupool("usage", "--by", "lease", "--csv", *state, env=env).stdout)))
     assert parsed["lease"] == row["lease"] and parsed["ended"] == "released"
 
 

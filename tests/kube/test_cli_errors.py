@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-
-
-def gpupool(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}  # surely outside a cluster
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", "kube", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from envs import clean_env
+from gpupool_cli import gpupool
 
 
 @pytest.mark.parametrize(
@@ -54,7 +40,7 @@ def gpupool(*args: str, tmp_path) -> subprocess.CompletedProcess:
     ],
 )
 def test_bad_input_exits_2_with_the_fix(args, message, tmp_path):
-    done = gpupool(*args, tmp_path=tmp_path)
+    done = gpupool("kube", *args, env=clean_env(drop="KUBERNETES_"), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr

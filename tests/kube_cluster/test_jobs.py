@@ -6,14 +6,13 @@ the cluster's own objects, and a failing pod is retried as far as the spec's bac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import yaml
+from envs import clean_env
+from gpupool_cli import gpupool
 from waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -21,12 +20,13 @@ pytestmark = pytest.mark.cluster
 FAIL_ANNOTATION = "gpupool.test/fail"  # kwok's stage fails a pod that carries it (tools/kube_cluster/kwok_stages.py)
 
 
-def gpupool(cluster: Any, *args: str, home: Path) -> subprocess.CompletedProcess:
-    """The gpupool CLI as a user with the cluster's admin kubeconfig."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(KUBECONFIG=str(cluster.cp.admin_kubeconfig), HOME=str(home), GPUPOOL_CONFIG=str(home / "none.yaml"))
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", *args], env=env, capture_output=True, text=True, timeout=120, cwd=home
+def admin_env(cluster: Any, home: Path) -> Dict[str, str]:
+    """The env of a gpupool user with the cluster's admin kubeconfig."""
+    return clean_env(
+        drop="KUBERNETES_",
+        KUBECONFIG=str(cluster.cp.admin_kubeconfig),
+        HOME=str(home),
+        GPUPOOL_CONFIG=str(home / "none.yaml"),
     )
 
 
@@ -43,7 +43,18 @@ def job_spec(name: str, **extra: Any) -> Dict[str, Any]:
 
 
 def describe(cluster: Any, ns: str, name: str, home: Path) -> Dict[str, Any]:
-    done = gpupool(cluster, "jobs", name, "--target", "kubernetes", "--namespace", ns, "--json", home=home)
+    done = gpupool(
+        "jobs",
+        name,
+        "--target",
+        "kubernetes",
+        "--namespace",
+        ns,
+        "--json",
+        env=admin_env(cluster, home),
+        cwd=home,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     found: List[Dict[str, Any]] = json.loads(done.stdout)
     return found[0]
@@ -52,7 +63,17 @@ def describe(cluster: Any, ns: str, name: str, home: Path) -> Dict[str, Any]:
 def submit(cluster: Any, ns: str, spec: Dict[str, Any], home: Path) -> None:
     path = home / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    done = gpupool(cluster, "submit", str(path), "--target", "kubernetes", "--namespace", ns, home=home)
+    done = gpupool(
+        "submit",
+        str(path),
+        "--target",
+        "kubernetes",
+        "--namespace",
+        ns,
+        env=admin_env(cluster, home),
+        cwd=home,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -9,23 +9,19 @@ import os
 import pty
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Dict, List
 
 from envs import clean_env
+from gpupool_cli import gpupool_cmd
 from waiting import wait_until
-
-
-def gpupool(*argv: str) -> List[str]:
-    return [sys.executable, "-m", "gpupool", *argv]
 
 
 def waiting(state: Path, env: Dict[str, str]) -> List[dict]:
     done = subprocess.run(
-        gpupool("queue", "show", "--json", "--state", str(state)), env=env, capture_output=True, text=True
+        gpupool_cmd("queue", "show", "--json", "--state", str(state)), env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["waiting"]
@@ -34,7 +30,9 @@ def waiting(state: Path, env: Dict[str, str]) -> List[dict]:
 def hold_the_gpu(state: Path, env: Dict[str, str], flags: Path) -> subprocess.Popen:
     """A run that holds the one GPU until `flags/stop` exists."""
     script = f": > {flags}/held; while [ ! -e {flags}/stop ]; do sleep 0.05; done"
-    proc = subprocess.Popen(gpupool("run", "-q", "--state", str(state), "-p", "1", "--", "sh", "-c", script), env=env)
+    proc = subprocess.Popen(
+        gpupool_cmd("run", "-q", "--state", str(state), "-p", "1", "--", "sh", "-c", script), env=env
+    )
     wait_until(lambda: (flags / "held").exists(), 30, "the GPU held")
     return proc
 
@@ -61,7 +59,7 @@ def test_on_a_terminal_one_line_is_redrawn_with_the_elapsed_time(tmp_path: Path)
             out.extend(chunk)
 
     waiter = subprocess.Popen(
-        gpupool("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
+        gpupool_cmd("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=slave,
@@ -100,13 +98,13 @@ def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: 
     flags.mkdir()
     holder = hold_the_gpu(state, env, flags)
     first = subprocess.Popen(
-        gpupool("run", "-q", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
+        gpupool_cmd("run", "-q", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stderr=subprocess.DEVNULL,
     )
     wait_until(lambda: len(waiting(state, env)) == 1, 30, "the first claim waiting")
     second = subprocess.Popen(
-        gpupool("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
+        gpupool_cmd("run", "--state", str(state), "--wait", "600", "-p", "1", "--", "true"),
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -124,7 +122,7 @@ def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: 
         assert "position 2" in said()[0]
         (ticket,) = [w["ticket"] for w in waiting(state, env) if w["position"] == 1]
         held = subprocess.run(
-            gpupool("claim", "hold", str(ticket), "--state", str(state)), env=env, capture_output=True, text=True
+            gpupool_cmd("claim", "hold", str(ticket), "--state", str(state)), env=env, capture_output=True, text=True
         )
         assert held.returncode == 0, held.stderr
         wait_until(lambda: len(said()) == 2, 30, "a new line for the new place")
@@ -140,7 +138,7 @@ def test_elsewhere_a_plain_line_only_when_the_place_or_reason_changes(tmp_path: 
             first.kill()
         else:
             subprocess.run(
-                gpupool("claim", "release", str(ticket), "--state", str(state)), env=env, capture_output=True
+                gpupool_cmd("claim", "release", str(ticket), "--state", str(state)), env=env, capture_output=True
             )
         assert first.wait(30) == (0 if ticket is not None else -9)
         reader.join(10)
@@ -155,11 +153,11 @@ def test_against_a_server_the_place_is_asked_beside_the_waiting_claim(running_se
     flags.mkdir()
     script = f": > {flags}/held; while [ ! -e {flags}/stop ]; do sleep 0.05; done"
     holder = subprocess.Popen(
-        gpupool("run", "-q", "--server", server.url, "-n", "2", "-p", "1", "--", "sh", "-c", script), env=env
+        gpupool_cmd("run", "-q", "--server", server.url, "-n", "2", "-p", "1", "--", "sh", "-c", script), env=env
     )
     wait_until(lambda: (flags / "held").exists(), 30, "both GPUs held")
     waiter = subprocess.Popen(
-        gpupool("run", "--server", server.url, "--wait", "600", "-p", "0.5", "--", "true"),
+        gpupool_cmd("run", "--server", server.url, "--wait", "600", "-p", "0.5", "--", "true"),
         env=env,
         stderr=subprocess.PIPE,
         text=True,

@@ -13,24 +13,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import httpx
 import pytest
+from envs import clean_env
+from gpupool_cli import gpupool
 from waiting import wait_until
 
 from gpupool.store import DB_NAME, Store
 from gpupool.store.marker import MARKER_NAME, POOL_ID_KEY
 
 DEVICES = "emulated:2x16GiB"
-
-
-def gpupool(state: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`python -m gpupool ARGV` (STATE for "S") in a process of its own, with no developer config."""
-    env: Dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(state.parent / "home"))
-    args = [sys.executable, "-m", "gpupool", *(str(state) if a == "S" else a for a in argv)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def serve(state: Path, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -96,11 +90,12 @@ def test_a_lost_database_stops_the_embedded_pool_and_doctor_says_damaged(held, l
     lose(held)
     tar = str(held.parent / "bob.tar")
     token = ["token", "create", "--server", "http://h:1", "--state", "S", "--name", "bob", "--out", tar]
+    env = clean_env(held.parent, GPUPOOL_DEVICES=DEVICES)
     for argv in (["status", "--state", "S"], ["run", "--state", "S", "-p", "0.5", "--", "true"], token):
-        result = gpupool(held, *argv)
+        result = gpupool(*(str(held) if a == "S" else a for a in argv), env=env)
         assert result.returncode == 7, (argv, result.stderr)
         assert_refused(error_line(result), held, what)
-    doctor = gpupool(held, "doctor", "--state", "S", "--json")
+    doctor = gpupool("doctor", "--state", str(held), "--json", env=env)
     assert doctor.returncode == 7, doctor.stdout + doctor.stderr
     report = json.loads(doctor.stdout)
     assert report["healthy"] is False and report["problems"][0]["kind"] == "integrity"
@@ -109,23 +104,24 @@ def test_a_lost_database_stops_the_embedded_pool_and_doctor_says_damaged(held, l
 
 def test_restore_brings_the_pool_back(held, tmp_path):
     copy = tmp_path / "backup.db"
-    assert gpupool(held, "backup", "--state", "S", str(copy)).returncode == 0
+    env = clean_env(held.parent, GPUPOOL_DEVICES=DEVICES)
+    assert gpupool("backup", "--state", str(held), str(copy), env=env).returncode == 0
     truncate(held)
-    assert gpupool(held, "status", "--state", "S").returncode == 7
-    restored = gpupool(held, "restore", "--state", "S", str(copy))
+    assert gpupool("status", "--state", str(held), env=env).returncode == 7
+    restored = gpupool("restore", "--state", str(held), str(copy), env=env)
     assert restored.returncode == 0, restored.stderr
-    status = gpupool(held, "status", "--state", "S", "--json")
+    status = gpupool("status", "--state", str(held), "--json", env=env)
     assert status.returncode == 0, status.stderr
     (lease,) = json.loads(status.stdout)["leases"]
     assert lease["holder"]["name"] == "alice"
-    assert gpupool(held, "doctor", "--state", "S").returncode == 0
+    assert gpupool("doctor", "--state", str(held), env=env).returncode == 0
 
 
 def test_removing_pool_id_starts_an_empty_pool_on_purpose(held):
     old = (held / MARKER_NAME).read_text().strip()
     delete(held)
     (held / MARKER_NAME).unlink()
-    status = gpupool(held, "status", "--state", "S", "--json")
+    status = gpupool("status", "--state", str(held), "--json", env=clean_env(held.parent, GPUPOOL_DEVICES=DEVICES))
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["leases"] == []
     assert (held / MARKER_NAME).read_text().strip() not in ("", old)  # a new pool, a new id
@@ -133,7 +129,8 @@ def test_removing_pool_id_starts_an_empty_pool_on_purpose(held):
 
 def test_a_fresh_state_dir_still_starts_and_is_marked(tmp_path):
     state = tmp_path / "fresh"
-    status = gpupool(state, "status", "--state", "S")
+    env = clean_env(state.parent, GPUPOOL_DEVICES=DEVICES)
+    status = gpupool("status", "--state", str(state), env=env)
     assert status.returncode == 0, status.stderr
     pool_id = (state / MARKER_NAME).read_text().strip()
     store = Store(state)
@@ -142,7 +139,7 @@ def test_a_fresh_state_dir_still_starts_and_is_marked(tmp_path):
             assert tx.meta(POOL_ID_KEY) == pool_id and len(pool_id) == 32
     finally:
         store.close()
-    assert gpupool(state, "doctor", "--state", "S").returncode == 0
+    assert gpupool("doctor", "--state", str(state), env=env).returncode == 0
 
 
 def test_racing_first_opens_of_a_fresh_dir_all_start(tmp_path):
@@ -191,18 +188,20 @@ def test_the_damaged_message_s_way_to_an_empty_pool_works(held):
     (held / DB_NAME).write_bytes(b"\x17garbage" * 700)
     for extra in ("-wal", "-shm"):
         (held / (DB_NAME + extra)).unlink(missing_ok=True)
-    line = error_line(gpupool(held, "status", "--state", "S"))
+    env = clean_env(held.parent, GPUPOOL_DEVICES=DEVICES)
+    line = error_line(gpupool("status", "--state", str(held), env=env))
     assert "damaged" in line and f"move {DB_NAME} and {MARKER_NAME} aside" in line, line
     (held / DB_NAME).rename(held / "pool.db.damaged")
-    assert gpupool(held, "status", "--state", "S").returncode == 7  # pool.id still says a pool lived here
+    assert gpupool("status", "--state", str(held), env=env).returncode == 7  # pool.id still says a pool lived here
     (held / MARKER_NAME).rename(held / "pool.id.damaged")
-    assert gpupool(held, "status", "--state", "S").returncode == 0
+    assert gpupool("status", "--state", str(held), env=env).returncode == 0
 
 
 def test_restore_refuses_while_a_run_holds_a_lease_and_names_it(held, tmp_path):
     """Issue 25: restore over a live embedded pool killed the run's lease (exit 6); now it is refused."""
     copy = tmp_path / "backup.db"
-    assert gpupool(held, "backup", "--state", "S", str(copy)).returncode == 0
+    cli_env = clean_env(held.parent, GPUPOOL_DEVICES=DEVICES)
+    assert gpupool("backup", "--state", str(held), str(copy), env=cli_env).returncode == 0
     marker = tmp_path / "started"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(held.parent / "home"))
@@ -213,7 +212,7 @@ def test_restore_refuses_while_a_run_holds_a_lease_and_names_it(held, tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "gpupool", *argv], env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(marker.exists, 60, "the run's command")
-        refused = gpupool(held, "restore", "--state", "S", str(copy))
+        refused = gpupool("restore", "--state", str(held), str(copy), env=cli_env)
         assert refused.returncode == 2, refused.stderr
         assert f"{run.pid}" in refused.stderr and "let them end" in refused.stderr, refused.stderr
         error_line(refused)

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import pytest
+from gpupool_cli import gpupool
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def gpupool_cmd(*args: str) -> List[str]:
-    """The `gpupool` command line, through the interpreter running the tests."""
-    return [sys.executable, "-m", "gpupool.cli.main", *args]
 
 
 def run_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -33,16 +27,9 @@ def run_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_gpupool(*args: str, timeout: float = 240, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run a gpupool command to completion and capture its output."""
-    return subprocess.run(gpupool_cmd(*args), capture_output=True, text=True, timeout=timeout, env=run_env(env))
+    return gpupool(*args, env=run_env(env), timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from envs import free_port
 
 from gpupool.train import storage
 from gpupool.train.storage import StorageError
 
-from .conftest import free_port, run_env
+from .conftest import run_env
 
 
 def _roundtrip(base: str) -> None:

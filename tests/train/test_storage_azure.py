@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from envs import free_port
 
 from gpupool.train import storage
 from gpupool.train.storage import StorageError
 
-from .conftest import REPO, free_port
+from .conftest import REPO
 
 # Azurite's documented development account (a public, well-known key, not a secret).
 _KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

@@ -18,11 +18,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
+from gpupool_cli import gpupool_cmd  # noqa: E402
+
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.bucket_data import BucketFiles  # noqa: E402
 from gpupool.train.run_place import CHECKPOINTS, RunPlace, newest_first, series_name  # noqa: E402
 
-from .conftest import REPO, gpupool_cmd, run_env, run_gpupool  # noqa: E402
+from .conftest import REPO, run_env, run_gpupool  # noqa: E402
 
 ARGS = ["--model", "convnet", "--image-size", "32", "--workers", "1", "--epochs", "3", "--batch-size", "4"]
 ARGS += ["--patience", "50"]

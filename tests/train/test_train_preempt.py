@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
+from gpupool_cli import gpupool_cmd  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from gpupool.isolation import env as contract  # noqa: E402
@@ -26,7 +28,7 @@ from gpupool.train import preempt  # noqa: E402
 from gpupool.train.checkpoint import CHECKPOINT_FILE  # noqa: E402
 from gpupool.train.preempt import STOPPED_EXIT_CODE  # noqa: E402
 
-from .conftest import gpupool_cmd, run_env, run_gpupool  # noqa: E402
+from .conftest import run_env, run_gpupool  # noqa: E402
 
 # One loader worker: it shares the trainer's process group, so it gets the SIGTERM too.
 # Touches argv[2] once it runs, then waits for argv[1].
@@ -105,8 +107,7 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
     for name in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN", "GPUPOOL_CONFIG"):
         env.pop(name, None)
 
-    def gpupool(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(gpupool_cmd(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = functools.partial(subprocess.Popen, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     for name in ("a", "b"):
         done = subprocess.run(
@@ -119,7 +120,9 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
         assert done.returncode == 0, done.stderr
     stop = tmp_path / "stop-a1"
     running = tmp_path / "a1-runs"
-    within_quota = gpupool("run", "--queue", "a", "--", sys.executable, "-c", WAIT_FOR_FILE, str(stop), str(running))
+    within_quota = start(
+        gpupool_cmd("run", "--queue", "a", "--", sys.executable, "-c", WAIT_FOR_FILE, str(stop), str(running))
+    )
     deadline = time.monotonic() + 60
     while not running.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -127,14 +130,16 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
     out = tmp_path / "run"
     train_args = ["--data", str(digits_dir), "--out", str(out), "--device", "cpu", "--patience", "50"]
     train_args += ["--model", "convnet", "--image-size", "32", "--workers", "0", "--epochs", "3", "--batch-size", "4"]
-    borrowed = gpupool(
-        "run", "--queue", "a", "--requeue", "--preempt-grace", "60", "--", *gpupool_cmd("train", *train_args)
+    borrowed = start(
+        gpupool_cmd(
+            "run", "--queue", "a", "--requeue", "--preempt-grace", "60", "--", *gpupool_cmd("train", *train_args)
+        )
     )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not _rows(out) and borrowed.poll() is None:
         time.sleep(0.05)
     assert _rows(out), "the first epoch never finished"
-    team_b = gpupool("run", "--queue", "b", "--", sys.executable, "-c", "import time; time.sleep(1)")
+    team_b = start(gpupool_cmd("run", "--queue", "b", "--", sys.executable, "-c", "import time; time.sleep(1)"))
     _, b_err = team_b.communicate(timeout=120)
     assert team_b.returncode == 0, b_err
     _, err = borrowed.communicate(timeout=300)

@@ -18,9 +18,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
+from envs import free_port  # noqa: E402
+from gpupool_cli import gpupool_cmd  # noqa: E402
+
 from gpupool.cli.main import main  # noqa: E402
 
-from .conftest import free_port, gpupool_cmd, run_env, run_gpupool  # noqa: E402
+from .conftest import run_env, run_gpupool  # noqa: E402
 
 FAST = ["--model", "convnet", "--image-size", "32", "--workers", "0"]
 
