@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from envs import clean_env
 
 _URL_RE = re.compile(r"listening on (\S+)")
 
@@ -87,26 +88,9 @@ class ServerProcess:
     def client_env(self, tmp_path: Path) -> Dict[str, str]:
         """The env of a `gpupool run` against this server: none of the developer's GPUPOOL_* or
         ~/.gpupool, no embedded pool of its own, the admin token."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), PYTHONUNBUFFERED="1")
-        env["GPUPOOL_TOKEN"] = self.token or ""
-        return env
-
-
-def quiet_port() -> int:
-    """A free port below Linux's ephemeral range (32768-60999), for a server that is killed and
-    started again on it: nothing that binds port 0 while it is down (another test's) can take it."""
-    import random
-    import socket
-
-    while True:
-        port = random.randint(20000, 32000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        return clean_env(
+            tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded"), PYTHONUNBUFFERED="1", GPUPOOL_TOKEN=self.token or ""
+        )
 
 
 def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 60.0) -> ServerProcess:

@@ -3,13 +3,15 @@
 One helper of each, so that what "a clean environment" means is written once:
 `clean_env` (none of the developer's GPUPOOL_*), `embedded_env` (plus an embedded
 pool of emulated GPUs), `write_usage` (what the emulated NVML reports per GPU and
-pid), `free_port` (a port nobody listens on now).
+pid), `free_port` (a port nobody listens on now) and `quiet_port` (one that
+nothing else takes while a test's server is down).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Union
@@ -45,3 +47,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def quiet_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), for a server that is killed and
+    started again on it: nothing that binds port 0 while it is down (another test's) can take it."""
+    while True:
+        port = random.randint(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port

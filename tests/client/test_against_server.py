@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from envs import free_port
 
 from gpupool.client.config import write_client_bundle
 from gpupool.client.http import HttpPoolClient
@@ -30,12 +30,6 @@ def workload_env(tmp_path: Path, **extra: str) -> dict:
 
 def gp(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), env=env, capture_output=True, text=True, timeout=60)
-
-
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_run_over_http_with_token_env(running_server, tmp_path):
@@ -100,7 +94,7 @@ def test_several_servers_skip_dead_and_full_ones(server_factory, tmp_path):
         json.dumps(
             {
                 "servers": [
-                    {"url": dead_url()},
+                    {"url": f"http://127.0.0.1:{free_port()}"},
                     {"url": full.url, "token": full.token},
                     {"url": free.url, "token": free.token},
                 ]

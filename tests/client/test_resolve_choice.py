@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
+from envs import free_port
 
 from gpupool.client.embedded import EmbeddedPoolClient
 from gpupool.client.http import HttpPoolClient
@@ -20,12 +20,6 @@ ME = Holder("me", 1, "host")
 
 def embedded(tmp_path, name, spec="emulated:1x16GiB"):
     return EmbeddedPoolClient(tmp_path / name, devices=emulated_devices(spec, node=name))
-
-
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_first_pool_that_fits_now_wins(tmp_path):
@@ -74,7 +68,7 @@ def test_never_fits_anywhere_is_unsatisfiable_with_each_reason(tmp_path):
 
 
 def test_unreachable_servers_are_skipped_with_a_warning(tmp_path):
-    dead = HttpPoolClient(dead_url(), timeout_s=2)
+    dead = HttpPoolClient(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     a = embedded(tmp_path, "poola")
     lines = []
     client, _ = choose_and_claim([dead, a], Claim.single(1, fraction=0.5), ME, progress=lines.append)

@@ -7,7 +7,8 @@ import signal
 
 import httpx
 import pytest
-from conftest import quiet_port, start_server
+from conftest import start_server
+from envs import quiet_port
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Set
 
-from conftest import quiet_port
+from envs import quiet_port
 
 from gpupool.kube.nodestate import ClusterState
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import socket
 import subprocess
 import time
 from typing import Any, Dict
@@ -19,6 +18,7 @@ from typing import Any, Dict
 import httpx
 import pytest
 from conftest import stop_process
+from envs import free_port
 
 from gpupool.kube.admission import WebhookApp
 from gpupool.kube.admission import serve as serve_webhook
@@ -30,12 +30,6 @@ PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus: apt-get install prometheus")
 # Grafana's variables, as Grafana substitutes them for "All" and a short range
 VARIABLES = {"$__rate_interval": "1m", "$node": ".*", "$namespace": ".*"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def queries(obj: Any):

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Tuple
 
 import httpx
 import pytest
-from conftest import ServerProcess, quiet_port, start_server
+from conftest import ServerProcess, start_server
+from envs import quiet_port
 from waiting import wait_until
 
 FULL = ["-n", "2", "-p", "1.0"]  # the whole pool of two emulated GPUs
