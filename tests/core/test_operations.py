@@ -8,6 +8,7 @@ import pytest
 
 from gpupool.client.base import PoolClient
 from gpupool.core import operations as ops
+from gpupool.core.model import Claim, Holder
 from gpupool.pool import Pool
 
 
@@ -24,7 +25,7 @@ def test_each_pool_method_takes_what_the_entry_gives_it(op):
 @pytest.mark.parametrize("op", ops.OPERATIONS, ids=lambda op: op.name)
 def test_each_entry_is_said_once(op):
     assert op.method in ("GET", "POST", "PUT", "DELETE") and op.path.startswith("/v1/")
-    assert op.who in (ops.ANYONE, ops.ADMIN, ops.OPEN)
+    assert op.who in (ops.ANYONE, ops.ADMIN)
     assert not op.body or op.request, "body fields without a request model"
     assert sum(other.name == op.name for other in ops.OPERATIONS) == 1
     routes = [(o.method, o.path) for o in ops.OPERATIONS if (o.method, o.path) == (op.method, op.path)]
@@ -50,3 +51,17 @@ def test_the_wire_of_the_default_encoding():
     query, _ = ops.USAGE.wire({"since": 5, "until": None, "by": "queue", "user": "", "queue": "q"})
     assert query == {"since": "5.0", "by": "queue", "queue": "q"}
     assert ops.CLAIM_PRIORITY.path_args() == ("claim_id",)
+
+
+def test_a_server_verb_on_the_embedded_pool_is_one_line(tmp_path, monkeypatch):
+    from gpupool.client.embedded import EmbeddedPoolClient
+    from gpupool.core.errors import InvalidInput
+
+    monkeypatch.setenv("GPUPOOL_DEVICES", "emulated:1x16GiB")
+    with EmbeddedPoolClient(tmp_path, devices_from_env=True) as client:
+        with pytest.raises(InvalidInput, match="GET /v1/doctor is a pool server's: give --server URL"):
+            client.call(ops.DOCTOR)
+        lease = client.claim(Claim.single(1, 0.5), Holder("me"))
+        # pool.status answers in-process, as a server would: the lease list's JSON
+        assert client.call(ops.LIST_LEASES) == {"leases": [lease.to_dict()]}
+        assert [d["uuid"] for d in client.call(ops.DEVICES)["devices"]] == [lease.slices[0].device_uuid]

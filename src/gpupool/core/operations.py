@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Mapping, Optional, Tuple, TypeVar
 
+from .errors import InvalidInput
 from .model import Lease
 from .status import PoolStatus, WaitingClaim
 
@@ -31,10 +32,9 @@ A = TypeVar("A")
 
 # Who may call an operation (the server checks it before the pool runs): any valid token (the pool
 # itself then checks that a lease or waiting claim is the caller's own, or the caller an admin),
-# an admin token only, or nobody's token (probes).
+# or an admin token only.
 ANYONE = "token"
 ADMIN = "admin"
-OPEN = "open"
 
 # What `pool_args` may name besides the operation's own arguments: filled in by the side that
 # calls the pool. The requester is the holder name whose leases the caller may touch (None: an
@@ -59,7 +59,7 @@ class Operation(Generic[A]):
         name: the verb (and `PoolClient`'s method name, where it has one).
         method, path: its HTTP route; `{x}` in the path is the argument `x`.
         summary: one line for the OpenAPI document.
-        who: ANYONE, ADMIN or OPEN.
+        who: ANYONE or ADMIN.
         answer: the answer's schema name in the OpenAPI document (`server.schemas`).
         decode: the answer's JSON object -> the value the client returns.
         status, errors: the success status and the error statuses it can answer.
@@ -67,8 +67,9 @@ class Operation(Generic[A]):
         body: the arguments sent as the JSON body's fields (and read back from it on the server).
         query: the arguments sent in the query string (str() of each; None and "" left out).
         encode: (query, body) of the arguments, where the defaults above do not say it.
-        pool, pool_args: the `Pool` method (dotted: of a part of the pool) that answers it in-process, and what it is called with
-            (argument names, REQUESTER, CALLER); pool "" where only a server answers it.
+        pool, pool_args: the `Pool` method (dotted: of a part of the pool) that answers it
+            in-process, and what it is called with (argument names, REQUESTER, CALLER); pool ""
+            where only a server answers it.
         to_wire: (the pool's answer, the arguments) -> the answer's JSON object (the server's side
             of `decode`).
         route: the server's route is generated from this entry (else written in server/routes).
@@ -76,6 +77,8 @@ class Operation(Generic[A]):
         retry: whether a dropped connection may resend it (never a claim or a watch).
         channel: the client's connection for it: "" (the main one), "watch", or "ask".
         group: its tag in the OpenAPI document.
+        as_served: the in-process answer is the pool's passed through `to_wire` and `decode`, as a
+            server's would be (the pool method answers something else than the client returns).
         route_name: the stem of its OpenAPI operationId where the route had another name than
             `name` first (clients generated from the document keep their method names).
     """
@@ -101,6 +104,7 @@ class Operation(Generic[A]):
     retry: bool = True
     channel: str = ""
     group: str = "leases"
+    as_served: bool = False
     route_name: str = ""
 
     def path_args(self) -> Tuple[str, ...]:
@@ -119,13 +123,15 @@ class Operation(Generic[A]):
 def invoke(pool: Any, op: Operation[A], args: Mapping[str, Any], requester: Optional[str], caller: str) -> A:
     """Answer `op` with the pool's own method: the in-process side of every operation."""
     if not op.pool:
-        raise NotImplementedError(f"{op.name} is answered by a server only")
+        raise InvalidInput(f"{op.method} {op.path} is a pool server's: give --server URL (the embedded pool has none)")
     target = pool
     for part in op.pool.split("."):  # "claims.begin": a method of one of the pool's parts
         target = getattr(target, part)
     filled = {REQUESTER: requester, CALLER: caller}
-    answer: A = target(*[filled[name] if name in filled else args[name] for name in op.pool_args])
-    return answer
+    answer = target(*[filled[name] if name in filled else args[name] for name in op.pool_args])
+    if op.as_served:  # the client's answer, as a server's would read
+        return op.decode(op.to_wire(answer, args))
+    return answer  # type: ignore[no-any-return]  # the pool method answers the entry's type
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -295,6 +301,7 @@ LIST_LEASES: Operation[Dict[str, Any]] = Operation(
     errors=READ_ERRORS,
     pool="status",
     to_wire=lambda status, _args: {"leases": [lease.to_dict() for lease in status.leases]},
+    as_served=True,
     route=True,
 )
 DEVICES: Operation[Dict[str, Any]] = Operation(
@@ -308,6 +315,7 @@ DEVICES: Operation[Dict[str, Any]] = Operation(
     errors=READ_ERRORS,
     pool="status",
     to_wire=lambda status, _args: {"devices": status.to_dict()["devices"]},
+    as_served=True,
     route=True,
     group="pool",
 )

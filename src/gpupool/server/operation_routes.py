@@ -40,7 +40,7 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
             body = validated(model, json_object(await read_body(request)))
             args.update((name, getattr(body, name)) for name in op.body)
         result = await run_in_threadpool(invoke, api.pool, op, args, identity.requester, identity.name)
-        return json_response(op.to_wire(result, args), op.status)
+        return json_response(result if op.as_served else op.to_wire(result, args), op.status)
 
     # FastAPI reads the parameters (the path's, the dependencies) from the signature.
     keyword = inspect.Parameter.KEYWORD_ONLY
