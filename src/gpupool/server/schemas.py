@@ -125,6 +125,8 @@ class QueueBody(BaseModel):
     limit: Optional[float]
     preempt: str = Field("", description="what preempting its borrowers does; '' = the pool's --preempt")
     idle_suspend_s: Optional[float] = Field(None, description="its leases' idle limit; null: the server's")
+    default_time_s: Optional[float] = Field(None, description="its runs' wall-time limit without --time; null: none")
+    max_time_s: Optional[float] = Field(None, description="the most --time its runs may ask; null: no maximum")
     allocated: float
     borrowed: float
     waiting: int
