@@ -717,3 +717,45 @@ HEADLINES["release.json"] = Headline(
         Target("embedded pool: the same", "pools.embedded.median_s", "<", "target_median_s", "s"),
     ),
 )
+
+_PUSH_KINDS = (
+    ("release by its owner", "release-owner"),
+    ("release by an admin", "release-admin"),
+    ("suspend by its owner", "suspend"),
+    ("preemption, queue suspends", "preempt-suspend"),
+    ("preemption, queue requeues", "preempt-requeue"),
+)
+
+
+def _push_ab(pool: str, label: str, kind: str = "") -> Compare:
+    """A median of bench_push.py before and after, of one kind of decision (all kinds: "")."""
+    at, key = (f"pools.{pool}.kinds.{kind}", f"{pool}_{kind}") if kind else (f"pools.{pool}", pool)
+    return Compare(
+        f"{pool}: {label}", f"before.{at}.median_s", f"{at}.median_s", "s", f"after_over_before.{key}_median_s"
+    )
+
+
+HEADLINES["push.json"] = Headline(
+    comparison=Comparison(
+        "before ({before.src}: re-read every 100 ms)",
+        "after ({after_src})",
+        tuple(
+            row
+            for pool in ("server", "embedded")
+            for row in (
+                _push_ab(pool, "all kinds"),
+                *(
+                    _push_ab(pool, label, kind)
+                    for label, kind in _PUSH_KINDS
+                    if (pool, kind) != ("embedded", "release-admin")
+                ),
+            )
+        ),
+        "Medians, decision → runner acts. Before and after ran one after the other on the same machine, "
+        "{cycles} rounds of each kind each.",
+    ),
+    targets=(
+        Target("server: median, decision → runner acts", "pools.server.median_s", "<", "target_median_s", "s"),
+        Target("embedded pool: the same", "pools.embedded.median_s", "<", "target_median_s", "s"),
+    ),
+)
