@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from gpupool.isolation.proctree import alive
 from tests.conftest import ServerProcess, start_server
+from tests.waiting import events, wait_dead, wait_for_events
 
 PREEMPTEE = str(Path(__file__).parent / "runner" / "preemptee.py")
 CLI = [sys.executable, "-m", "gpupool.cli.main"]
@@ -88,29 +88,6 @@ def ran_seconds(log: Path) -> float:
     return total
 
 
-def events(log: Path) -> List[Dict[str, object]]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 30.0) -> List[Dict[str, object]]:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        seen = [e for e in events(log) if e["event"] == event]
-        if len(seen) >= count:
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"no {count} {event!r} events in {log}: {events(log)}")
-
-
-def wait_dead(pid: int, timeout: float = 15.0) -> None:
-    deadline = time.time() + timeout
-    while alive(pid) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid), f"process {pid} still runs"
-
-
 def cli(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run(CLI + list(args), env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -147,17 +124,17 @@ def teams(server_factory, tmp_path: Path) -> Teams:
 
 def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Teams) -> None:
     first, first_log, first_stop = teams.job("a1", "a")
-    wait_for_event(first_log, "start")
+    wait_for_events(first_log, "start")
     loan, loan_log, loan_stop = teams.job("a2", "a", "--requeue", "--preempt-grace", f"{GRACE_S:g}")
-    wait_for_event(loan_log, "start")
+    wait_for_events(loan_log, "start")
     time.sleep(1.0)  # A holds both GPUs a while
 
     b_launched = time.time()
     b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
-    b_start = wait_for_event(b_log, "start")[0]
+    b_start = wait_for_events(b_log, "start")[0]
     # Printed, not asserted (a loaded machine sets it): issue 17's target is the grace + 2 s.
     print(f"B's job started {float(b_start['time']) - b_launched:.2f} s after its launch (grace {GRACE_S:g} s)")
-    term = wait_for_event(loan_log, "sigterm")[0]
+    term = wait_for_events(loan_log, "sigterm")[0]
     assert float(term["time"]) <= float(b_start["time"])  # A's loan was stopped first (its stop file never came)
 
     time.sleep(1.5)  # B holds its GPU a while: A's rerun waits (it cannot start while B holds it)
@@ -165,7 +142,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     b_stop.touch()
     b_stopped = time.time()
     assert b.wait() == 0, b.stderr
-    rerun = wait_for_event(loan_log, "start", count=2)[1]
+    rerun = wait_for_events(loan_log, "start", count=2)[1]
     assert rerun["attempt"] == "2" and rerun["preempted"] == "1"
     (b_done,) = [e for e in events(b_log) if e["event"] == "done"]
     print(f"A's rerun started {float(rerun['time']) - float(b_done['time']):.2f} s after B's job ended")
@@ -196,16 +173,16 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
 
 def test_kill_9_of_a_runner_while_it_is_being_preempted(teams: Teams) -> None:
     first, first_log, first_stop = teams.job("a1", "a")
-    wait_for_event(first_log, "start")
+    wait_for_events(first_log, "start")
     # Ignores SIGTERM: the preemption is still in its grace when the runner dies.
     loan, loan_log, _ = teams.job("a2", "a", "--preempt-grace", "3", mode="ignore-term")
-    loan_pid = int(wait_for_event(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
+    loan_pid = int(wait_for_events(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
     b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
-    wait_for_event(loan_log, "sigterm")
+    wait_for_events(loan_log, "sigterm")
     loan.proc.send_signal(signal.SIGKILL)
     loan.wait()
     wait_dead(loan_pid)  # the runner's guard ended it
-    wait_for_event(b_log, "start", timeout=60)  # the pool reaps the loan after grace (3 s) + margin (5 s)
+    wait_for_events(b_log, "start", timeout=60)  # the pool reaps the loan after grace (3 s) + margin (5 s)
     held = leases(teams.env)
     assert sorted(str(x["queue"]) for x in held) == ["a", "b"]  # A's job within quota kept its lease
     for stop, runner in ((b_stop, b), (first_stop, first)):
@@ -216,11 +193,11 @@ def test_kill_9_of_a_runner_while_it_is_being_preempted(teams: Teams) -> None:
 
 def test_kill_9_of_the_server_while_a_lease_is_being_preempted(teams: Teams, tmp_path: Path) -> None:
     first, first_log, first_stop = teams.job("a1", "a")
-    wait_for_event(first_log, "start")
+    wait_for_events(first_log, "start")
     loan, loan_log, loan_stop = teams.job("a2", "a", "--requeue", "--preempt-grace", "2", mode="ignore-term")
-    loan_pid = int(wait_for_event(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
+    loan_pid = int(wait_for_events(loan_log, "start")[0]["pid"])  # type: ignore[arg-type]
     b, b_log, b_stop = teams.job("b", "b", "--wait", "600")
-    wait_for_event(loan_log, "sigterm")
+    wait_for_events(loan_log, "sigterm")
     held_before = {str(x["id"]) for x in leases(teams.env)}
     teams.server.stop(signal.SIGKILL)
     # The runner's own timer SIGKILLs the command after the grace (2 s), server or not (it would run on).
@@ -236,10 +213,10 @@ def test_kill_9_of_the_server_while_a_lease_is_being_preempted(teams: Teams, tmp
         assert first_lease in held_before and first_lease in after
         if b.proc.poll() is not None:  # its claim was cut by the crash: B claims again
             b = Runner(["--queue", "b", "--wait", "600", "--", sys.executable, PREEMPTEE, str(b_log), str(b_stop)], env)
-        wait_for_event(b_log, "start", timeout=90)
+        wait_for_events(b_log, "start", timeout=90)
         b_stop.touch()
         assert b.wait() == 0, b.stderr
-        rerun = wait_for_event(loan_log, "start", count=2, timeout=90)[1]
+        rerun = wait_for_events(loan_log, "start", count=2, timeout=90)[1]
         assert rerun["attempt"] == "2"
         loan_stop.touch()
         first_stop.touch()

@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.test_queues_e2e import CLI, Runner, cli, events, leases, wait_for_event
+from tests.test_queues_e2e import CLI, Runner, cli, leases
+from tests.waiting import events, wait_for_events
 
 TICKER = str(Path(__file__).parent / "runner" / "ticker.py")
 MIB_PER_JOB = 1024
@@ -74,7 +75,7 @@ class Pool:
         log, stop = self.tmp / f"{name}.jsonl", self.tmp / f"{name}.stop"
         env = dict(self.env, GPUPOOL_TOKEN=token) if token else self.env
         runner = Runner(["--queue", queue, *flags, "--", sys.executable, TICKER, str(log), str(stop)], env)
-        start = wait_for_event(log, "start")[0]
+        start = wait_for_events(log, "start")[0]
         lease = next(x for x in leases(self.env) if x["id"] == start["lease"])
         self.usage.add(lease["devices"][0]["uuid"], int(start["pid"]), MIB_PER_JOB, utilization)
         return runner, log, stop
@@ -124,7 +125,7 @@ def test_b_suspends_a_loan_that_resumes_by_itself_when_b_ends(server_factory, tm
     pool.wait_state(str(suspended[0]["id"]), "running")
     assert proc_state(pid) in ("S", "R"), "the loan's process runs again"
     assert pid in pool.usage.pids(), "its GPU memory is back on the device"
-    wait_for_event(loan_log, "tick", count=ticks_while_parked + 5)
+    wait_for_events(loan_log, "tick", count=ticks_while_parked + 5)
     loan_stop.touch()
     assert loan.wait(30) == 0, loan.stderr
     assert [e["event"] for e in events(loan_log) if e["event"] != "tick"] == ["start", "done"], "no SIGTERM, no rerun"

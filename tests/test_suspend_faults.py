@@ -13,8 +13,9 @@ import pytest
 from gpupool_cli import gpupool
 
 from tests.conftest import start_server
-from tests.test_queues_e2e import events, leases, wait_dead, wait_for_event
+from tests.test_queues_e2e import leases
 from tests.test_suspend_e2e import Pool, continuous, proc_state
+from tests.waiting import events, wait_dead, wait_for_events
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_kill_9_of_the_server_loses_no_suspended_lease(server_factory, tmp_path:
         assert done.returncode == 0, done.stderr
         assert proc_state(pid) in ("S", "R") and pid in pool.usage.pids()
         ticks = len(continuous(log))
-        wait_for_event(log, "tick", count=ticks + 3)
+        wait_for_events(log, "tick", count=ticks + 3)
         stop.touch()
         assert runner.wait(30) == 0, runner.stderr
         continuous(log)
@@ -96,10 +97,10 @@ def test_a_preempted_lease_that_cannot_be_parked_is_requeued_with_the_reason(ser
     first, first_log, first_stop = pool.job("a1", "a")
     loan, loan_log, loan_stop = pool.job("a2", "a")
     b, b_log, b_stop = pool.job("b", "b")
-    wait_for_event(loan_log, "sigterm")  # stopped: it could not be parked
+    wait_for_events(loan_log, "sigterm")  # stopped: it could not be parked
     b_stop.touch()
     assert b.wait(30) == 0
-    rerun = wait_for_event(loan_log, "start", count=2, timeout=60)  # requeued without --requeue, not exit 8
+    rerun = wait_for_events(loan_log, "start", count=2, timeout=60)  # requeued without --requeue, not exit 8
     assert rerun[1]["attempt"] == "2"
     assert "could not be suspended" in loan.stderr and "libcuda" in loan.stderr
     for stop, runner in ((first_stop, first), (loan_stop, loan)):

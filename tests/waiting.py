@@ -7,17 +7,29 @@ until a deadline is neither.
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import time
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, TypeVar
 
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "", *, interval: float = 0.05) -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "",
+    *,
+    interval: float = 0.05,
+    detail: Optional[Callable[[], object]] = None,
+) -> T:
     """Poll `predicate` until it returns something true, and return that; fail at the deadline.
 
     The predicate runs once more at the deadline, so a slow poll never fails a
-    condition that holds; the failure names `what` and the last value seen.
+    condition that holds; the failure names `what`, the last value seen and, with
+    `detail`, what it returns then (a log's tail, the state the test waited on).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -25,7 +37,53 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = ""
         if value:
             return value
         if time.monotonic() >= deadline:
+            more = f"\n{detail()}" if detail is not None else ""
             raise AssertionError(
-                f"timed out after {timeout:g} s waiting for {what or predicate!r}: last value {value!r}"
+                f"timed out after {timeout:g} s waiting for {what or predicate!r}: last value {value!r}{more}"
             )
         time.sleep(interval)
+
+
+def wait_dead(pid: int, timeout: float = 15.0) -> None:
+    """Wait until process `pid` has ended (a zombie counts as ended)."""
+    from gpupool.isolation.proctree import alive
+
+    wait_until(lambda: not alive(pid), timeout, f"process {pid} to end")
+
+
+def tail(log: Path, chars: int = 3000) -> str:
+    """The end of a log, for a failure message; '' while it does not exist."""
+    return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
+
+def wait_for_match(
+    log: Path, pattern: str, proc: Optional[subprocess.Popen] = None, timeout: float = 60.0
+) -> re.Match[str]:
+    """Wait until `log` matches `pattern` (a child's "listening on URL" line); the match. Fails at once
+    if `proc` ends first."""
+
+    def found() -> Optional[re.Match[str]]:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(pattern, text)
+        if match is None and proc is not None:
+            assert proc.poll() is None, f"it exited ({proc.returncode}) before {pattern!r}:\n{text[-3000:]}"
+        return match
+
+    return wait_until(found, timeout, f"{pattern!r} in {log}", detail=lambda: tail(log))
+
+
+def events(log: Path) -> List[Dict[str, object]]:
+    """The records of a JSON-lines event log (a test's child writes one per line); none before it exists."""
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def wait_for_events(log: Path, event: str, count: int = 1, timeout: float = 30.0) -> List[Dict[str, object]]:
+    """Wait until `log` holds at least `count` records of `event`; those records."""
+
+    def seen() -> Optional[List[Dict[str, object]]]:
+        found = [e for e in events(log) if e["event"] == event]
+        return found if len(found) >= count else None
+
+    return wait_until(seen, timeout, f"{count} {event!r} event(s) in {log}", detail=lambda: events(log))

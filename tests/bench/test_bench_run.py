@@ -8,12 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Dict
 
 import pytest
 from gpupool_cli import gpupool_cmd
+from waiting import wait_until
 
 pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
@@ -108,17 +108,17 @@ def test_share_on_one_emulated_gpu(tmp_path, env):
 
 
 def _wait_for_measuring(out: Path, proc: subprocess.Popen, timeout: float = 90.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    def measuring() -> bool:
         assert proc.poll() is None, proc.communicate()
         for path in out.glob("runs/*/progress-*.json"):
             try:
                 if json.loads(path.read_text())["phase"] in ("measure", "waiting", "holding"):
-                    return
+                    return True
             except ValueError:
-                pass
-        time.sleep(0.1)
-    raise AssertionError("the workers never started measuring")
+                pass  # half-written
+        return False
+
+    wait_until(measuring, timeout, "the workers to start measuring", interval=0.1)
 
 
 @pytest.mark.parametrize(
@@ -172,10 +172,12 @@ def test_a_signal_while_queued_for_gpus_leaves_no_process_and_no_lease(tmp_path,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:
-        end = time.monotonic() + 60
-        while not any(p.read_text().count('"Queued"') for p in state.glob("jobs/*/state.json")):
-            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
-            time.sleep(0.1)
+
+        def queued() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return any(p.read_text().count('"Queued"') for p in state.glob("jobs/*/state.json"))
+
+        wait_until(queued, 60, "a queued job", interval=0.1)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:

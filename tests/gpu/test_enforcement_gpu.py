@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+from waiting import wait_until
 
 pynvml = pytest.importorskip("pynvml")
 pytestmark = pytest.mark.gpu
@@ -75,14 +76,15 @@ def run(state: Path, fraction: float, *command: str) -> subprocess.Popen:
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        if proc.poll() is not None:
+    """What the runner's child wrote to `path`, once it wrote something; fails at once if the runner ends."""
+
+    def written() -> str:
+        text = path.read_text() if path.exists() else ""
+        if not text and proc.poll() is not None:
             raise AssertionError(f"runner ended early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.1)
-    raise AssertionError(f"{path} never appeared")
+        return text
+
+    return wait_until(written, timeout, f"{path} to appear", interval=0.1)
 
 
 def alive(pid: int) -> bool:

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
+from waiting import wait_until
+
 from gpupool.isolation.parking import backend_named, cuda_unavailable_reason
 
 try:
@@ -118,11 +121,15 @@ def read_losses(path: Path) -> List[Tuple[int, float]]:
 
 
 def wait_for_steps(path: Path, proc: subprocess.Popen, steps: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and len(path.read_text().splitlines()) >= steps):
+    """Wait until the run wrote `steps` loss lines to `path`; fails at once if it ends first."""
+
+    def reached() -> bool:
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return True
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before step {steps}"
-        assert time.monotonic() < deadline, f"no step {steps} within {timeout} s"
-        time.sleep(0.005)
+        return False
+
+    wait_until(reached, timeout, f"step {steps} in {path}", interval=0.005)
 
 
 def run_check(work: Path) -> Dict[str, Any]:

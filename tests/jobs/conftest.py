@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import List, Optional
 
 import pytest
 import yaml
+from waiting import tail, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,18 +47,20 @@ class Shell:
         return json.loads((self.state / "jobs" / name / "state.json").read_text())
 
     def wait_for(self, name: str, pred, timeout: float = 60.0) -> dict:
-        end = time.monotonic() + timeout
-        while True:
+        """Job `name`'s state once `pred` holds for it; the failure shows the last state and the supervisor's log."""
+        last: List[Optional[dict]] = [None]
+
+        def state() -> Optional[dict]:
             try:
-                st = self.state_of(name)
-                if pred(st):
-                    return st
+                last[0] = self.state_of(name)
             except (FileNotFoundError, ValueError):
-                st = None
-            if time.monotonic() > end:
-                log = self.state / "jobs" / name / "logs" / "supervisor.log"
-                raise AssertionError(f"timed out; state {st}\n{log.read_text() if log.exists() else ''}")
-            time.sleep(0.1)
+                return None  # not written yet, or half-written
+            return last[0] if pred(last[0]) else None
+
+        log = self.state / "jobs" / name / "logs" / "supervisor.log"
+        return wait_until(
+            state, timeout, f"job {name}'s state", interval=0.1, detail=lambda: f"state {last[0]}\n{tail(log, 100_000)}"
+        )
 
     def leases(self) -> list:
         from gpupool.client.embedded import EmbeddedPoolClient

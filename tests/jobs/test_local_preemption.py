@@ -8,33 +8,17 @@ GPUPOOL_PREEMPTED=1 and GPUPOOL_ATTEMPT=2, then finish: the job succeeds with no
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
 
 import pytest
+from waiting import wait_for_events
 
 PREEMPTEE = str(Path(__file__).resolve().parents[1] / "runner" / "preemptee.py")
 
 pytestmark = pytest.mark.slow
-
-
-def events(log: Path) -> List[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def wait_for_events(log: Path, event: str, count: int, timeout: float = 30.0) -> List[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in events(log) if e["event"] == event]
-        if len(found) >= count:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} {event!r} events within {timeout:g} s; log: {events(log)}")
-        time.sleep(0.05)
 
 
 def test_a_preempted_job_is_requeued_whole_and_reruns_with_the_attempt_env(shell, tmp_path):

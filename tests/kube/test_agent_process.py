@@ -18,11 +18,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import grpc
 import pytest
 from conftest import stop_process
+from waiting import tail, wait_until
 
 from gpupool.client.http import HttpPoolClient
 from gpupool.core.attestation import SOCKET_ENV
@@ -37,19 +38,6 @@ USER_TOKEN = "team-a-token-0123456789abcdef"
 POD_UID = "3f6c1c1e-5b2a-4d7e-9a51-2f1d0c9e8b7a"
 GONE_UID = "0b9d8c7e-1111-4222-8333-944455566677"
 _URL_RE = re.compile(r"listening on (https?://\S+)")
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0, log: Optional[Path] = None):
-    """Poll `check` until it returns something truthy; fail with `what` (and the agent's log) if it never does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{tail}")
-        time.sleep(0.05)
 
 
 @dataclass
@@ -125,11 +113,11 @@ def start_agent(base: Path, *extra: str, ca: Optional[str] = None) -> Agent:
         match = _URL_RE.search(log.read_text())
         return match.group(1) if match else None
 
-    url = wait_for("the agent to listen", listening, timeout=20, log=log)
+    url = wait_until(listening, 20, "the agent to listen", detail=lambda: tail(log))
     context = ssl.create_default_context(cafile=ca) if ca else None
     admin = (base / "admin-token").read_text().strip()
     agent = Agent(proc, url, admin, kubelet_dir, base / "live-pods", log, context)
-    wait_for("/healthz", lambda: _healthy(agent), log=log)
+    wait_until(lambda: _healthy(agent), 10, "/healthz", detail=lambda: tail(log))
     return agent
 
 
@@ -169,7 +157,7 @@ def node(tmp_path_factory):
 
 def test_registers_streams_units_and_allocates_the_agent_address(node):
     kubelet, agent = node
-    wait_for("the plugin to register", lambda: kubelet.seen, log=agent.log)
+    wait_until(lambda: kubelet.seen, 10, "the plugin to register", detail=lambda: tail(agent.log))
     req = kubelet.seen[0]
     assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpupool.sock", "gpupool.io/gpu")
     channel, dp = plugin_stub(agent)
@@ -256,7 +244,7 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
         cwd=tmp_path,
     )
     try:
-        wait_for("the runner's child to start", lambda: seen.exists() or runner.poll() is not None, timeout=15)
+        wait_until(lambda: seen.exists() or runner.poll() is not None, 15, "the runner's child to start")
         assert runner.poll() is None, runner.stdout.read().decode()
         leases = agent.status()["leases"]
         assert [(x["holder"]["label"], x["holder"]["name"]) for x in leases] == [(label, "team-a")]
@@ -285,7 +273,7 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
             ids = {x["id"] for x in agent.status()["leases"]}
             return orphan.id not in ids and ids == {lease["id"]}
 
-        wait_for("the reaper to release the gone pod's lease", orphan_released, log=agent.log)
+        wait_until(orphan_released, 10, "the reaper to release the gone pod's lease", detail=lambda: tail(agent.log))
 
         go.touch()
         assert runner.wait(15) == 7, runner.stdout.read().decode()
@@ -298,15 +286,20 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
 
 def test_reregisters_when_the_kubelet_restarts(node):
     kubelet, agent = node
-    wait_for("the first registration", lambda: kubelet.seen and agent.plugin_socket.exists(), log=agent.log)
+    wait_until(
+        lambda: kubelet.seen and agent.plugin_socket.exists(),
+        10,
+        "the first registration",
+        detail=lambda: tail(agent.log),
+    )
     before = len(kubelet.seen)
     # A restarted kubelet comes with a new kubelet.sock and wipes the plugin sockets.
     kubelet.stop()
     agent.plugin_socket.unlink()
     kubelet.start()
-    wait_for("the plugin to register again", lambda: len(kubelet.seen) > before, log=agent.log)
+    wait_until(lambda: len(kubelet.seen) > before, 10, "the plugin to register again", detail=lambda: tail(agent.log))
     assert kubelet.seen[-1].resource_name == "gpupool.io/gpu"
-    wait_for("the plugin socket to come back", agent.plugin_socket.exists, log=agent.log)
+    wait_until(agent.plugin_socket.exists, 10, "the plugin socket to come back", detail=lambda: tail(agent.log))
     channel, dp = plugin_stub(agent)
     with channel:
         stream = dp.ListAndWatch(pb.Empty(), timeout=10)
@@ -318,7 +311,7 @@ def test_sigterm_stops_cleanly_with_a_watch_open(tmp_path):
     # No kubelet yet (it may start after the agent); the kubelet's stream is open at SIGTERM.
     agent = start_agent(tmp_path)
     try:
-        wait_for("the plugin socket", agent.plugin_socket.exists, log=agent.log)
+        wait_until(agent.plugin_socket.exists, 10, "the plugin socket", detail=lambda: tail(agent.log))
         channel, dp = plugin_stub(agent)
         with channel:
             stream = dp.ListAndWatch(pb.Empty(), timeout=120)
@@ -369,11 +362,11 @@ def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
         url = (
-            wait_for(
-                "the webhook to listen",
+            wait_until(
                 lambda: proc.poll() is None and re.search(r"listening on (https://\S+)", log.read_text()),
-                timeout=20,
-                log=log,
+                20,
+                "the webhook to listen",
+                detail=lambda: tail(log),
             )
             .group(1)
             .replace("127.0.0.1", "localhost")
@@ -387,7 +380,12 @@ def test_webhook_process_serves_https_and_sees_the_agent(node, tls):
                 return json.loads(resp.read())
 
         # node-x has no agent answering: only node-a is known.
-        wait_for("the webhook to poll the agent", lambda: call("/healthz") == {"status": "ok", "nodes": 1}, log=log)
+        wait_until(
+            lambda: call("/healthz") == {"status": "ok", "nodes": 1},
+            10,
+            "the webhook to poll the agent",
+            detail=lambda: tail(log),
+        )
 
         def pod(units: str) -> dict:
             return {

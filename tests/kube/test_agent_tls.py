@@ -14,11 +14,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from waiting import tail, wait_until
 
 from gpupool.cli.main import main
 from gpupool.kube.mutate import MutateConfig, mutate
 
-from .test_agent_process import POD_UID, USER_TOKEN, pyz, start_agent, wait_for  # noqa: F401 - pyz is a fixture
+from .test_agent_process import POD_UID, USER_TOKEN, pyz, start_agent  # noqa: F401 - pyz is a fixture
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +94,11 @@ def test_webhook_reaches_agents_over_https(tls_agent, pki, tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        url = wait_for(
-            "the webhook to listen",
+        url = wait_until(
             lambda: proc.poll() is None and re.search(r"listening on (https://\S+)", log.read_text()),
-            timeout=20,
-            log=log,
+            20,
+            "the webhook to listen",
+            detail=lambda: tail(log),
         ).group(1)
         import ssl
 
@@ -108,7 +109,12 @@ def test_webhook_reaches_agents_over_https(tls_agent, pki, tmp_path):
             with urllib.request.urlopen(url + "/healthz", timeout=5, context=ctx) as resp:
                 return json.loads(resp.read())
 
-        wait_for("the webhook to read the agent over HTTPS", lambda: healthz() == {"status": "ok", "nodes": 1}, log=log)
+        wait_until(
+            lambda: healthz() == {"status": "ok", "nodes": 1},
+            10,
+            "the webhook to read the agent over HTTPS",
+            detail=lambda: tail(log),
+        )
     finally:
         proc.terminate()
         proc.wait(10)

@@ -9,9 +9,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from waiting import tail, wait_until
 
 from .dra_stand_ins import DRIVER, ApiServer, Kubelet, resource_claim, result
-from .test_agent_process import start_agent, wait_for
+from .test_agent_process import start_agent
 
 NS, UID, NAME = "team-a", "0f3e2d1c-4b5a-4978-8695-a4b3c2d1e0f9", "trainer-gpu"
 
@@ -39,7 +40,7 @@ def test_kill_9_between_prepare_and_unprepare_loses_no_lease(base):
     kubelet = Kubelet()
     try:
         registration = root / "plugins_registry" / f"{DRIVER}-reg.sock"
-        wait_for("the DRA registration socket", registration.exists, log=agent.log)
+        wait_until(registration.exists, 10, "the DRA registration socket", detail=lambda: tail(agent.log))
         kubelet.register(str(registration))
         first = kubelet.prepare((NS, UID, NAME)).claims[UID]
         assert first.error == ""
@@ -49,7 +50,7 @@ def test_kill_9_between_prepare_and_unprepare_loses_no_lease(base):
         agent.proc.send_signal(signal.SIGKILL)
         agent.proc.wait(timeout=10)
         agent = start_agent(root, *flags)
-        wait_for("the DRA registration socket", registration.exists, log=agent.log)
+        wait_until(registration.exists, 10, "the DRA registration socket", detail=lambda: tail(agent.log))
         kubelet.register(str(registration))
         assert [x["id"] for x in dra_leases(agent)] == [lease["id"]]
         assert kubelet.prepare((NS, UID, NAME)).claims[UID] == first  # still known: same answer, same lease

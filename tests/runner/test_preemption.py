@@ -4,14 +4,14 @@ has tests/test_suspend_e2e.py): team A borrows the second GPU, team B claims its
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
+from waiting import events, wait_for_events
 
 from gpupool.core.errors import Preempted
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
@@ -21,22 +21,6 @@ from .conftest import Pool
 
 PREEMPTEE = str(Path(__file__).with_name("preemptee.py"))
 FULL_CLI = [sys.executable, "-m", "gpupool.cli.main"]
-
-
-def events(log: Path) -> List[Dict[str, object]]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-def wait_for_event(log: Path, event: str, count: int = 1, timeout: float = 20.0) -> List[Dict[str, object]]:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        seen = [e for e in events(log) if e["event"] == event]
-        if len(seen) >= count:
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"no {count} {event!r} events in {log}: {events(log)}")
 
 
 def teams(pool: Pool) -> None:
@@ -56,12 +40,12 @@ def fill_with_team_a(pool: Pool, tmp_path: Path, *extra: str, mode: str = "") ->
     first_log, borrowed_log = tmp_path / "a1.jsonl", tmp_path / "a2.jsonl"
     stop = tmp_path / "stop-a"
     first = pool.start("run", "--queue", "a", "--", sys.executable, PREEMPTEE, str(first_log), str(stop))
-    wait_for_event(first_log, "start")
+    wait_for_events(first_log, "start")
     borrowed = pool.start(
         "run", "--queue", "a", "--preempt-grace", "1", *extra, "--",
         sys.executable, PREEMPTEE, str(borrowed_log), str(stop), *([mode] if mode else []),
     )  # fmt: skip
-    wait_for_event(borrowed_log, "start")
+    wait_for_events(borrowed_log, "start")
     return {"first": first, "borrowed": borrowed, "first_log": first_log, "borrowed_log": borrowed_log, "stop": stop}
 
 
@@ -99,16 +83,16 @@ def test_requeue_reruns_the_command_with_the_attempt_env_once_b_is_done(pool2q: 
     a = fill_with_team_a(pool2q, tmp_path, "--requeue")
     b_log, b_stop = tmp_path / "b.jsonl", tmp_path / "stop-b"
     b = pool2q.start("run", "--queue", "b", "--", sys.executable, PREEMPTEE, str(b_log), str(b_stop))
-    wait_for_event(b_log, "start")
+    wait_for_events(b_log, "start")
     borrowed_log: Path = a["borrowed_log"]  # type: ignore[assignment]
-    wait_for_event(borrowed_log, "sigterm")
+    wait_for_events(borrowed_log, "sigterm")
     time.sleep(1.0)
     # B holds the GPU: A's rerun waits in the queue.
     assert [e["event"] for e in events(borrowed_log)] == ["start", "sigterm"]
     b_stop.touch()
     b.communicate(timeout=30)
     assert b.returncode == 0
-    rerun = wait_for_event(borrowed_log, "start", count=2, timeout=30)[1]
+    rerun = wait_for_events(borrowed_log, "start", count=2, timeout=30)[1]
     assert rerun["attempt"] == "2" and rerun["preempted"] == "1"
     first_start = events(borrowed_log)[0]
     assert first_start["attempt"] is None and first_start["preempted"] is None

@@ -68,9 +68,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_like_an_unbroken_run(digits_
         env=run_env(),
         start_new_session=True,  # its own process group, as `gpupool run` starts a command
     )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not _rows(out) and proc.poll() is None:
-        time.sleep(0.02)
+    wait_until(lambda: _rows(out) or proc.poll() is not None, 180, "the first epoch to finish", interval=0.02)
     assert _rows(out), "the first epoch never finished"
     # Its end-of-epoch checkpoint follows the row, and the epoch-end stop check follows that: a
     # SIGTERM sent before both would stop it after epoch 1, not in epoch 2.
@@ -123,10 +121,7 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
     within_quota = start(
         gpupool_cmd("run", "--queue", "a", "--", sys.executable, "-c", WAIT_FOR_FILE, str(stop), str(running))
     )
-    deadline = time.monotonic() + 60
-    while not running.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert running.exists(), "A's job within quota never started"
+    wait_until(running.exists, 60, "A's job within quota to start")
     out = tmp_path / "run"
     train_args = ["--data", str(digits_dir), "--out", str(out), "--device", "cpu", "--patience", "50"]
     train_args += ["--model", "convnet", "--image-size", "32", "--workers", "0", "--epochs", "3", "--batch-size", "4"]
@@ -135,9 +130,7 @@ def test_a_training_preempted_under_gpupool_run_requeue_resumes_and_finishes(dig
             "run", "--queue", "a", "--requeue", "--preempt-grace", "60", "--", *gpupool_cmd("train", *train_args)
         )
     )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not _rows(out) and borrowed.poll() is None:
-        time.sleep(0.05)
+    wait_until(lambda: _rows(out) or borrowed.poll() is not None, 180, "the borrowed run's first epoch")
     assert _rows(out), "the first epoch never finished"
     team_b = start(gpupool_cmd("run", "--queue", "b", "--", sys.executable, "-c", "import time; time.sleep(1)"))
     _, b_err = team_b.communicate(timeout=120)
