@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import re
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -19,6 +16,8 @@ from gpupool.logs import (
     escape_controls,
     escaping_formatter,
 )
+from tests.envs import clean_env
+from tests.waiting import wait_for_match
 
 FORGED = "a\nFAKE LINE 2026-11-25 00:00:00,000 gpupool.server WARNING admin token leaked\r\x1b[2Jb\u2028c"
 
@@ -47,18 +46,13 @@ def test_a_record_is_one_line_and_its_traceback_cannot_start_one():
 
 def test_a_newline_in_a_holder_field_forges_no_line_of_a_real_servers_log(tmp_path):
     log = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), PYTHONUNBUFFERED="1")
+    env = clean_env(HOME=str(tmp_path), PYTHONUNBUFFERED="1")
     args = [sys.executable, "-m", "gpupool", "-v", "server", "--listen", "127.0.0.1:0"]
     args += ["--state", str(tmp_path / "state"), "--devices", "emulated:2x16GiB"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while not (match := re.search(r"listening on (\S+)", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        url = match.group(1)
+        url = wait_for_match(log, r"listening on (\S+)", proc).group(1)
         holder = {"host": FORGED, "name": "x\nFAKE NAME", "label": "job\nFAKE LABEL", "pid": 1}
         body = {"claim": {"requests": [{"count": 1, "fraction": 0.5}]}, "holder": holder, "ttl_s": 60}
         r = httpx.post(url + "/v1/leases", json=body, timeout=30)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import ServerProcess
 from tests.test_suspend_e2e import Usage, proc_state
+from tests.waiting import wait_until
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
@@ -100,13 +101,12 @@ class Notebooks:
         return sum(int(d["allocated_mib"]) for d in self.status()["devices"])
 
     def wait_state(self, km: KernelManager, state: str, timeout: float = 60.0) -> Dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            lease = self.lease_of(km)
-            if lease["state"] == state:
-                return lease
-            time.sleep(0.05)
-        raise AssertionError(f"the kernel's lease is {self.lease_of(km)['state']}, not {state}")
+        return wait_until(
+            lambda: (lease := self.lease_of(km))["state"] == state and lease,
+            timeout,
+            f"the kernel's lease to be {state}",
+            detail=lambda: self.lease_of(km)["state"],
+        )
 
     def on_gpu(self, kc: BlockingKernelClient, lease: Dict[str, Any], mib: int) -> int:
         """Add the kernel's process to the usage file (as CUDA would appear in NVML); its pid."""
@@ -143,12 +143,8 @@ def notebooks(server_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def wait_gone(pids: List[int], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not [p for p in pids if proc_state(p) not in ("", "Z")]:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"processes left: {[p for p in pids if proc_state(p) not in ('', 'Z')]}")
+    left = lambda: [p for p in pids if proc_state(p) not in ("", "Z")]  # noqa: E731
+    wait_until(lambda: not left(), timeout, f"{pids} to end", detail=left)
 
 
 def test_a_kernel_holds_its_share_and_sees_its_gpu(notebooks: Notebooks) -> None:
@@ -258,7 +254,7 @@ def test_shutdown_restart_and_interrupt_leave_nothing_behind(notebooks: Notebook
     # interrupt: the kernel stops the cell and lives on, on the same lease (also after many)
     for _ in range(4):
         msg_id = kc.execute("import time; time.sleep(60)", stop_on_error=False)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the cell under way (an interrupt before it runs is the other case)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=10)
         while reply["msg_type"] == "kernel_info_reply":  # late: wait_for_ready asks again after 1 s
@@ -311,19 +307,13 @@ def test_kill_9_of_the_jupyter_process_leaves_nothing(notebooks: Notebooks, susp
         leases = notebooks.leases("k")
         assert len(leases) == 1 and started["kernel_id"] in leases[0]["holder"]["label"]
         if suspended:
-            deadline = time.monotonic() + 60
-            while notebooks.leases("k")[0]["state"] != "suspended":
-                assert time.monotonic() < deadline, notebooks.leases("k")
-                time.sleep(0.05)
+            wait_until(lambda: notebooks.leases("k")[0]["state"] == "suspended", 60, "the kernel's lease suspended")
             assert "T" in [proc_state(p) for p in started["tree"]], "the kernel is parked (stopped)"
         jupyter.send_signal(signal.SIGKILL)
         jupyter.wait(10)
         killed = time.monotonic()
         wait_gone(started["tree"])
-        deadline = time.monotonic() + 60
-        while notebooks.leases("k") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert notebooks.leases("k") == [], "the lease outlived the kill"
+        wait_until(lambda: notebooks.leases("k") == [], 60, "the lease to go with the killed kernel")
         print(f"the lease was gone {time.monotonic() - killed:.2f} s after the kill")
         # released by the runner, not left to expire: the history says how it ended, however late
         assert notebooks.ended_as(leases[0]["id"]) == "released", "the runner released the lease (not left to expire)"
@@ -343,10 +333,8 @@ def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
     caplog.set_level("WARNING", logger="gpupool.notebook.gate")
     km, kc = notebooks.start("k")
     lease = notebooks.lease_of(km)
-    deadline = time.monotonic() + 20
-    while not [r for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]:
-        assert time.monotonic() < deadline, "the gate never said why idle releases nothing"
-        time.sleep(0.1)
+    told = lambda: [r for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]  # noqa: E731
+    wait_until(told, 20, "the gate to say why idle releases nothing")
     time.sleep(2.5)  # two more idle limits: no second try, no second line
     said = [r.getMessage() for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]
     assert len(said) == 1 and "cuda" in said[0], said  # the runner's reason: no cuda-bindings here

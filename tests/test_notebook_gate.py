@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from waiting import wait_until
 
 from gpupool.notebook import wire
 from gpupool.notebook.gate import ACTIVE, PARKED, KernelGate
@@ -78,28 +79,21 @@ def gate_of(client: Client, idle_s: Optional[float] = 0.3) -> Tuple[KernelGate, 
     return gate, said, released
 
 
-def wait(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 def test_idle_suspends_a_request_resumes_and_waits_for_room() -> None:
     client = Client(room_after=1.5)
     # The idle clock runs from the start: 3 s, so that "busy" comes before it runs out however slow the machine.
     gate, said, released = gate_of(client, idle_s=3.0)
     try:
-        wait(lambda: gate.state == ACTIVE)
+        wait_until(lambda: gate.state == ACTIVE, 30)
         gate.on_status("busy")
-        time.sleep(0.5)
+        time.sleep(0.5)  # time for a wrong suspend
         assert client.calls == [], "a busy kernel is never suspended"
         gate.on_status("idle")
-        wait(lambda: gate.state == PARKED)
+        wait_until(lambda: gate.state == PARKED, 30)
         assert gate.parked() and client.calls == ["suspend"]
         assert not gate.admit("shell", {"msg_type": "execute_request"}), "the request waits for the resume"
         assert gate.admit("control", {"msg_type": "shutdown_request"}), "a shutdown never resumes"
-        wait(released.is_set)
+        wait_until(released.is_set, 30)
         assert gate.state == ACTIVE and client.calls == ["suspend", "resume"]
         assert said[0] == "gpupool: waiting for the GPU: 2 ahead in queue team-a\n"
         assert said[1].startswith("gpupool: got the GPU after ")
@@ -113,8 +107,8 @@ def test_a_refused_suspend_is_said_once_and_not_tried_again(caplog: pytest.LogCa
     caplog.set_level("WARNING", logger="gpupool.notebook.gate")
     gate, _, _ = gate_of(client, idle_s=0.2)
     try:
-        wait(lambda: bool(gate.refused))
-        time.sleep(0.6)
+        wait_until(lambda: bool(gate.refused), 30)
+        time.sleep(0.6)  # three more idle limits: no second try
         assert client.calls == ["suspend"] and gate.state == ACTIVE
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and "cuda-bindings is not installed" in lines[0]
@@ -127,8 +121,8 @@ def test_no_idle_limit_never_suspends() -> None:
     client = Client()
     gate, _, _ = gate_of(client, idle_s=None)
     try:
-        wait(lambda: gate.state == ACTIVE)
-        time.sleep(0.5)
+        wait_until(lambda: gate.state == ACTIVE, 30)
+        time.sleep(0.5)  # time for a wrong suspend: no idle limit, none
         assert client.calls == []
     finally:
         gate.stop()

@@ -117,11 +117,8 @@ def test_a_tree_joined_before_exec_is_killed_as_a_whole_and_removed(kill_file, h
     child = subprocess.Popen(["sh", "-c", script], preexec_fn=lambda: os.write(fd, b"0"))
     try:
         os.close(fd)
-        deadline = time.monotonic() + 10
-        while len(cgroup.pids()) < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        members = cgroup.pids()
-        assert child.pid in members and len(members) >= 4, members
+        members = wait_until(lambda: len(cgroup.pids()) >= 4 and cgroup.pids(), 30, "4 processes in the cgroup")
+        assert child.pid in members, members
         assert cgroup.populated()
         started = time.monotonic()
         # emptied (True) within a settle no loaded machine outlasts; how soon is printed, not bounded

@@ -93,7 +93,7 @@ def test_uptime_ticks_read_the_decimal_exactly(tmp_path, uptime):
 
 def test_start_ticks_change_with_the_process_behind_a_pid():
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    time.sleep(0.05)
+    time.sleep(0.05)  # a later start tick for the second (the thing compared)
     second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         a, b = start_ticks(first.pid), start_ticks(second.pid)

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from waiting import wait_until
 
 from gpupool.core.errors import NotFound, ServerUnreachable
 from gpupool.jobs.executors.kubernetes import KubernetesExecutor
@@ -211,8 +212,7 @@ def test_cli_submit_follow_waits_for_the_job_to_end(api, monkeypatch, tmp_path, 
     path.write_text(yaml.safe_dump(SPEC))
 
     def cluster_runs_the_job() -> None:
-        while ("Job", "default", "ddp-worker") not in cluster.objects:
-            time.sleep(0.02)
+        wait_until(lambda: ("Job", "default", "ddp-worker") in cluster.objects, 60, "the CLI to create the Job")
         pods = cluster.start_indexed("ddp-worker")
         for i, p in enumerate(pods):
             cluster.logs[p] = [f"rank {i} done"]

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torchvision")
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+from waiting import wait_until  # noqa: E402
 
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.run_place import CHECKPOINTS, newest_first  # noqa: E402
@@ -48,10 +49,7 @@ def test_a_preempted_two_replica_job_resumes_from_the_bucket(shell, s3_server, s
         "roles": {"worker": {"replicas": 2, "command": train, "gpu": {"count": 1, "fraction": 1.0}}},
     }
     shell.run("submit", shell.write_spec(job))
-    deadline = time.monotonic() + 180
-    while not _checkpoints(run):
-        assert time.monotonic() < deadline, shell.state_of("team-a")
-        time.sleep(0.1)
+    wait_until(lambda: _checkpoints(run), 180, "a checkpoint of team-a", detail=lambda: shell.state_of("team-a"))
 
     b_stop = tmp_path / "b.stop"
     b = subprocess.Popen(

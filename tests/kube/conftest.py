@@ -11,14 +11,14 @@ import re
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
 import pytest
+from waiting import tail, wait_until
 
 from gpupool.core.model import Device
 from gpupool.kube.admission import WebhookApp, serve
@@ -36,14 +36,17 @@ def start_webhook_process(tls: Dict[str, str], log: Path) -> Tuple[subprocess.Po
     args += ["--tls-cert", tls["crt"], "--tls-key", tls["key"], "--agents", "node-a=http://127.0.0.1:9"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not re.search(rb"listening on https://\S+:(\d+)", log.read_bytes()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the webhook did not start:\n{log.read_text()}")
-        time.sleep(0.05)
-    match = re.search(rb"listening on https://\S+:(\d+)", log.read_bytes())
-    assert match is not None
+
+    def listening() -> Optional[re.Match]:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the webhook exited ({proc.returncode}):\n{log.read_text()}")
+        return re.search(rb"listening on https://\S+:(\d+)", log.read_bytes())
+
+    try:
+        match = wait_until(listening, 60, "the webhook to listen", detail=lambda: tail(log))
+    except AssertionError:
+        proc.kill()
+        raise
     return proc, int(match.group(1))
 
 

@@ -7,6 +7,7 @@ import time
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from gpupool.core.model import Device
 from gpupool.kube.deviceplugin import api_pb2 as pb
@@ -101,15 +102,14 @@ def test_reregisters_when_the_kubelet_restarts(kubelet_dir, plugin):
     # The kubelet restarts: its socket goes away, and it wipes the plugin sockets.
     kubelet.stop()
     os.unlink(plugin.socket_path)
-    time.sleep(0.3)
+    time.sleep(0.3)  # the kubelet away a while, as a restart is
     kubelet = Kubelet(kubelet_dir)
     try:
         again = kubelet.requests.get(timeout=30)
         assert again.resource_name == "gpupool.io/gpu"
-        deadline = time.time() + 30
-        while (plugin.registrations < 2 or not os.path.exists(plugin.socket_path)) and time.time() < deadline:
-            time.sleep(0.05)
-        assert plugin.registrations >= 2
+        wait_until(
+            lambda: plugin.registrations >= 2 and os.path.exists(plugin.socket_path), 30, "the plugin to register again"
+        )
         channel, dp = stub(plugin)
         with channel:
             assert len(next(dp.ListAndWatch(pb.Empty(), timeout=30)).devices) == 200

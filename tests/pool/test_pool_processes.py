@@ -5,7 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import time
+
+from waiting import wait_until
 
 from gpupool.core.model import Claim, Holder
 from gpupool.devices import emulated_devices
@@ -49,9 +50,7 @@ def test_ticket_of_a_killed_waiter_leaves_the_queue(tmp_path):
     blocker = pool.claim(Claim.single(1, fraction=0.5), Holder("a"))
     proc = mp.get_context("spawn").Process(target=_wait_forever, args=(str(tmp_path),))
     proc.start()
-    deadline = time.monotonic() + 20
-    while pool.status().queued == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: pool.status().queued != 0, 30, "the other process's claim to queue")
     assert pool.status().queued == 1
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(5)

@@ -86,7 +86,7 @@ def test_requeue_reruns_the_command_with_the_attempt_env_once_b_is_done(pool2q: 
     wait_for_events(b_log, "start")
     borrowed_log: Path = a["borrowed_log"]  # type: ignore[assignment]
     wait_for_events(borrowed_log, "sigterm")
-    time.sleep(1.0)
+    time.sleep(1.0)  # time for a wrong rerun: none may come while B holds the GPU
     # B holds the GPU: A's rerun waits in the queue.
     assert [e["event"] for e in events(borrowed_log)] == ["start", "sigterm"]
     b_stop.touch()

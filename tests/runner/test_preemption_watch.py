@@ -97,7 +97,7 @@ def test_a_server_without_long_polls_is_not_polled_in_a_busy_loop(monkeypatch: p
     client = ScriptedClient(lambda n: lease())  # answers at once, never preempted
     watch = PreemptionWatch(client, "lease-1", Stops())  # type: ignore[arg-type]
     watch.start()
-    time.sleep(1.2)
+    time.sleep(1.2)  # the span whose polls are counted (WATCH_S 0.5)
     watch.stop()
     watch.join(5)
     assert 2 <= client.calls <= 4

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Iterable, List
 
@@ -50,10 +49,9 @@ def tree_of(record: Path) -> List[int]:
 
 
 def assert_all_gone_within(pids: List[int], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.02)
-    assert [p for p in pids if alive(p)] == [], f"still running {seconds:g}s later"
+    wait_until(
+        lambda: not any(alive(p) for p in pids), seconds, f"{pids} to end", detail=lambda: [p for p in pids if alive(p)]
+    )
 
 
 def test_kill_9_of_the_runner_ends_child_grandchild_and_daemon(pool, tmp_path):

@@ -216,7 +216,7 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     watchers = [threading.Thread(target=watch, args=args) for args in ((first["id"], "3"), (second["id"], "60"))]
     for t in watchers:
         t.start()
-    time.sleep(0.3)
+    time.sleep(0.3)  # the watches under way; were they not yet, the preempted lease's would answer at once all the same
     granted = {}
     # wait_s 0: a claim within its quota still waits for the borrower it preempted (grace + margin)
     bob = threading.Thread(target=lambda: granted.update(r=claim(s, b, wait_s=0)))

@@ -20,7 +20,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator, Tuple
 from urllib.parse import urlsplit
@@ -28,6 +27,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from conftest import ServerProcess, stop_process
+from envs import clean_env
+from waiting import wait_for_match
 
 from gpupool.core.model import MAX_LABEL_CHARS
 from gpupool.logs import MAX_LOG_MESSAGE_CHARS
@@ -81,17 +82,12 @@ def test_a_filter_with_a_huge_number_is_a_400_naming_it_cut_short(running_server
 def verbose_server(tmp_path) -> Iterator[Tuple[str, Path, subprocess.Popen]]:
     """A server without auth that logs every claim (-v): (url, its log, its process)."""
     log = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), PYTHONUNBUFFERED="1")
+    env = clean_env(HOME=str(tmp_path), PYTHONUNBUFFERED="1")
     args = [*CLI, "-v", "server", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "state")]
     with open(log, "wb") as out:
         proc = subprocess.Popen([*args, "--devices", "emulated:2x16GiB"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not (match := re.search(r"listening on (\S+)", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield match.group(1), log, proc
+        yield wait_for_match(log, r"listening on (\S+)", proc).group(1), log, proc
     finally:
         stop_process(proc)
 
@@ -109,18 +105,14 @@ def test_a_900_kb_label_is_refused_and_the_log_bounds_and_escapes_client_text(ve
     answer = httpx.post(f"{url}/v1/leases", json=dict(body, holder=holder), timeout=60)
     assert answer.status_code == 201, answer.text
     lease = answer.json()["id"]
-    deadline = time.monotonic() + 30
-    while f"lease {lease} granted" not in log.read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
-        time.sleep(0.05)
+    wait_for_match(log, re.escape(f"lease {lease} granted"), proc, 30)
     text = log.read_text()
     assert "\u202e" not in text and "job\\u202etxt.exe" in text
     longest = max(len(line) for line in text.splitlines())
     assert longest < 2 * MAX_LABEL_CHARS + 400, longest  # the host and the label, with their words
     assert longest <= MAX_LOG_MESSAGE_CHARS + 200
     # `gpupool run --label` refuses a long one too (exit 2, one line), before it claims anything.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "no-embedded"))
+    env = clean_env(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "no-embedded"))
     run = subprocess.run(
         [*CLI, "run", "--server", url, "--label", "L" * 100_000, "--", "true"],
         env=env,

@@ -19,6 +19,7 @@ pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
 from gpupool_cli import gpupool_cmd  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.bucket_data import BucketFiles  # noqa: E402
@@ -69,9 +70,7 @@ def test_kill_9_mid_epoch_then_resume_from_the_bucket_ends_like_an_unbroken_run(
         env=run_env(),
         start_new_session=True,
     )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not _checkpoints(run1) and proc.poll() is None:
-        time.sleep(0.05)
+    wait_until(lambda: _checkpoints(run1) or proc.poll() is not None, 180, "the first epoch's checkpoint")
     assert _checkpoints(run1) == [series_name(1, 0)], "the first epoch's checkpoint never reached the bucket"
     time.sleep(0.5)  # into epoch 2's steps
     os.killpg(proc.pid, signal.SIGKILL)

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -20,6 +19,7 @@ pytestmark = pytest.mark.torch
 
 from envs import free_port  # noqa: E402
 from gpupool_cli import gpupool_cmd  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from gpupool.cli.main import main  # noqa: E402
 
@@ -160,11 +160,7 @@ def test_kill_9_then_resume_finishes_like_an_unbroken_run(small_digits_dir: Path
         stderr=subprocess.DEVNULL,
         env=run_env(),
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if (out / "metrics.jsonl").exists() and len(_rows(out)) >= 2:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: (out / "metrics.jsonl").exists() and len(_rows(out)) >= 2, 120, "two epochs' rows")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
