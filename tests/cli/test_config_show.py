@@ -4,16 +4,16 @@ token and its CA come from (flags, then env, then the config file); it never pri
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
 
+from envs import clean_env
+
 
 def show(tmp_path: Path, *argv: str, **env_extra: str) -> List[Dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), **env_extra)
+    env = clean_env(HOME=str(tmp_path / "home"), **env_extra)
     done = subprocess.run(
         [sys.executable, "-m", "gpupool", "config", "show", "--json", *argv],
         capture_output=True,
@@ -55,8 +55,7 @@ def test_a_token_file_beats_the_env_and_works_against_a_server(running_server, t
         tmp_path, "--server", running_server.url, "--token-file", str(token_file), GPUPOOL_TOKEN="s3cret-token"
     )
     assert choice["token_from"] == "--token-file"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_TOKEN="wrong-token")
+    env = clean_env(HOME=str(tmp_path / "home"), GPUPOOL_TOKEN="wrong-token")
     args = [sys.executable, "-m", "gpupool", "status", "--json", "--server", running_server.url]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 10  # a refused token (issue 36 item 4)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+from envs import clean_env
 
 # argparse's width where $COLUMNS is unset and stdout no terminal (shutil.get_terminal_size's fallback)
 FALLBACK_COLUMNS = 80
@@ -14,8 +14,7 @@ FALLBACK_COLUMNS = 80
 
 @pytest.mark.parametrize("columns", [50, 120])
 def test_run_help_is_wrapped_to_the_width_in_columns(tmp_path, columns):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), COLUMNS=str(columns))
+    env = clean_env(HOME=str(tmp_path), COLUMNS=str(columns))
     done = subprocess.run(
         [sys.executable, "-m", "gpupool", "run", "--help"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -29,7 +28,7 @@ def test_run_help_is_wrapped_to_the_width_in_columns(tmp_path, columns):
 
 @pytest.mark.parametrize("group", ["claim", "config", "queue", "token", "kube", "bench"])
 def test_a_group_without_its_subcommand_prints_its_help_and_exits_2(tmp_path, group):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = clean_env()
     env["HOME"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-m", "gpupool", group], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""

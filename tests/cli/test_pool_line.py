@@ -5,12 +5,12 @@ subprocesses, on an embedded pool and against a real server."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, List
 
 import httpx
 import pytest
+from envs import embedded_env
 from gpupool_cli import gpupool
 
 from gpupool.client.resolve import pool_line
@@ -25,9 +25,7 @@ def first(text: str) -> str:
 @pytest.fixture
 def embedded(tmp_path: Path) -> Dict[str, str]:
     """The env of a user with an embedded pool in tmp_path/state and no config."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES=DEVICES)
-    return env
+    return embedded_env(tmp_path, DEVICES)
 
 
 def test_the_line_names_one_pool_or_several():

@@ -4,9 +4,10 @@ collection walks them either, the runner's last one at exit included."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+
+from envs import clean_env
 
 PROBE = """\
 import gc
@@ -24,8 +25,7 @@ sys.exit(code)
 
 
 def probe(tmp_path, *args: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES="emulated:2x16GiB")
+    env = clean_env(HOME=str(tmp_path), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES="emulated:2x16GiB")
     done = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if line.strip()}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
-from typing import Dict
+
+from envs import embedded_env
+from gpupool_cli import gpupool
 
 from gpupool.core.model import RUNNING, SUSPENDED, Claim, Holder
 from gpupool.devices import discover
@@ -17,13 +17,7 @@ DEVICES = "emulated:2x16GiB"
 
 
 def status(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env: Dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "state"), GPUPOOL_DEVICES=DEVICES)
-    done = subprocess.run(
-        [sys.executable, "-m", "gpupool", "status", *args], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return done
+    return gpupool("status", *args, env=embedded_env(tmp_path, DEVICES), check=True)
 
 
 def test_status_shows_a_suspended_lease_its_parked_bytes_and_a_failed_restore(tmp_path):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from envs import free_port
+from envs import clean_env, free_port
 
 from gpupool.client.config import write_client_bundle
 from gpupool.client.http import HttpPoolClient
@@ -23,8 +22,7 @@ CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 
 
 def workload_env(tmp_path: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), **extra)
+    env = clean_env(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), **extra)
     return env
 
 

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
 import pytest
+from envs import clean_env
 
 from gpupool.kube import annotations as ann
 from gpupool.kube.admission import WebhookApp, serve
@@ -466,11 +467,10 @@ def kubelet_expands(pod: Dict[str, Any], index: int, server: str) -> Tuple[List[
 
 def run_in_pod(node_pool: Any, args: List[str], env: Dict[str, str], home: Path) -> Tuple[List[str], str]:
     """`gpupool run ARGS -- print CUDA_VISIBLE_DEVICES` with a container's env: (its GPUs, its stderr)."""
-    import os
     import subprocess
     import sys
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    base = clean_env()
     full = dict(base, **env, GPUPOOL_TOKEN=node_pool.token or "", HOME=str(home), GPUPOOL_STATE=str(home / "x"))
     child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
     done = subprocess.run(

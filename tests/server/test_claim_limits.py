@@ -4,7 +4,6 @@ the OpenAPI document, and refused with the value and the limit (HTTP 422 JSON, C
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from envs import clean_env
 
 from gpupool.core.errors import InvalidClaim
 from gpupool.core.model import (
@@ -70,8 +70,7 @@ def test_the_limits_are_enforced_by_a_real_server(running_server):
 
 
 def test_the_cli_refuses_too_many_gpus_with_exit_2(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_DEVICES="emulated:2x16GiB", HOME=str(tmp_path))
+    env = clean_env(GPUPOOL_DEVICES="emulated:2x16GiB", HOME=str(tmp_path))
     n = str(MAX_GPUS_PER_REQUEST + 1)
     args = [sys.executable, "-m", "gpupool", "run", "--state", str(tmp_path / "s"), "-n", n, "-m", "1", "--", "true"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import stop_process
+from envs import clean_env
 from waiting import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -101,8 +102,9 @@ def test_dashboard_in_chromium(browser, server_factory, tmp_path, monkeypatch):
     assert not browser.find_elements(By.CSS_SELECTOR, "tr.lease")
     browser.execute_script("window.__notReloaded = true;")
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), GPUPOOL_TOKEN=server.token)
+    env = clean_env(
+        HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), GPUPOOL_TOKEN=server.token
+    )
     run = subprocess.Popen(
         [sys.executable, "-m", "gpupool", "run", "--server", server.url, "-p", "0.5", "--", "sleep", "60"],
         env=env,

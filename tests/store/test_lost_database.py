@@ -146,8 +146,7 @@ def test_racing_first_opens_of_a_fresh_dir_all_start(tmp_path):
     """Several embedded pools opening one new state dir at once: SQLite creates the file empty, but
     pool.id appears only after its schema committed, so none of them takes the new file for a lost one."""
     state = tmp_path / "race"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(tmp_path / "home"))
+    env = clean_env(GPUPOOL_DEVICES=DEVICES, HOME=str(tmp_path / "home"))
     args = [sys.executable, "-m", "gpupool", "status", "--state", str(state)]
     procs: List[subprocess.Popen] = [
         subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)
@@ -203,8 +202,7 @@ def test_restore_refuses_while_a_run_holds_a_lease_and_names_it(held, tmp_path):
     cli_env = clean_env(held.parent, GPUPOOL_DEVICES=DEVICES)
     assert gpupool("backup", "--state", str(held), str(copy), env=cli_env).returncode == 0
     marker = tmp_path / "started"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_DEVICES=DEVICES, HOME=str(held.parent / "home"))
+    env = clean_env(GPUPOOL_DEVICES=DEVICES, HOME=str(held.parent / "home"))
     hold = (
         f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"  # held until the test kills it
     )
