@@ -2,17 +2,27 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CKSUM  := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(CKSUM)
+DEMO_STAMP := $(VENV)/.installed-demo-$(CKSUM)
 PYZ    := dist/gpupool-run.pyz
 
-.PHONY: all install pyz demo demo-sharing lint docs test test-fast test-loaded gpu-check bench deploy undeploy cluster-build cluster-up cluster-down clean
+.PHONY: all install install-demo pyz demo demo-sharing lint docs test test-fast test-loaded gpu-check bench deploy undeploy cluster-build cluster-up cluster-down clean
 
 all: install pyz
 
+# Everything `make test` needs: all extras, TensorFlow, Lightning and the dev tools (minutes, GBs).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[all,dev,tf,lightning]"
+	touch $@
+
+# What `make demo` needs, no more: gpupool and its reference trainer (PyTorch, torchvision,
+# scikit-learn; README says how long it takes). The full install above holds it already.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -f $(STAMP) || { $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -e ".[train]"; }
 	touch $@
 
 # The editable install runs from src/: compile it (pip does that for a wheel) so that `gpupool run`
@@ -21,16 +31,19 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 	-$(BIN)/python -m compileall -q src/gpupool
 
+install-demo: $(DEMO_STAMP)
+	-$(BIN)/python -m compileall -q src/gpupool
+
 # The workload side (client, runner, isolation) as one stdlib-only zipapp.
-pyz: $(STAMP)
+pyz: $(DEMO_STAMP)
 	$(BIN)/python tools/build_pyz.py $(PYZ)
 
 # The main job: scikit-learn's digits, 2 data-parallel workers sharing an emulated pool.
-demo: install pyz
-	examples/digits_ddp_demo.sh
+demo: install-demo pyz
+	GPUPOOL=$(BIN)/gpupool examples/digits_ddp_demo.sh
 
 # Several concurrent `gpupool run`s sharing emulated GPUs, one of them queued.
-demo-sharing: install pyz
+demo-sharing: install-demo pyz
 	$(BIN)/python examples/demo.py
 
 # ruff (lint + format) and mypy (strict on the floors below server/jobs/kube/train); `make test` runs it first.
