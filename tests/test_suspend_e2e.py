@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import ServerProcess
 from tests.test_queues_e2e import CLI, Runner, cli, leases
-from tests.waiting import events, wait_for_events
+from tests.waiting import events, wait_for_events, wait_until
 
 TICKER = str(Path(__file__).parent / "runner" / "ticker.py")
 MIB_PER_JOB = 1024
@@ -86,11 +86,14 @@ class Pool:
     def wait_state(self, lease_id: str, state: str, timeout: float = 60.0) -> float:
         """Seconds until lease `lease_id` is in `state` (fails after `timeout`)."""
         started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if self.lease(lease_id)["state"] == state:
-                return time.monotonic() - started
-            time.sleep(0.02)
-        raise AssertionError(f"lease {lease_id} is {self.lease(lease_id)['state']}, not {state}")
+        wait_until(
+            lambda: self.lease(lease_id)["state"] == state,
+            timeout,
+            f"lease {lease_id} to be {state}",
+            interval=0.02,
+            detail=lambda: self.lease(lease_id)["state"],
+        )
+        return time.monotonic() - started
 
 
 def continuous(log: Path) -> List[int]:
@@ -117,7 +120,7 @@ def test_b_suspends_a_loan_that_resumes_by_itself_when_b_ends(server_factory, tm
     assert pid not in pool.usage.pids(), "its GPU memory left the device"
     assert suspended[0]["suspension"]["by"] == "preemption" and suspended[0]["devices"] == []
     ticks_while_parked = len(continuous(loan_log))
-    time.sleep(0.5)
+    time.sleep(0.5)  # time to tick, were it running
     assert len(continuous(loan_log)) == ticks_while_parked, "a suspended job makes no progress"
 
     b_stop.touch()
@@ -158,7 +161,7 @@ def test_the_owner_suspends_and_resumes_another_tenant_may_not(server_factory, t
     assert done.returncode == 0 and "is suspended" in done.stderr, done.stderr
     assert proc_state(pid) == "T" and pid not in pool.usage.pids()
     assert pool.lease(lease_id)["suspension"]["reason"] == "lunch"
-    time.sleep(0.5)
+    time.sleep(0.5)  # time for a wrong resume
     assert pool.lease(lease_id)["state"] == "suspended", "a lease suspended by hand waits for resume"
     done = subprocess.run(CLI + ["resume", lease_id], env=alice_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "is running" in done.stderr, done.stderr

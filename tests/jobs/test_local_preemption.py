@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from waiting import wait_for_events
+from waiting import wait_for_events, wait_until
 
 PREEMPTEE = str(Path(__file__).resolve().parents[1] / "runner" / "preemptee.py")
 
@@ -65,11 +65,9 @@ def test_a_preempted_job_is_requeued_whole_and_reruns_with_the_attempt_env(shell
         assert len(wait_for_events(log, "sigterm", 2)) == 2  # every replica of the gang, at once
         queued = shell.wait_for("team-a", lambda s: s["status"] == "Queued" and s["preemptions"] == 1)
         assert "preempted" in queued["message"]
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "b.up").exists():
-            assert time.monotonic() < deadline and b.poll() is None, "B's command did not start"
-            time.sleep(0.05)
-        time.sleep(0.5)
+        wait_until(lambda: (tmp_path / "b.up").exists() or b.poll() is not None, 30, "B's command to start")
+        assert b.poll() is None, "B's command did not start"
+        time.sleep(0.5)  # B holds its GPU a while: the check below is that A does not rerun meanwhile
         assert len(wait_for_events(log, "start", 2)) == 2  # no rerun while B holds its GPU
         b_stop.touch()
         _, err = b.communicate(timeout=30)
