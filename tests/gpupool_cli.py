@@ -25,7 +25,7 @@ def gpupool(
     *argv: str,
     env: Optional[Dict[str, str]] = None,
     cwd: Optional[Path] = None,
-    timeout: float = 60,
+    timeout: float = 120,
     module: str = "gpupool",
     check: bool = False,
 ) -> subprocess.CompletedProcess:

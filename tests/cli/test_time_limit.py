@@ -26,7 +26,7 @@ def alive(pid: int) -> bool:
 
 
 def history(env: Dict[str, str], *argv: str) -> List[dict]:
-    done = gpupool("usage", "--by", "lease", "--json", *argv, env=env, timeout=120)
+    done = gpupool("usage", "--by", "lease", "--json", *argv, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["leases"]
 
@@ -34,7 +34,7 @@ def history(env: Dict[str, str], *argv: str) -> List[dict]:
 def check_time_limit(env: Dict[str, str], tmp_path: Path, *pool: str) -> None:
     pidfile = tmp_path / "daemon.pid"
     script = f"sleep 600 & echo $! > {pidfile}; wait"
-    done = gpupool("run", *pool, "-p", "0.5", "--time", "2s", "--", "sh", "-c", script, env=env, timeout=120)
+    done = gpupool("run", *pool, "-p", "0.5", "--time", "2s", "--", "sh", "-c", script, env=env)
     assert done.returncode == TimeLimit.exit_code, done.stderr
     assert "time limit 2s reached (--time): ending the command" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -44,7 +44,7 @@ def check_time_limit(env: Dict[str, str], tmp_path: Path, *pool: str) -> None:
     assert [r["ended"] for r in ended] == ["timeout"], ended
     assert [r["ended"] for r in history(env, *pool, "--states", "timeout")] == ["timeout"]
 
-    quick = gpupool("run", *pool, "-q", "-p", "0.5", "--time", "10m", "--", "true", env=env, timeout=120)
+    quick = gpupool("run", *pool, "-q", "-p", "0.5", "--time", "10m", "--", "true", env=env)
     assert quick.returncode == 0, quick.stderr
     assert [r["ended"] for r in history(env, *pool)] == ["timeout", "released"]
 
@@ -59,6 +59,6 @@ def test_time_limit_through_a_server(running_server, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["0", "abc", "-5m", "nan", "400d"])
 def test_a_bad_time_limit_is_one_line(tmp_path: Path, value: str) -> None:
-    done = gpupool("run", f"--time={value}", "--", "true", env=embedded_env(tmp_path, "emulated:1x16G"), timeout=120)
+    done = gpupool("run", f"--time={value}", "--", "true", env=embedded_env(tmp_path, "emulated:1x16G"))
     assert done.returncode == InvalidInput.exit_code, done.stderr
     assert done.stderr.count("\n") == 1 and f"--time {value!r}" in done.stderr, done.stderr

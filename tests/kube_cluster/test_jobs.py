@@ -53,7 +53,6 @@ def describe(cluster: Any, ns: str, name: str, home: Path) -> Dict[str, Any]:
         "--json",
         env=admin_env(cluster, home),
         cwd=home,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     found: List[Dict[str, Any]] = json.loads(done.stdout)
@@ -72,7 +71,6 @@ def submit(cluster: Any, ns: str, spec: Dict[str, Any], home: Path) -> None:
         ns,
         env=admin_env(cluster, home),
         cwd=home,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr
 
