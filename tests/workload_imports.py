@@ -1,6 +1,6 @@
 """The modules the workload side never imports on the embedded pool, whatever way it is started
 (the install, `python -m gpupool`, the zipapp): checked by tests/cli/test_lazy_imports.py and
-tests/test_pyz.py against a real process.
+tests/cli/test_pyz.py against a real process.
 
 `gpupool.core.usage`: the usage records, which only a server's watchdog writes; `gpupool.core.queues`
 and `gpupool.pool.admission`: the queue rules, which a pool without queues never applies (the

@@ -21,10 +21,10 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.test_queues_e2e import CLI, Runner, cli, leases
+from tests.pool.test_queues_e2e import CLI, Runner, cli, leases
 from tests.waiting import events, wait_for_events, wait_until
 
-TICKER = str(Path(__file__).parent / "runner" / "ticker.py")
+TICKER = str(Path(__file__).parents[1] / "runner" / "ticker.py")
 MIB_PER_JOB = 1024
 
 pytestmark = pytest.mark.slow

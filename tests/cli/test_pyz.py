@@ -15,7 +15,7 @@ import pytest
 from envs import embedded_env
 from workload_imports import EMBEDDED_NEVER
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BARE = [
     p for p in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or "") if p and os.path.exists(p)
 ]

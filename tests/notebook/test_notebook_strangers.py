@@ -26,7 +26,7 @@ from jupyter_client.manager import KernelManager
 
 from gpupool.notebook.gate import WAKING
 from gpupool.notebook.proxy import REPLAYED, UNSIGNED
-from tests.test_notebook_e2e import GIB, Notebooks, run_cell
+from tests.notebook.test_notebook_e2e import GIB, Notebooks, run_cell
 from tests.waiting import wait_until
 
 pytestmark = [

@@ -13,8 +13,8 @@ from typing import Any, Dict
 import pytest
 
 from gpupool.isolation.env import EMULATED_USAGE_ENV
-from tests.test_queues_e2e import CLI, cli, leases
-from tests.test_suspend_e2e import Pool, continuous, proc_state
+from tests.pool.test_queues_e2e import CLI, cli, leases
+from tests.pool.test_suspend_e2e import Pool, continuous, proc_state
 from tests.waiting import events, wait_until
 
 pytestmark = pytest.mark.slow

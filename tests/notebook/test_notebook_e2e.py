@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.test_suspend_e2e import Usage, proc_state
+from tests.pool.test_suspend_e2e import Usage, proc_state
 from tests.waiting import wait_until
 
 jupyter_client = pytest.importorskip("jupyter_client")

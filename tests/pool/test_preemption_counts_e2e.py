@@ -18,8 +18,8 @@ from typing import Dict
 import httpx
 import pytest
 
-from tests.test_queues_e2e import cli
-from tests.test_suspend_e2e import Pool
+from tests.pool.test_queues_e2e import cli
+from tests.pool.test_suspend_e2e import Pool
 from tests.waiting import events
 
 pytestmark = pytest.mark.slow

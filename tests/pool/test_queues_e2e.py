@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ServerProcess, start_server
 from tests.waiting import events, wait_dead, wait_for_events
 
-PREEMPTEE = str(Path(__file__).parent / "runner" / "preemptee.py")
+PREEMPTEE = str(Path(__file__).parents[1] / "runner" / "preemptee.py")
 CLI = [sys.executable, "-m", "gpupool.cli.main"]
 GRACE_S = 1.0
 # B claims without --wait: a claim within its quota waits for the borrowers it preempts anyway.
