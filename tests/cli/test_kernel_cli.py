@@ -11,15 +11,10 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+from gpupool_cli import gpupool
 
 pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
-
-
-def kernel(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool", "kernel", *args], env=env, capture_output=True, text=True, timeout=60
-    )
 
 
 @pytest.fixture
@@ -31,7 +26,9 @@ def env(tmp_path: Path) -> Dict[str, str]:
 
 
 def test_install_list_remove(env: Dict[str, str], tmp_path: Path) -> None:
-    done = kernel(env, "install", "gpu-quarter", "--fraction", "0.25", "--queue", "team-a", "--idle-suspend", "5m")
+    done = gpupool(
+        "kernel", "install", "gpu-quarter", "--fraction", "0.25", "--queue", "team-a", "--idle-suspend", "5m", env=env
+    )
     assert done.returncode == 0, done.stderr
     spec = json.loads((tmp_path / "data" / "kernels" / "gpu-quarter" / "kernel.json").read_text())
     assert spec["argv"][-1] == "{connection_file}" and spec["language"] == "python"
@@ -47,14 +44,14 @@ def test_install_list_remove(env: Dict[str, str], tmp_path: Path) -> None:
             "server": "",
         },
     }
-    assert kernel(env, "install", "big", "--memory", "8GiB", "--idle-suspend", "never").returncode == 0
-    listed = kernel(env, "list").stdout.splitlines()
+    assert gpupool("kernel", "install", "big", "--memory", "8GiB", "--idle-suspend", "never", env=env).returncode == 0
+    listed = gpupool("kernel", "list", env=env).stdout.splitlines()
     assert [line.split("\t")[0] for line in listed] == ["big", "gpu-quarter"]
     assert "8192 MiB GPU" in listed[0] and "idle suspend never" in listed[0]
-    wraps_ours = kernel(env, "install", "again", "--kernel", "gpu-quarter")
+    wraps_ours = gpupool("kernel", "install", "again", "--kernel", "gpu-quarter", env=env)
     assert wraps_ours.returncode == 2 and "a gpupool kernel already" in wraps_ours.stderr
-    assert kernel(env, "remove", "big").returncode == 0
-    assert [line.split("\t")[0] for line in kernel(env, "list").stdout.splitlines()] == ["gpu-quarter"]
+    assert gpupool("kernel", "remove", "big", env=env).returncode == 0
+    assert [line.split("\t")[0] for line in gpupool("kernel", "list", env=env).stdout.splitlines()] == ["gpu-quarter"]
 
 
 @pytest.mark.parametrize(
@@ -72,7 +69,7 @@ def test_install_list_remove(env: Dict[str, str], tmp_path: Path) -> None:
     ],
 )
 def test_hostile_input_gives_one_line(env: Dict[str, str], args: list, words: str) -> None:
-    done = kernel(env, *args)
+    done = gpupool("kernel", *args, env=env)
     assert done.returncode in (2, 4), done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -94,7 +91,7 @@ def kernelspecs(env: Dict[str, str]) -> Dict[str, str]:
 def test_kernels_that_differ_get_names_that_differ(env: Dict[str, str], tmp_path: Path) -> None:
     """No NAME: the folder and the display name come from the settings, so two shares or idle limits never collide."""
     for args in (["-p", "0.25"], ["-p", "0.25", "--idle-suspend", "3s"], ["-p", "0.5", "--queue", "team-a"]):
-        done = kernel(env, "install", *args)
+        done = gpupool("kernel", "install", *args, env=env)
         assert done.returncode == 0, done.stderr
     specs = kernelspecs(env)
     assert specs["gpu-0.25-idle-10m"] == "Python 3 (ipykernel) [gpupool 0.25 GPU, idle 10m]"
@@ -104,7 +101,7 @@ def test_kernels_that_differ_get_names_that_differ(env: Dict[str, str], tmp_path
         ["gpu-0.25-idle-10m", "gpu-0.25-idle-3s", "gpu-0.5-idle-10m-team-a"]
     )
     # The same settings again replace the kernel rather than add a second of the same display name.
-    assert kernel(env, "install", "-p", "0.25").returncode == 0
+    assert gpupool("kernel", "install", "-p", "0.25", env=env).returncode == 0
     assert sorted(kernelspecs(env).values()).count("Python 3 (ipykernel) [gpupool 0.25 GPU, idle 10m]") == 1
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from envs import clean_env, free_port
+from gpupool_cli import gpupool
 
 from gpupool.client.config import write_client_bundle
 from gpupool.client.http import HttpPoolClient
@@ -18,23 +18,16 @@ from gpupool.core.model import Claim, Holder
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-
 
 def workload_env(tmp_path: Path, **extra: str) -> dict:
-    env = clean_env(HOME=str(tmp_path / "home"), GPUPOOL_STATE=str(tmp_path / "no-embedded"), **extra)
-    return env
-
-
-def gp(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), env=env, capture_output=True, text=True, timeout=60)
+    """A clean env with no embedded pool of its own: the server is the only pool."""
+    return clean_env(tmp_path, GPUPOOL_STATE=str(tmp_path / "no-embedded"), **extra)
 
 
 def test_run_over_http_with_token_env(running_server, tmp_path):
     env = workload_env(tmp_path, GPUPOOL_TOKEN=running_server.token)
     record = tmp_path / "env.txt"
-    done = gp(
-        env,
+    done = gpupool(
         "run",
         "--server",
         running_server.url,
@@ -42,27 +35,29 @@ def test_run_over_http_with_token_env(running_server, tmp_path):
         "2",
         "-m",
         "4GiB",
-        # TTL 5 s, heartbeats every 5/3 s, a command of 7 s: the lease must be renewed to last, and
-        # only a heartbeat held back over 3 s (not a loaded machine's pause) would lose it
         "--ttl",
         "5",
         "--",
         sys.executable,
         "-c",
         f"import os,time; open({str(record)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(7)",
+        env=env,
+        module="gpupool.cli.workload",
     )
     assert done.returncode == 0, done.stderr
     assert len(record.read_text().split(",")) == 2
     assert f"Choosing GPUs from server list [{running_server.url}]" in done.stderr
     assert "LOST" not in done.stderr  # heartbeats over HTTP kept the 5 s lease past its TTL
-    status = gp(env, "status", "--json", "--server", running_server.url)
+    status = gpupool("status", "--json", "--server", running_server.url, env=env, module="gpupool.cli.workload")
     assert json.loads(status.stdout)["leases"] == []
 
 
 @pytest.mark.parametrize("token, hint", [(None, "no token was sent"), ("gp_wrong_token_123456", "refused")])
 def test_missing_or_wrong_token_exits_10(running_server, tmp_path, token, hint):
     env = workload_env(tmp_path, **({"GPUPOOL_TOKEN": token} if token else {}))
-    done = gp(env, "run", "--server", running_server.url, "-p", "0.5", "--", "true")
+    done = gpupool(
+        "run", "--server", running_server.url, "-p", "0.5", "--", "true", env=env, module="gpupool.cli.workload"
+    )
     assert done.returncode == Unauthorized.exit_code == 10  # a refused token, not a usage error
     assert hint in done.stderr and "Traceback" not in done.stderr
 
@@ -72,12 +67,14 @@ def test_tls_with_the_client_bundle(server_factory, tmp_path):
     ca = (server.state / "tls" / "ca.crt").read_text()
     write_client_bundle(tmp_path / "bundle", [server.url], server.token, ca)
     env = workload_env(tmp_path, GPUPOOL_CONFIG=str(tmp_path / "bundle" / "client.yaml"))
-    done = gp(env, "run", "-p", "0.5", "--", "sh", "-c", 'test -n "$CUDA_VISIBLE_DEVICES"')
+    done = gpupool(
+        "run", "-p", "0.5", "--", "sh", "-c", 'test -n "$CUDA_VISIBLE_DEVICES"', env=env, module="gpupool.cli.workload"
+    )
     assert done.returncode == 0, done.stderr
     assert server.url in done.stderr
     # Without the CA the same server is refused, with the fix in the message.
     env_no_ca = workload_env(tmp_path, GPUPOOL_TOKEN=server.token)
-    refused = gp(env_no_ca, "status", "--server", server.url)
+    refused = gpupool("status", "--server", server.url, env=env_no_ca, module="gpupool.cli.workload")
     assert refused.returncode == 5 and "ca.crt" in refused.stderr
 
 
@@ -100,11 +97,13 @@ def test_several_servers_skip_dead_and_full_ones(server_factory, tmp_path):
         )
     )
     env = workload_env(tmp_path, GPUPOOL_CONFIG=str(config))
-    done = gp(env, "run", "-p", "0.5", "--", "true")
+    done = gpupool("run", "-p", "0.5", "--", "true", env=env, module="gpupool.cli.workload")
     assert done.returncode == 0, done.stderr
     assert "warning: skipping http://127.0.0.1" in done.stderr
     assert f"on {free.url} as lease" in done.stderr
-    pinned = gp(env, "run", "-p", "0.5", "--filter", f"server.addr={full.url}", "--", "true")
+    pinned = gpupool(
+        "run", "-p", "0.5", "--filter", f"server.addr={full.url}", "--", "true", env=env, module="gpupool.cli.workload"
+    )
     assert pinned.returncode == 3 and "--wait" in pinned.stderr
-    status = json.loads(gp(env, "status", "--json").stdout)
+    status = json.loads(gpupool("status", "--json", env=env, module="gpupool.cli.workload").stdout)
     assert len(status["devices"]) == 2 and len(status["leases"]) == 1
