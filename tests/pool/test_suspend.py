@@ -167,3 +167,17 @@ def test_a_queue_refuses_an_unknown_preempt_mode():
         QueueSpec("a", 1, preempt="pause")
     with pytest.raises(InvalidInput, match="'x'"):
         QueueSpec.from_dict({"name": "a", "quota": 1, "preempt": "x"})
+
+
+def test_releasing_a_suspended_lease_that_waits_for_room_gives_its_place_in_the_queue_up(pool):
+    first = pool.claim(whole(), Holder("alice"))
+    pool.suspend(first.id, "alice")
+    pool.report_parked(first.id, "alice")
+    both = [pool.claim(whole(), Holder("bob")) for _ in range(2)]
+    assert pool.resume(first.id, "alice").state == SUSPENDED  # no room: it holds a ticket
+    assert len(pool.tickets.queue()) == 1
+    pool.release(first.id, "alice")
+    # Its ticket goes with it: a claim that does not wait is not refused behind a lease that is gone.
+    assert pool.tickets.queue() == []
+    pool.release(both[0].id)
+    assert pool.claim(whole(), Holder("carol")).holder.name == "carol"

@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS tickets (
     reason      TEXT NOT NULL DEFAULT '',  -- why it waits, as the pool last told it
     held        INTEGER NOT NULL DEFAULT 0 -- 1: kept in the queue but skipped by grants (gpupool claim hold)
 );
+-- A suspended lease waiting for room holds a ticket named only inside its record: when the record
+-- goes (with its lease, by the cascade), the ticket goes too, instead of holding later claims back
+-- until it expires.
+CREATE TRIGGER IF NOT EXISTS suspension_gone_drops_its_ticket AFTER DELETE ON suspensions
+BEGIN
+    DELETE FROM tickets WHERE id = json_extract(OLD.record, '$.ticket');
+END;
 CREATE TABLE IF NOT EXISTS tokens (
     name       TEXT PRIMARY KEY,
     hash       TEXT NOT NULL UNIQUE,  -- sha256 hex of the token; the token itself is never stored
