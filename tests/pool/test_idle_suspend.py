@@ -13,7 +13,8 @@ from typing import Any, Dict
 import pytest
 
 from gpupool.isolation.env import EMULATED_USAGE_ENV
-from tests.pool.test_queues_e2e import CLI, cli, leases
+from tests.gpupool_cli import gpupool
+from tests.pool.test_queues_e2e import CLI, leases
 from tests.pool.test_suspend_e2e import Pool, continuous, proc_state
 from tests.waiting import events, wait_until
 
@@ -25,7 +26,7 @@ IDLE_S = 3.0
 def test_an_idle_queue_lease_is_suspended_by_the_queues_limit(server_factory, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(EMULATED_USAGE_ENV, str(tmp_path / "usage.json"))
     pool = Pool(server_factory("--usage-interval", f"{INTERVAL_S:g}"), tmp_path)
-    cli(pool.env, "queue", "set", "b", "--quota", "1", "--idle-suspend", "3s")
+    gpupool("queue", "set", "b", "--quota", "1", "--idle-suspend", "3s", env=pool.env, check=True)
     idle, log, stop = pool.job("idle", "b", utilization=0.0)  # no limit of its own: its queue's
     lease_id = str(events(log)[0]["lease"])
     pool.wait_state(lease_id, "suspended", timeout=IDLE_S + 60)

@@ -18,7 +18,7 @@ from typing import Dict
 import httpx
 import pytest
 
-from tests.pool.test_queues_e2e import cli
+from tests.gpupool_cli import gpupool
 from tests.pool.test_suspend_e2e import Pool
 from tests.waiting import events
 
@@ -27,12 +27,14 @@ pytestmark = pytest.mark.slow
 
 def _queue_row(env: Dict[str, str], name: str) -> str:
     """The line of queue `name` in `gpupool queue list`."""
-    out = cli(env, "queue", "list").stdout
+    out = gpupool("queue", "list", env=env, check=True).stdout
     return next(line for line in out.splitlines() if line.split()[:1] == [name])
 
 
 def _history(env: Dict[str, str]) -> Dict[str, Dict[str, object]]:
-    rows = json.loads(cli(env, "usage", "--by", "lease", "--since", "1h", "--json").stdout)["leases"]
+    rows = json.loads(gpupool("usage", "--by", "lease", "--since", "1h", "--json", env=env, check=True).stdout)[
+        "leases"
+    ]
     return {str(r["lease"]): r for r in rows}
 
 
@@ -60,11 +62,11 @@ def test_preemptions_are_counted_and_shown_by_mode(server_factory, tmp_path: Pat
     record = _history(pool.env)[loan_id]
     assert record["state"] == "preempted/suspended" and record["preempted"] == "suspend", record
     assert record["exit_code"] == 0  # its command's own: the suspension did not end it
-    table = cli(pool.env, "usage", "--by", "lease", "--since", "1h").stdout
+    table = gpupool("usage", "--by", "lease", "--since", "1h", env=pool.env, check=True).stdout
     assert re.search(rf"^{loan_id} .* preempted/suspended +0$", table, re.M), table
 
     # kill: the next loan is stopped, counted as killed, and its history says so
-    cli(pool.env, "queue", "set", "a", "--quota", "1", "--preempt", "kill")
+    gpupool("queue", "set", "a", "--quota", "1", "--preempt", "kill", env=pool.env, check=True)
     killed, killed_log, _ = pool.job("a3", "a")
     killed_id = str(events(killed_log)[0]["lease"])
     b2, b2_log, b2_stop = pool.job("b2", "b")

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from tests.conftest import ServerProcess, start_server
+from tests.gpupool_cli import gpupool
 from tests.waiting import events, wait_dead, wait_for_events
 
 PREEMPTEE = str(Path(__file__).parents[1] / "runner" / "preemptee.py")
@@ -88,14 +89,8 @@ def ran_seconds(log: Path) -> float:
     return total
 
 
-def cli(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(CLI + list(args), env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done
-
-
 def leases(env: Dict[str, str]) -> List[Dict[str, object]]:
-    return list(json.loads(cli(env, "status", "--json").stdout)["leases"])
+    return list(json.loads(gpupool("status", "--json", env=env, check=True).stdout)["leases"])
 
 
 class Teams:
@@ -108,7 +103,7 @@ class Teams:
         self.env["GPUPOOL_SERVER"] = server.url
         for name in ("a", "b"):
             # requeue: these tests follow the SIGTERM and the rerun (suspension has tests of its own)
-            cli(self.env, "queue", "set", name, "--quota", "1", "--preempt", "requeue")
+            gpupool("queue", "set", name, "--quota", "1", "--preempt", "requeue", env=self.env, check=True)
 
     def job(self, name: str, queue: str, *flags: str, mode: str = "") -> Tuple[Runner, Path, Path]:
         """A runner of the preemptee in `queue`; its event log and stop file."""
@@ -155,7 +150,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     assert first.wait() == 0, first.stderr
     assert leases(teams.env) == []
 
-    usage = json.loads(cli(teams.env, "usage", "--since", "1h", "--json").stdout)
+    usage = json.loads(gpupool("usage", "--since", "1h", "--json", env=teams.env, check=True).stdout)
     measured = {row["key"]: float(row["gpu_seconds"]) for row in usage["usage"]}
     # Bounds that hold however slow the machine: at least what the jobs certainly ran, at most the
     # runners' lifetimes, less the loan's wait for its rerun (from its first release, seen, until

@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.pool.test_queues_e2e import CLI, Runner, cli, leases
+from tests.gpupool_cli import gpupool
+from tests.pool.test_queues_e2e import CLI, Runner, leases
 from tests.waiting import events, wait_for_events, wait_until
 
 TICKER = str(Path(__file__).parents[1] / "runner" / "ticker.py")
@@ -66,7 +67,7 @@ class Pool:
         self.usage = Usage(tmp / "usage.json")
         self.env = dict(server.client_env(tmp), GPUPOOL_SERVER=server.url, GPUPOOL_EMULATED_USAGE=str(self.usage.path))
         for name in ("a", "b"):
-            cli(self.env, "queue", "set", name, "--quota", "1")
+            gpupool("queue", "set", name, "--quota", "1", env=self.env, check=True)
 
     def job(
         self, name: str, queue: str, token: str = "", flags: Sequence[str] = (), utilization: Optional[float] = None
