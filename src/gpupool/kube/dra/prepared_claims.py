@@ -73,7 +73,9 @@ class PreparedStore:
             return {}
         except (OSError, ValueError) as err:
             # Losing it would lose leases silently; refusing to start says what to look at.
-            raise RuntimeError(f"the DRA prepared-claims file {self.path} cannot be read ({err}): fix or move it") from None
+            raise RuntimeError(
+                f"the DRA prepared-claims file {self.path} cannot be read ({err}): fix or move it"
+            ) from None
         claims = {}
         for uid, entry in (data.get("claims") or {}).items():
             try:
