@@ -2,11 +2,13 @@
 wakes its watch through the pool's notification path (pool/notify.py). Each test sets the watch's
 re-read to LONG_FALLBACK_S and lets the write come once the watch waits: a watch back within
 WOKEN_WITHIN_S was woken by the write, not by a re-read. A write by another process, which no
-board of this one sees, still reaches the watch by the re-read."""
+board of this one sees, rings the watch's doorbell (pool/doorbell.py), and without one still
+reaches the watch by the re-read."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any, Callable, Dict
 
@@ -17,7 +19,7 @@ from gpupool.core.errors import GpupoolError, NotFound
 from gpupool.core.model import RESUMING, SUSPENDED, SUSPENDING, Claim, Holder
 from gpupool.core.queues import QueueSpec
 from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pool import Pool, doorbell
 
 LONG_FALLBACK_S = 30.0
 WOKEN_WITHIN_S = 10.0  # generous on a loaded machine, and still a third of the fallback
@@ -109,10 +111,35 @@ def test_the_server_s_watch_is_woken_on_its_event_loop(pool):
     assert isinstance(answered(got)["error"], NotFound)
 
 
-def test_another_process_s_write_reaches_the_watch_by_the_re_read(tmp_path):
+def test_another_process_s_write_rings_the_watch_s_doorbell(tmp_path):
     devices = emulated_devices("emulated:2x16GiB", "n")
     watching, other = Pool(tmp_path, devices=devices, node="n"), Pool(tmp_path, devices=devices, node="n")
+    watching.watcher.fallback_s = LONG_FALLBACK_S
     try:  # `other` stands for another process: its own store, and no board of `watching`'s
+        lease = watching.claim(Claim.single(1, fraction=0.5), Holder("alice"))
+        got = watched(watching, lease.id, lambda: watching.watch(lease.id, 60))
+        assert [n.split(".")[0] for n in os.listdir(tmp_path / doorbell.FOLDER)] == [lease.id]
+        other.release(lease.id, "alice")
+        assert isinstance(answered(got)["error"], NotFound)
+        assert os.listdir(tmp_path / doorbell.FOLDER) == []  # the watch took its doorbell down
+    finally:
+        other.close()
+        watching.close()
+
+
+def test_a_doorbell_left_by_a_killed_watch_goes_at_its_next_ring(tmp_path):
+    bell = doorbell.hang(tmp_path, "0123456789abcdef")
+    assert bell is not None
+    bell.sock.close()  # as kill -9 leaves it: the file, nobody reading it
+    doorbell.ring(tmp_path, ["0123456789abcdef"])
+    assert os.listdir(tmp_path / doorbell.FOLDER) == []
+
+
+def test_another_process_s_write_reaches_a_watch_without_a_doorbell_by_the_re_read(tmp_path):
+    devices = emulated_devices("emulated:2x16GiB", "n")
+    watching, other = Pool(tmp_path, devices=devices, node="n"), Pool(tmp_path, devices=devices, node="n")
+    watching.watcher.doorbells = None  # as where none can be hung (a state dir path too long for one)
+    try:
         lease = watching.claim(Claim.single(1, fraction=0.5), Holder("alice"))
         got = watched(watching, lease.id, lambda: watching.watch(lease.id, 60))
         other.release(lease.id, "alice")

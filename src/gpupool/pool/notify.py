@@ -13,6 +13,7 @@ one: the watch re-reads the lease from SQLite at its fallback interval for those
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # asyncio only in the server's waits: a run's embedded pool never imports it
     import asyncio
     from types import TracebackType
-    from typing import Dict, Iterable, List, Optional, Tuple, Type
+    from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Type
 
 
 class LeaseBoard:
@@ -76,6 +77,17 @@ class LeaseBoard:
         once its watch waits, and for the curious."""
         with self._cond:
             return self._blocked + sum(len(futures) for futures in self._futures.values())
+
+    @contextlib.contextmanager
+    def blocked(self) -> Iterator[None]:
+        """Count a wait on something else (a doorbell, pool/doorbell.py) in `waiting`."""
+        with self._cond:
+            self._blocked += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._blocked -= 1
 
     def _count(self, lease_id: str) -> int:
         return self._watched[lease_id][0]

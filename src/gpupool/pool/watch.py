@@ -5,21 +5,25 @@ back as soon as it is preempted, asked to park or given room to restore (`Lease.
 The watch is told, not polling: every write transaction names the leases it changed (store.tx's
 `Tx.changed`) and, once committed, the store bumps them on this watch's `LeaseBoard`
 (pool/notify.py), which wakes their watches, a thread's (`watch`) or the server's event loop's
-(`watch_async`). The re-read of the lease from SQLite stays as the fallback, for the writes no
-board of this process sees: every WATCH_FALLBACK_S in a serving pool (whose state dir no other
-process writes), every WATCH_POLL_S in an embedded one (other runs on the state dir write it).
+(`watch_async`). On an embedded pool other processes write the state dir too: there the commit
+also rings the doorbells (pool/doorbell.py) its leases' watches hang, in any process. The re-read
+of the lease from SQLite stays as the fallback: every WATCH_FALLBACK_S in a serving pool (whose
+state dir no other process writes), every WATCH_POLL_S in an embedded one.
 `Watch.step` is one look, a read: a suspended lease that wants room is given it by the writes
 (`Suspensions.place_waiting`, after every write of the ledger), whose commit wakes its watch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Set
 
 from ..core.errors import GpupoolError
 from ..core.model import Lease
+from . import doorbell
 from .ledger import check_seconds
 from .notify import LeaseBoard
 
@@ -46,13 +50,35 @@ class Watch:
         self.claims = claims
         self.closed = threading.Event()
         self.board = LeaseBoard()
-        ledger.store.on_commit = self.board.bump  # the one notification path: every committed write
+        # Other processes' watches, on an embedded pool's state dir: rung after each commit too.
+        self.doorbells: Optional[Path] = None if serving else ledger.store.state_dir
+        self._bells: Set[doorbell.Doorbell] = set()  # hung now, to wake at close
+        ledger.store.on_commit = self._committed  # the one notification path: every committed write
         self.fallback_s = WATCH_FALLBACK_S if serving else WATCH_POLL_S
+
+    def _committed(self, lease_ids: Sequence[str]) -> None:
+        self.board.bump(lease_ids)
+        if self.doorbells is not None:
+            doorbell.ring(self.doorbells, lease_ids)
+
+    @contextlib.contextmanager
+    def _doorbell(self, lease_id: str) -> Iterator[Optional[doorbell.Doorbell]]:
+        bell = doorbell.hang(self.doorbells, lease_id) if self.doorbells is not None else None
+        if bell is not None:
+            self._bells.add(bell)
+        try:
+            yield bell
+        finally:
+            if bell is not None:
+                self._bells.discard(bell)
+                bell.close()
 
     def close(self) -> None:
         """End every watch, of threads and of event loops."""
         self.closed.set()
         self.board.close()
+        for bell in list(self._bells):
+            bell.poke()
 
     def _wait_s(self, lease: Lease, remaining: float) -> float:
         """How long a watch that saw `lease` waits for its notification before it reads it again."""
@@ -64,14 +90,20 @@ class Watch:
         the pool is closed (by another thread: the runner does not wait for its watch)."""
         timeout_s = check_seconds(timeout_s, "timeout_s", 0.0, MAX_WATCH_S)
         deadline = time.monotonic() + timeout_s
-        with self.board.watch(lease_id) as subscription:
+        with self.board.watch(lease_id) as subscription, self._doorbell(lease_id) as bell:
             while True:
                 seen = subscription.seen()  # before the read: a write after it wakes the wait below
+                if bell is not None:
+                    bell.drain()  # likewise: a ring during the read stays to wake the wait
                 lease = self.step(lease_id)
                 remaining = deadline - time.monotonic()
                 if lease.needs_runner or remaining <= 0:
                     return lease
-                subscription.wait(seen, self._wait_s(lease, remaining))
+                if bell is None:
+                    subscription.wait(seen, self._wait_s(lease, remaining))
+                else:  # this process's writes ring it as well
+                    with self.board.blocked():
+                        bell.wait(self._wait_s(lease, remaining))
                 if self.closed.is_set():
                     raise GpupoolError(f"the pool was closed while lease {lease_id} was watched")
 
