@@ -37,11 +37,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import httpx
 import serverproc  # beside this script
 from results_file import load_average, write_and_show  # beside this script
+from runs import lease_of, sleep_pid  # beside this script
 
 from gpupool.client.base import PoolClient
 from gpupool.core.errors import GpupoolError
@@ -70,19 +71,6 @@ QUEUES = (
 TARGET_MEDIAN_S = 0.1
 
 
-def find_pid(mark: str) -> Optional[int]:
-    """The pid of the `sleep MARK` process, if it runs."""
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [b"sleep", mark.encode()]:
-            return int(name)
-    return None
-
-
 def stopped(pid: int) -> bool:
     """`pid` is stopped (SIGSTOP: the runner parked it)."""
     try:
@@ -91,19 +79,6 @@ def stopped(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"T", b"t")
-
-
-def lease_of(runner: subprocess.Popen[str]) -> str:
-    """The lease id from the runner's 'Locked ... as lease ID,' line."""
-    assert runner.stderr is not None
-    said = []
-    while True:
-        line = runner.stderr.readline()
-        if not line:
-            raise SystemExit("the runner ended before it held a lease:\n" + "".join(said))
-        said.append(line)
-        if " as lease " in line:
-            return line.split(" as lease ", 1)[1].split(",", 1)[0]
 
 
 class Pool:
@@ -126,10 +101,10 @@ def one_round(pool: Pool, kind: str, n: int) -> Dict[str, Any]:
     try:
         lease = lease_of(runner)
         deadline = time.monotonic() + START_WAIT_S
-        pid = find_pid(mark)
+        pid = sleep_pid(mark)
         while pid is None and time.monotonic() < deadline:
             time.sleep(0.01)
-            pid = find_pid(mark)
+            pid = sleep_pid(mark)
         if pid is None:
             raise SystemExit(f"round {n}: the command did not start within {START_WAIT_S:g} s")
         time.sleep(random.uniform(*SETTLE_S))

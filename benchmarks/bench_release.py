@@ -28,11 +28,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 import httpx
 import serverproc  # beside this script
 from results_file import load_average, write_and_show  # beside this script
+from runs import lease_of, sleep_pid  # beside this script
 
 from gpupool.core.errors import LeaseLost
 from gpupool.isolation.proctree import alive
@@ -45,32 +46,6 @@ START_WAIT_S = 60.0
 END_WAIT_S = 30.0
 # How long the command runs before its release, drawn anew each round (seconds, uniform).
 SETTLE_S = (0.5, 1.5)
-
-
-def sleep_pid(mark: str) -> Optional[int]:
-    """The pid of the `sleep MARK` process, if it runs."""
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [b"sleep", mark.encode()]:
-            return int(name)
-    return None
-
-
-def lease_of(runner: subprocess.Popen[str]) -> str:
-    """The lease id from the runner's 'Locked ... as lease ID,' line."""
-    assert runner.stderr is not None
-    said = []
-    while True:
-        line = runner.stderr.readline()
-        if not line:
-            raise SystemExit("the runner ended before it held a lease:\n" + "".join(said))
-        said.append(line)
-        if " as lease " in line:
-            return line.split(" as lease ", 1)[1].split(",", 1)[0]
 
 
 def one_round(

@@ -1,0 +1,33 @@
+"""What the release and push benchmarks read of a `gpupool run` they started (beside them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Optional
+
+
+def sleep_pid(mark: str) -> Optional[int]:
+    """The pid of the `sleep MARK` process, if it runs."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", mark.encode()]:
+            return int(name)
+    return None
+
+
+def lease_of(runner: subprocess.Popen[str]) -> str:
+    """The lease id from the runner's 'Locked ... as lease ID,' line."""
+    assert runner.stderr is not None
+    said = []
+    while True:
+        line = runner.stderr.readline()
+        if not line:
+            raise SystemExit("the runner ended before it held a lease:\n" + "".join(said))
+        said.append(line)
+        if " as lease " in line:
+            return line.split(" as lease ", 1)[1].split(",", 1)[0]
