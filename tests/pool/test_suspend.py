@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import List, Tuple
 
 import pytest
 
 from gpupool.core.errors import Forbidden, InvalidInput
-from gpupool.core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Claim, Holder
+from gpupool.core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Claim, Holder, Lease
 from gpupool.core.queues import QueueSpec
 from gpupool.devices import emulated_devices
 from gpupool.pool import Pool
@@ -103,12 +104,18 @@ def test_a_failed_restore_leaves_it_suspended_and_gives_the_room_back(pool):
     assert "OUT_OF_MEMORY" in failed.suspension.error and allocated(pool) == 0
 
 
-def test_a_suspended_lease_waiting_for_room_goes_before_later_claims(pool):
+def waiting_to_resume(pool: Pool) -> Tuple[Lease, List[Lease]]:
+    """alice's lease suspended and asked to resume while bob's two leases fill both GPUs."""
     first = pool.claim(whole(), Holder("alice"))
     pool.suspend(first.id, "alice")
     pool.report_parked(first.id, "alice")
     both = [pool.claim(whole(), Holder("bob")) for _ in range(2)]
     assert pool.resume(first.id, "alice").state == SUSPENDED  # no room: it holds a ticket
+    return first, both
+
+
+def test_a_suspended_lease_waiting_for_room_goes_before_later_claims(pool):
+    first, both = waiting_to_resume(pool)
     got: list = []
     # carol's wait outlasts the test on any machine: she is granted by the second release
     late = threading.Thread(target=lambda: got.append(pool.claim(whole(), Holder("carol"), wait_s=300)))
@@ -170,11 +177,7 @@ def test_a_queue_refuses_an_unknown_preempt_mode():
 
 
 def test_releasing_a_suspended_lease_that_waits_for_room_gives_its_place_in_the_queue_up(pool):
-    first = pool.claim(whole(), Holder("alice"))
-    pool.suspend(first.id, "alice")
-    pool.report_parked(first.id, "alice")
-    both = [pool.claim(whole(), Holder("bob")) for _ in range(2)]
-    assert pool.resume(first.id, "alice").state == SUSPENDED  # no room: it holds a ticket
+    first, both = waiting_to_resume(pool)
     assert len(pool.tickets.queue()) == 1
     pool.release(first.id, "alice")
     # Its ticket goes with it: a claim that does not wait is not refused behind a lease that is gone.
