@@ -26,6 +26,13 @@ from envs import clean_env
 _URL_RE = re.compile(r"listening on (\S+)")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """The `cluster` tests last (otherwise in their order): the control plane they share lives from
+    the first of them to the end of the session, and then runs beside no other test (its threads
+    and processes would load the rest of the run)."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
     """Send `sig`, give the process 10 s to exit, then kill it; returns its exit status."""
     if proc.poll() is None:
