@@ -12,13 +12,13 @@ import json
 import pathlib
 import shutil
 import subprocess
-import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import httpx
 import pytest
 from conftest import stop_process
 from envs import free_port
+from waiting import tail, wait_until
 
 from gpupool.kube.admission import WebhookApp
 from gpupool.kube.admission import serve as serve_webhook
@@ -85,18 +85,18 @@ def prometheus(tmp_path_factory):
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
+
+    def scraped_twice() -> bool:  # so that rate() has two samples
+        try:
+            up = query(url, 'count_over_time(up{job="gpupool"}[1m])')
+        except (httpx.HTTPError, ValueError):  # not listening yet, or its plain 503 while it starts
+            return False
+        return bool(up) and float(up[0]["value"][1]) >= 2
+
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # two scrapes at least, so that rate() has two samples
-            try:
-                up = query(url, 'count_over_time(up{job="gpupool"}[1m])')
-                if up and float(up[0]["value"][1]) >= 2:
-                    break
-            except (httpx.HTTPError, ValueError):  # not listening yet, or its plain 503 while it starts
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError((base / "prometheus.log").read_text())
+        wait_until(
+            scraped_twice, 120, "two scrapes of gpupool", interval=0.2, detail=lambda: tail(base / "prometheus.log")
+        )
         yield url
     finally:
         stop_process(proc)
@@ -131,12 +131,11 @@ def test_the_pod_lease_joins_on_namespace_and_pod(prometheus):
 
 
 def test_every_alert_rule_evaluates(prometheus):
-    deadline = time.monotonic() + 120
-    while True:
+    def evaluated() -> List[Dict[str, Any]]:
         groups = httpx.get(prometheus + "/api/v1/rules", timeout=10).json()["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
+        return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else []
+
+    rules = wait_until(evaluated, 120, "every rule evaluated once", interval=0.3)
     assert len(rules) == 7
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
