@@ -7,7 +7,8 @@ docs/guides/server.md and `benchmarks/results/pool.json` ("http" with
 the fast path, "http_plain" without; rendered in docs/benchmarks.md).
 
 What it is: a plain ASGI wrapper (nothing beyond the ASGI spec) that answers
-the three hot calls with the same `LeaseApi` the routes call, and the same
+the three hot calls, at the methods and paths of their entries in the operation
+table (`core.operations`: CLAIM, HEARTBEAT, RELEASE), with the same `LeaseApi` the routes call, and the same
 auth (`LeaseApi.identify`) and the same validation of a claim (`models.ClaimRequest`,
 in `LeaseApi.claim`); everything else, the OpenAPI document included,
 goes to the FastAPI app. It is applied in one place, `serve._app`,
@@ -34,6 +35,7 @@ from typing import (
 )
 
 from ..core.errors import Forbidden, GpupoolError, Unauthorized
+from ..core.operations import CLAIM, HEARTBEAT, RELEASE
 from .auth import Identity
 from .wire import check_size, internal_error
 
@@ -45,7 +47,12 @@ if (
 log = logging.getLogger(__name__)
 
 ENV = "GPUPOOL_FAST_PATH"
-PREFIX = "/v1/leases"
+# The hot calls, their methods and paths as the operation table declares them: (method, the
+# path's segments with None where the table names an argument, the verb).
+_HOT = tuple(
+    (op.method, tuple(None if part.startswith("{") else part for part in op.path.split("/")), op.name)
+    for op in (CLAIM, HEARTBEAT, RELEASE)
+)
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 Scope = MutableMapping[str, Any]
@@ -114,18 +121,21 @@ class FastPath:
 
 def _route(method: str, path: str) -> Optional[Tuple[str, str]]:
     """(verb, lease id) of a hot call, or None for everything the FastAPI app serves."""
-    if not path.startswith(PREFIX):
-        return None
-    rest = path[len(PREFIX) :]
-    if method == "POST" and rest in ("", "/"):
-        return ("claim", "")
-    if not rest.startswith("/") or len(rest) < 2:
-        return None
-    parts = rest[1:].split("/")
-    if method == "DELETE" and len(parts) == 1:
-        return ("release", parts[0])
-    if method == "POST" and len(parts) == 2 and parts[1] == "heartbeat" and parts[0]:
-        return ("heartbeat", parts[0])
+    parts = path.split("/")
+    trailing = len(parts) > 2 and parts[-1] == ""  # "/v1/leases/": the claim's path alone takes one
+    if trailing:
+        parts.pop()
+    for hot_method, template, verb in _HOT:
+        if method != hot_method or len(parts) != len(template) or (trailing and None in template):
+            continue
+        given = ""
+        for part, expected in zip(parts, template):
+            if expected is None and part:
+                given = part
+            elif part != expected:
+                break
+        else:
+            return (verb, given)
     return None
 
 
