@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import httpx
 import serverproc  # beside this script
 from results_file import load_average, write_and_show  # beside this script
-from runs import lease_of, sleep_pid  # beside this script
+from runs import lease_of, started_pid  # beside this script
 
 from gpupool.client.base import PoolClient
 from gpupool.core.errors import GpupoolError
@@ -93,20 +93,14 @@ def one_round(pool: Pool, kind: str, n: int) -> Dict[str, Any]:
     mark = f"3000.{os.getpid()}{n:03d}7373"
     queue = "ar" if kind == "preempt-requeue" else "as"
     argv = [sys.executable, "-m", "gpupool", "run", *pool.where, "--queue", queue, "-p", "1.0"]
-    # --wait: a released suspended lease's resume ticket may keep its place a few seconds more
+    # --wait: the lease of the round before may still be going when this run claims
     argv += ["--ttl", f"{TTL_S:g}", "--wait", f"{START_WAIT_S:g}", "--", "sleep", mark]
     runner = subprocess.Popen(argv, env=pool.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     taken: List[str] = []
     claims: List[threading.Thread] = []
     try:
         lease = lease_of(runner)
-        deadline = time.monotonic() + START_WAIT_S
-        pid = sleep_pid(mark)
-        while pid is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-            pid = sleep_pid(mark)
-        if pid is None:
-            raise SystemExit(f"round {n}: the command did not start within {START_WAIT_S:g} s")
+        pid = started_pid(mark, START_WAIT_S, n)
         time.sleep(random.uniform(*SETTLE_S))
         acted: Callable[[], bool] = lambda: not alive(pid)  # noqa: E731
         if kind in ("suspend", "preempt-suspend"):

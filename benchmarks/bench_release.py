@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List
 import httpx
 import serverproc  # beside this script
 from results_file import load_average, write_and_show  # beside this script
-from runs import lease_of, sleep_pid  # beside this script
+from runs import lease_of, started_pid  # beside this script
 
 from gpupool.core.errors import LeaseLost
 from gpupool.isolation.proctree import alive
@@ -57,13 +57,7 @@ def one_round(
     runner = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         lease = lease_of(runner)
-        deadline = time.monotonic() + START_WAIT_S
-        pid = sleep_pid(mark)
-        while pid is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-            pid = sleep_pid(mark)
-        if pid is None:
-            raise SystemExit(f"round {n}: the command did not start within {START_WAIT_S:g} s")
+        pid = started_pid(mark, START_WAIT_S, n)
         # Released while the command runs, at a moment the watch does not know: its first long poll
         # goes out START_S after the start, and the pool looks at the lease every WATCH_POLL_S.
         time.sleep(random.uniform(*SETTLE_S))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from typing import Optional
 
 
@@ -31,3 +32,15 @@ def lease_of(runner: subprocess.Popen[str]) -> str:
         said.append(line)
         if " as lease " in line:
             return line.split(" as lease ", 1)[1].split(",", 1)[0]
+
+
+def started_pid(mark: str, wait_s: float, n: int) -> int:
+    """The pid of the run's `sleep MARK` once it runs; round `n` ends the benchmark without one."""
+    deadline = time.monotonic() + wait_s
+    pid = sleep_pid(mark)
+    while pid is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        pid = sleep_pid(mark)
+    if pid is None:
+        raise SystemExit(f"round {n}: the command did not start within {wait_s:g} s")
+    return pid
