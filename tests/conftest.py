@@ -187,11 +187,13 @@ def serve():
         conn, _ = sock.accept()
         command = conn.makefile().readline().strip()
         if command == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
-            conn.sendall(b"")
             conn.close()
             os.unlink(path)
             sys.exit(0)
-        conn.sendall(b"100\n")
+        try:  # a client that connected and left (a probe of the socket alone) is no reason to die
+            conn.sendall(b"100\n")
+        except OSError:
+            pass
         conn.close()
 
 if sys.argv[1:] == ["-f"]:

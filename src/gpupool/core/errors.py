@@ -197,6 +197,17 @@ class NotAttested(GpupoolError):
     meaning = "the node did not attest the run: its command did not start"
 
 
+class NotCapped(GpupoolError):
+    """The lease's limits could not be put in force where its command would run (in `mps`
+    isolation: no MPS control daemon answered on the contract's pipe folder for the whole wait), so
+    the command was not started: CUDA without a daemon runs with no memory or SM limit at all."""
+
+    code = "not_capped"
+    http_status = 503
+    exit_code = 13
+    meaning = "the lease's limits could not be put in force (no MPS daemon answered): its command did not start"
+
+
 # General classes before their subclasses: the first class of an HTTP status is its reading.
 _CLASSES: Tuple[Type[GpupoolError], ...] = (
     GpupoolError,
@@ -217,6 +228,7 @@ _CLASSES: Tuple[Type[GpupoolError], ...] = (
     Preempted,  # after Unavailable: a bare 409 reads as a full pool
     CheckpointFailed,  # after GpupoolError: a bare 500 reads as a server error
     NotAttested,  # after ServerUnreachable: a bare 503 reads as an unreachable server
+    NotCapped,  # after ServerUnreachable: a bare 503 reads as an unreachable server
 )
 _BY_CODE: Dict[str, Type[GpupoolError]] = {cls.code: cls for cls in _CLASSES}
 _BY_STATUS: Dict[int, Type[GpupoolError]] = {}

@@ -44,6 +44,14 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# Read from the runner's environment: the seconds a start in `mps` isolation waits for the MPS control
+# daemon to answer on its contract's pipe folder (a daemon restarting) before it fails closed: without
+# a daemon, CUDA runs the command with no memory or SM limit (default MPS_WAIT_S).
+MPS_WAIT_ENV = "GPUPOOL_MPS_WAIT"
+MPS_WAIT_S = 30.0
+# Where the driver's MPS client looks when no pipe/log folder is in its env.
+MPS_DRIVER_PIPE_DIR = "/tmp/nvidia-mps"
+MPS_DRIVER_LOG_DIR = "/var/log/nvidia-mps"
 # Emulated GPUs: the JSON file of per-process usage ({"GPU-uuid": {"PID": MiB}}) that stands in for
 # NVML. devices/usage.py samples it, isolation/parking.py's emulated backend parks entries of it;
 # defined here because devices/usage.py pulls in modules an embedded run never loads.

@@ -58,7 +58,7 @@ def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) 
     from ..core.attestation import ATTEST_WAIT_ENV, ATTEST_WAIT_S, SOCKET_ENV  # the embedded pool never loads it
 
     path = os.environ.get(SOCKET_ENV) or ticket.socket
-    wait_s = _wait_s(os.environ.get(ATTEST_WAIT_ENV), ATTEST_WAIT_ENV, ATTEST_WAIT_S)
+    wait_s = wait_seconds(os.environ.get(ATTEST_WAIT_ENV), ATTEST_WAIT_ENV, ATTEST_WAIT_S)
     deadline = time.monotonic() + wait_s
     told = False
     try:
@@ -102,7 +102,7 @@ def attest_lease(client: PoolClient, lease: Lease, warn: Callable[[str], None]) 
         ) from None
 
 
-def _wait_s(raw: Optional[str], name: str, default: float) -> float:
+def wait_seconds(raw: Optional[str], name: str, default: float) -> float:
     """The seconds in `raw` (the environment variable `name`), `default` when unset; InvalidInput
     naming the value otherwise."""
     if raw is None or not raw.strip():

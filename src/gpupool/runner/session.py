@@ -223,6 +223,11 @@ def _run_once(
             f"Locked {len(gpus)} GPUs with partial memory [{sizes}] on {client.address} as lease {lease.id}, "
             f"configuration saved to {config_file}"
         )
+        if status.isolation.mode is IsolationMode.MPS:  # only then: other runs pay no import, no subprocess
+            from .mps_check import require_mps_daemon
+
+            # Right before the start: without a daemon CUDA would run the command uncapped (NotCapped).
+            require_mps_daemon(contract, lease.id, warn)
         say(f"Running client command '{_join(command)}' on GPUs [{contract['CUDA_VISIBLE_DEVICES']}]")
         # The guard (a fork: before any thread exists) starts the command as its subreaper parent,
         # in the lease's cgroup where it can, and ends the lease's processes if the runner is killed.

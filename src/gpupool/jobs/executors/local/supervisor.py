@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ....core.errors import GpupoolError, Unavailable
 from ....core.model import Holder, Lease
-from ....isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, PREEMPTED_ENV
+from ....isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, MPS_MEMORY_LIMIT_ENV, PREEMPTED_ENV
 from ....isolation.proctree import alive
 from ....logs import escaping_formatter
 from ....runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
@@ -248,6 +248,11 @@ class Supervisor:
 
             env = child_env(_base_env(), extra)
         command = expand_command(role_of(self.spec, rep).command, env)
+        gpu_env = self.gpu_envs.get(rep.name) or {}
+        if MPS_MEMORY_LIMIT_ENV in gpu_env:  # each start, restarts too: uncapped without the MPS daemon
+            from ....runner.mps_check import require_mps_daemon
+
+            require_mps_daemon(gpu_env, self.state.lease_id, log.warning)  # NotCapped fails the job
         previous = self.logs.pop(rep.name, None)
         if previous is not None:  # a restart: the stopped attempt's handle is no longer needed
             previous.close()
