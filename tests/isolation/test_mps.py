@@ -114,3 +114,34 @@ def test_ensure_detached_starts_once_and_stays_until_stopped(fake_mps, tmp_path)
     assert stop_detached(state) is True
     assert wait_until(lambda: not alive(seen["pid"]))
     assert stop_detached(state) is False
+
+
+def test_a_server_killed_with_kill_9_leaves_its_daemon_to_the_next_server(fake_mps, server_factory, tmp_path):
+    """The daemon (its own session) outlives a server's kill -9 and keeps serving its clients; the next
+    server on the state dir adopts it instead of refusing to start, and ends it when it stops."""
+    import httpx
+
+    state = tmp_path / "state"
+    first = server_factory("--isolation", "mps", state=state)
+    [seen] = daemons(fake_mps)
+    first.stop(signal.SIGKILL)
+    assert alive(seen["pid"])  # left behind, still serving
+    second = server_factory("--isolation", "mps", state=state)
+    isolation = httpx.get(f"{second.url}/v1/status", headers=second.headers()).json()["isolation"]
+    assert isolation["mode"] == "mps" and len(daemons(fake_mps)) == 1, "adopted, no second daemon"
+    assert mps.answers(*mps.mps_dirs(state))
+    os.kill(seen["pid"], signal.SIGKILL)  # the adopted one dies: the server starts its own
+    assert wait_until(lambda: len(daemons(fake_mps)) == 2 and mps.answers(*mps.mps_dirs(state)), 60, "a new daemon")
+    third = max(daemons(fake_mps), key=lambda d: d["pid"] != seen["pid"])["pid"]
+    assert second.stop() == 0
+    assert wait_until(lambda: not alive(third), 30, "the daemon's end with its server")
+
+
+def test_a_pid_file_that_names_another_process_adopts_nothing(fake_mps, tmp_path):
+    state = tmp_path / "state"
+    ensure_detached(state)  # a daemon gpupool run left, not a server's
+    pipe, _ = mps.mps_dirs(state)
+    (pipe.parent / mps.PID_FILE).write_text(f"{os.getpid()} 1 1 1\n")  # a live pid, not that start time
+    with pytest.raises(Unavailable, match="already answers"):
+        MpsDaemon(state).start()
+    assert stop_detached(state) is True

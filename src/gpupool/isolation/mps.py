@@ -8,7 +8,10 @@ pipe and log folders under the pool's state dir:
 
 - `MpsDaemon` (the server and the node agent): `nvidia-cuda-mps-control -f` as a
   supervised child, restarted with backoff if it dies, quit through the control
-  interface by `stop()`.
+  interface by `stop()`. A server killed with kill -9 leaves its daemon serving its
+  clients (the daemon has its own session); the next server on the state dir adopts
+  that one (named with its start time in STATE/mps/control.pid) instead of refusing
+  to start.
 - `ensure_detached` (`gpupool run` on the embedded pool, which has no long-lived
   process): `nvidia-cuda-mps-control -d` unless a daemon already answers on the
   pipe folder. That daemon stays as pool infrastructure after the run ends;
@@ -36,9 +39,11 @@ from ..core.errors import InvalidInput, Unavailable
 from ..core.isolation_mode import MPS_DIR, IsolationMode, NodeIsolation
 from ..logs import get_logger
 from .env import MPS_LOG_ENV, MPS_PIPE_ENV
+from .evidence import start_ticks
+from .proctree import alive, stat_fields
 
 if TYPE_CHECKING:
-    from typing import Dict, Mapping, Optional, Tuple
+    from typing import Dict, Mapping, Optional, Tuple, Union
 
 log = get_logger(__name__)
 
@@ -49,6 +54,10 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 # A daemon that ran this long before dying starts the backoff afresh.
 HEALTHY_RUN_S = 60.0
+# The running daemon's pid and start time, in STATE/mps: what the next server on the state dir adopts.
+PID_FILE = "control.pid"
+# How often an adopted daemon (not our child, so not one to wait() for) is checked for its end.
+ADOPTED_POLL_S = 0.2
 
 
 class MpsUnavailable(InvalidInput):
@@ -125,6 +134,38 @@ def answers(pipe_dir: Path, log_dir: Path, binary: str = MPS_CONTROL, timeout_s:
     return True
 
 
+class _Adopted:
+    """A daemon that an earlier process of the state dir started (not our child), with the part of
+    Popen's interface MpsDaemon uses; its end is polled, as only its own parent can wait for it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> Optional[int]:
+        return None if alive(self.pid) else -1  # its exit status went to its parent
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while alive(self.pid):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(ADOPTED_POLL_S)
+        return -1
+
+    def terminate(self) -> None:
+        _signal(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        _signal(self.pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class MpsDaemon:
     """One `nvidia-cuda-mps-control -f` for a pool state dir, restarted with backoff until `stop()`."""
 
@@ -134,7 +175,9 @@ class MpsDaemon:
         self.ready_s = ready_s
         self.quit_s = quit_s
         self.restarts = 0
-        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self.pid_file = self.pipe_dir.parent / PID_FILE
+        self.adopted = False  # start() found the daemon of an earlier server of the state dir serving
+        self._proc: Optional[Union[subprocess.Popen[bytes], _Adopted]] = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -161,31 +204,68 @@ class MpsDaemon:
             path = find_binary(self.binary)
             self.pipe_dir.mkdir(parents=True, exist_ok=True)
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            if answers(self.pipe_dir, self.log_dir, path):
+            serving = answers(self.pipe_dir, self.log_dir, path)
+            earlier = self._earlier_daemon() if serving else None
+            if serving and earlier is None:
                 raise Unavailable(
                     f"an MPS control daemon already answers on {self.pipe_dir} (one `gpupool run` "
                     f"started for the embedded pool?): stop it with `echo quit | "
                     f"{MPS_PIPE_ENV}={self.pipe_dir} {self.binary}` and start again"
                 )
             self._stopping.clear()
-            proc = self._proc = self._spawn(path)
-        try:
-            self._wait_ready(proc)
-        except BaseException:
-            self.stop()
-            raise
+            spawned: Optional[subprocess.Popen[bytes]] = None
+            if earlier is not None:
+                # The daemon of an earlier server of this state dir (killed without its stop()), still
+                # serving its clients: adopted, not replaced under them.
+                proc: Union[subprocess.Popen[bytes], _Adopted] = earlier
+                self._proc, self.adopted = earlier, True
+            else:
+                proc = self._proc = spawned = self._spawn(path)
+        if spawned is not None:
+            try:
+                self._wait_ready(spawned)
+            except BaseException:
+                self.stop()
+                raise
         thread = threading.Thread(target=self._supervise, args=(path,), name="mps-control", daemon=True)
         with self._lock:
             self._thread = thread
         thread.start()
-        log.info("MPS control daemon %d serving %s", proc.pid, self.pipe_dir)
+        how = "adopted, already serving" if self.adopted else "serving"
+        log.info("MPS control daemon %d %s %s", proc.pid, how, self.pipe_dir)
         return self.isolation
+
+    def _earlier_daemon(self) -> Optional[_Adopted]:
+        """The daemon PID_FILE names, if that very process still runs as the leader of its own group
+        and the process that supervised it has ended: one an earlier server of this state dir
+        started (or adopted) and left. A pid is matched with its start time, so that a later
+        process reusing the pid is never taken for it."""
+        try:
+            pid, started, supervisor, supervisor_started = (int(v) for v in self.pid_file.read_text().split())
+        except (OSError, ValueError):
+            return None
+        fields = stat_fields(pid)
+        if fields is None or start_ticks(pid) != started or fields[2] != str(pid) or not alive(pid):
+            return None
+        if alive(supervisor) and start_ticks(supervisor) == supervisor_started:
+            return None  # still supervised (another MpsDaemon on the folder): not ours to take
+        self._record(pid)
+        return _Adopted(pid)
+
+    def _record(self, pid: int) -> None:
+        """Write PID_FILE: the daemon and its supervisor (this process), each with its start time."""
+        started, ours = start_ticks(pid), start_ticks(os.getpid())
+        if started is None or ours is None:
+            return
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(f"{pid} {started} {os.getpid()} {ours}\n")
+        os.replace(tmp, self.pid_file)
 
     def _spawn(self, path: str) -> subprocess.Popen[bytes]:
         # Its own session: the MPS servers it starts go in its process group, which
         # stop() can end as a whole, and a terminal's Ctrl-C does not reach it.
         with open(self.log_dir / "control-foreground.log", "ab") as out:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 [path, "-f"],
                 env=control_env(self.pipe_dir, self.log_dir),
                 stdin=subprocess.DEVNULL,
@@ -194,6 +274,8 @@ class MpsDaemon:
                 start_new_session=True,
                 close_fds=True,
             )
+        self._record(proc.pid)  # what the next server adopts if this one is killed without stop()
+        return proc
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.ready_s
@@ -225,6 +307,7 @@ class MpsDaemon:
                 code = proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 continue
+            self.adopted = False  # what is started next is our own child
             if self._stopping.is_set():
                 return
             if time.monotonic() - started >= HEALTHY_RUN_S:
@@ -272,6 +355,10 @@ class MpsDaemon:
                     proc.kill()
                     proc.wait()
         _kill_group(proc.pid)
+        try:
+            self.pid_file.unlink()
+        except FileNotFoundError:
+            pass
         with self._lock:
             self._proc = None
 
