@@ -7,14 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, List, Tuple
 
 from .groups import help_when_bare
 from .pool_options import add_pool_arguments
 
 
 def register(subparsers: Any) -> None:
-    """Add `bench scaling` and `bench share`."""
+    """Add `bench scaling`, `bench share` and `bench isolation`."""
     bench = subparsers.add_parser(
         "bench",
         help="throughput reports: scaling over GPUs, sharing one GPU",
@@ -42,7 +42,122 @@ def register(subparsers: Any) -> None:
     for p in (scaling, share):
         _common(p)
         p.set_defaults(func=_bench)
+    _isolation_parser(verbs)
     help_when_bare(bench)
+
+
+def _isolation_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "isolation",
+        help="whether compute splits, a latency-sensitive neighbour and memory caps hold on a real GPU",
+        description="Runs probes as leases' commands under `gpupool run` on an embedded pool (one state "
+        "dir per isolation mode under OUT/state): two matmul leases per compute split, batch-1 inference "
+        "beside a trainer per isolation mode, and many over-allocating starts while the MPS daemon is killed. "
+        "Writes OUT/splits.json, OUT/neighbour.json, OUT/caps.json and OUT/report.md.",
+    )
+    p.add_argument("--out", required=True, help="folder for the parts' JSON, report.md and the rounds' logs")
+    p.add_argument("--parts", default="splits,neighbour,caps", help="which parts, comma separated (default all)")
+    p.add_argument(
+        "--modes", default="hooks,mps", help="isolation modes the splits and the neighbour run in (default hooks,mps)"
+    )
+    p.add_argument(
+        "--pairs", default="0.1/0.9,0.25/0.75,0.5/0.5", help="compute splits (default 0.1/0.9,0.25/0.75,0.5/0.5)"
+    )
+    p.add_argument("--split-seconds", type=float, default=60.0, help="each split's window (default 60)")
+    p.add_argument("--alone-seconds", type=float, default=15.0, help="each probe alone (default 15)")
+    p.add_argument("--neighbour-seconds", type=float, default=30.0, help="each neighbour round's window (default 30)")
+    p.add_argument("--inference-share", default="0.25", help="the inference lease's share (default 0.25)")
+    p.add_argument("--caps-share", default="0.25", help="the over-allocating jobs' share (default 0.25)")
+    p.add_argument("--starts", type=int, default=1000, help="over-allocating starts (default 1000)")
+    p.add_argument("--concurrent", type=int, default=16, help="starts at a time (default 16)")
+    p.add_argument(
+        "--kill-every", type=float, default=5.0, help="seconds between MPS daemon kills; 0: none (default 5)"
+    )
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the harness's own test)")
+    p.add_argument("--matmul-size", type=int, default=8192, help="the matmul probe's side (default 8192)")
+    p.add_argument(
+        "--model", default="resnet50", help="the inference and trainer model (torchvision; default resnet50)"
+    )
+    p.add_argument("--image-size", type=int, default=224, help="their input side (default 224)")
+    p.add_argument("--train-batch", type=int, default=64, help="the trainer's batch (default 64)")
+    p.add_argument("--interval", type=float, default=0.02, help="seconds between inference requests (default 0.02)")
+    p.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds (default 30)")
+    p.set_defaults(func=_isolation)
+
+
+def _split_pairs(text: str) -> List[Tuple[float, float]]:
+    from ..core.errors import InvalidInput
+    from ..core.quantity import parse_fraction
+
+    pairs = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        first, slash, second = item.partition("/")
+        if not slash:
+            raise InvalidInput(f"--pairs item {item!r} is not FIRST/SECOND: write e.g. 0.1/0.9")
+        a, b = parse_fraction(first, "--pairs share"), parse_fraction(second, "--pairs share")
+        if a + b > 1 + 1e-9:
+            raise InvalidInput(
+                f"--pairs item {item!r} asks for more than one GPU: the two shares must sum to 1 or less"
+            )
+        pairs.append((a, b))
+    return pairs
+
+
+def _isolation(args: argparse.Namespace) -> int:
+    from ..bench.isolation.harness import PARTS, run_parts
+    from ..bench.isolation.rounds import Settings
+    from ..core.errors import InvalidInput
+    from ..core.isolation_mode import IsolationMode
+    from ..core.quantity import parse_fraction
+
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown or not parts:
+        raise InvalidInput(f"--parts {args.parts!r} is unknown: use some of {','.join(PARTS)}")
+    modes = [IsolationMode.parse(x) for x in args.modes.split(",") if x.strip()]
+    for flag, value in (
+        ("--split-seconds", args.split_seconds),
+        ("--alone-seconds", args.alone_seconds),
+        ("--neighbour-seconds", args.neighbour_seconds),
+        ("--interval", args.interval),
+        ("--ttl", args.ttl),
+    ):
+        if not 0 < value <= 3600:
+            raise InvalidInput(f"{flag} {value:g} must be above 0 and at most 3600 seconds")
+    for flag, count, top in (("--starts", args.starts, 100_000), ("--concurrent", args.concurrent, 64)):
+        if not 1 <= count <= top:
+            raise InvalidInput(f"{flag} {count} must be between 1 and {top}")
+    if not 0 <= args.kill_every <= 3600:
+        raise InvalidInput(f"--kill-every {args.kill_every:g} must be between 0 (no kills) and 3600 seconds")
+    if args.device not in ("cuda", "cpu"):
+        raise InvalidInput(f"--device {args.device!r} is unknown: use cuda or cpu")
+    settings = Settings(
+        out=Path(args.out).resolve(),
+        device=args.device,
+        matmul_size=args.matmul_size,
+        model=args.model,
+        image_size=args.image_size,
+        train_batch=args.train_batch,
+        interval_s=args.interval,
+        ttl_s=args.ttl,
+        progress=lambda text: print(f"gpupool bench isolation: {text}", file=sys.stderr, flush=True),
+    )
+    results = run_parts(
+        settings,
+        parts,
+        modes=modes,
+        pairs=_split_pairs(args.pairs),
+        split_s=args.split_seconds,
+        alone_s=args.alone_seconds,
+        neighbour_s=args.neighbour_seconds,
+        inference_share=parse_fraction(args.inference_share, "--inference-share"),
+        caps_share=parse_fraction(args.caps_share, "--caps-share"),
+        starts=args.starts,
+        concurrent=args.concurrent,
+        kill_every_s=args.kill_every,
+    )
+    sys.stderr.write((settings.out / "report.md").read_text())
+    return 1 if any("error" in body for body in results.values()) else 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
