@@ -73,6 +73,7 @@ def _isolation_parser(verbs: Any) -> None:
     p.add_argument(
         "--kill-every", type=float, default=5.0, help="seconds between MPS daemon kills; 0: none (default 5)"
     )
+    p.add_argument("--caps-seconds", type=float, default=600.0, help="no start begins after this long (default 600)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the harness's own test)")
     p.add_argument("--matmul-size", type=int, default=8192, help="the matmul probe's side (default 8192)")
     p.add_argument(
@@ -121,6 +122,7 @@ def _isolation(args: argparse.Namespace) -> int:
         ("--neighbour-seconds", args.neighbour_seconds),
         ("--interval", args.interval),
         ("--ttl", args.ttl),
+        ("--caps-seconds", args.caps_seconds),
     ):
         if not 0 < value <= 3600:
             raise InvalidInput(f"{flag} {value:g} must be above 0 and at most 3600 seconds")
@@ -155,6 +157,7 @@ def _isolation(args: argparse.Namespace) -> int:
         starts=args.starts,
         concurrent=args.concurrent,
         kill_every_s=args.kill_every,
+        caps_limit_s=args.caps_seconds,
     )
     sys.stderr.write((settings.out / "report.md").read_text())
     return 1 if any("error" in body for body in results.values()) else 0

@@ -147,9 +147,10 @@ def summarize(starts: List[Dict[str, Any]], kills: List[float]) -> Dict[str, Any
 
 
 def run_caps(
-    settings: Settings, starts: int, concurrent: int, share: float, times: float, kill_every_s: float
+    settings: Settings, starts: int, concurrent: int, share: float, times: float, kill_every_s: float, limit_s: float
 ) -> Dict[str, Any]:
-    """`starts` over-allocating starts, `concurrent` at a time, the MPS daemon killed every `kill_every_s`."""
+    """`starts` over-allocating starts, `concurrent` at a time, the MPS daemon killed every `kill_every_s`;
+    no start begins after `limit_s` (a GPU lease is short), and the report counts those that ran."""
     (settings.out / "caps").mkdir(parents=True, exist_ok=True)
     pipe_dir, _ = mps_dirs(settings.state_dir(IsolationMode.MPS))
     disturber = Disturber(pipe_dir, kill_every_s)
@@ -158,7 +159,11 @@ def run_caps(
         disturber.start()
     try:
         with ThreadPoolExecutor(max_workers=concurrent) as pool:
-            records = list(pool.map(lambda i: _one(settings, i, share, times), range(starts)))
+            deadline = began + limit_s
+            done = pool.map(
+                lambda i: _one(settings, i, share, times) if time.monotonic() < deadline else None, range(starts)
+            )
+            records = [r for r in done if r is not None]
     finally:
         disturber.done.set()
     summary = summarize(records, disturber.kills)
@@ -170,6 +175,7 @@ def run_caps(
         summary,
         share=share,
         asked_times_share=times,
+        asked_starts=starts,
         concurrent=concurrent,
         kill_every_s=kill_every_s,
         seconds=round(time.monotonic() - began, 1),

@@ -71,6 +71,7 @@ def run_parts(
     starts: int,
     concurrent: int,
     kill_every_s: float,
+    caps_limit_s: float,
 ) -> Dict[str, Dict[str, Any]]:
     """Each part in turn; OUT/<part>.json after each, OUT/report.md at the end."""
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -78,20 +79,26 @@ def run_parts(
     results: Dict[str, Dict[str, Any]] = {}
     for part in parts:
         body: Dict[str, Any]
+        path = settings.out / f"{part}.json"
+
+        def save(partial: Dict[str, Any], part: str = part, path: Path = path) -> None:
+            # Rows so far: a run cut short (a GPU lease ending) still leaves them.
+            write_json(path, dict(info, part=part, partial=True, **partial))
+
         try:
             if part == "splits":
-                body = run_splits(settings, modes, pairs, split_s, alone_s)
+                body = run_splits(settings, modes, pairs, split_s, alone_s, save)
             elif part == "neighbour":
-                body = run_neighbour(settings, modes, inference_share, neighbour_s, alone_s)
+                body = run_neighbour(settings, modes, inference_share, neighbour_s, alone_s, save)
             else:
-                body = run_caps(settings, starts, concurrent, caps_share, CAPS_ASK_TIMES, kill_every_s)
+                body = run_caps(settings, starts, concurrent, caps_share, CAPS_ASK_TIMES, kill_every_s, caps_limit_s)
         except ProbeFailed as err:
             body = {"error": str(err)}
             settings.progress(f"{part}: {err}")
         finally:
             stop_mps(settings)  # the next part (or the machine) starts without the rounds' MPS daemon
         results[part] = dict(info, part=part, **body)
-        write_json(settings.out / f"{part}.json", results[part])
+        write_json(path, results[part])
     (settings.out / "report.md").write_text(markdown(results))
     return results
 

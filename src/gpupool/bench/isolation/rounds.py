@@ -266,17 +266,20 @@ def run_splits(
     pairs: Sequence[Tuple[float, float]],
     seconds: float,
     alone_s: float,
+    save: Callable[[Dict[str, Any]], None] = lambda body: None,
 ) -> Dict[str, Any]:
-    """Compute splits per mode, and one matmul alone at a 25 % share against the whole GPU."""
+    """Compute splits per mode, and one matmul alone at a 25 % share against the whole GPU; `save` after each row."""
     out: Dict[str, Any] = {"splits": [], "alone": []}
     for mode in modes:
         whole = figures.alone(alone_round(settings, mode, "matmul", 1.0, alone_s))
         quarter = figures.alone(alone_round(settings, mode, "matmul", 0.25, alone_s), whole["rate"])
         out["alone"].append(dict(quarter, mode=mode.value, share=0.25, whole_gpu_rate=whole["rate"]))
+        save(out)
         settings.progress(f"alone at 0.25 in {mode.value}: {quarter.get('of_whole_gpu')} of the whole GPU")
         for first, second in pairs:
             row = split_round(settings, mode, first, second, seconds)
             out["splits"].append(row)
+            save(out)
             settings.progress(
                 f"split {first:g}/{second:g} in {mode.value}: asked 1:{row['asked_ratio']:g}, "
                 f"delivered 1:{row['delivered_ratio']:g} ({row['error']:+.1%}), settled in {row['settle_s']} s"
@@ -285,7 +288,12 @@ def run_splits(
 
 
 def run_neighbour(
-    settings: Settings, modes: Sequence[IsolationMode], inference_share: float, seconds: float, alone_s: float
+    settings: Settings,
+    modes: Sequence[IsolationMode],
+    inference_share: float,
+    seconds: float,
+    alone_s: float,
+    save: Callable[[Dict[str, Any]], None] = lambda body: None,
 ) -> Dict[str, Any]:
     """The latency-sensitive neighbour, in each setup, against the same probes alone."""
     setups = neighbour_setups(inference_share, modes)
@@ -295,10 +303,11 @@ def run_neighbour(
     for mode in dict.fromkeys(s.mode for s in setups):
         alone[f"infer-{mode.value}"] = alone_round(settings, mode, "infer", inference_share, alone_s)
         alone[f"train-{mode.value}"] = alone_round(settings, mode, "train", round(1 - inference_share, 4), alone_s)
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for setup in setups:
         row = neighbour_round(settings, setup, seconds, alone)
         rows.append(row)
+        save({"inference_alone_whole_gpu": figures.latencies(whole_infer), "setups": rows})
         settings.progress(
             f"neighbour, {setup.name}: p99 {row['inference_beside']['p99_ms']} ms = {row['p99_vs_alone']}x alone, "
             f"trainer kept {row['trainer_kept']:.0%}"
