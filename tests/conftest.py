@@ -162,63 +162,9 @@ def running_server(server_factory) -> ServerProcess:
     return server_factory("--ttl", "60")
 
 
-# Behaves like the control daemon for what gpupool uses: `-f` serves control commands
-# on PIPE/control until `quit`; `-d` does the same in a detached grandchild; no flag is
-# the client (`echo CMD | nvidia-cuda-mps-control`), which fails without a daemon.
-STAND_IN = r"""#!PYTHON
-import json, os, socket, subprocess, sys, time
-pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-path = os.path.join(pipe, "control")
-
-def serve():
-    record = os.environ.get("FAKE_MPS_RECORD")
-    if record:
-        with open(os.path.join(record, "%d.json" % os.getpid()), "w") as f:
-            json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
-    if os.environ.get("FAKE_MPS_SERVER"):  # an "MPS server" in the daemon's process group
-        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        open(os.path.join(record, "server-%d.pid" % os.getpid()), "w").write(str(server.pid))
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(path)
-    sock.listen(8)
-    while True:
-        conn, _ = sock.accept()
-        command = conn.makefile().readline().strip()
-        if command == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
-            conn.close()
-            os.unlink(path)
-            sys.exit(0)
-        try:  # a client that connected and left (a probe of the socket alone) is no reason to die
-            conn.sendall(b"100\n")
-        except OSError:
-            pass
-        conn.close()
-
-if sys.argv[1:] == ["-f"]:
-    serve()
-elif sys.argv[1:] == ["-d"]:
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            serve()
-        os._exit(0)
-    os.wait()
-else:
-    for line in sys.stdin:
-        sock = socket.socket(socket.AF_UNIX)
-        try:
-            sock.connect(path)
-        except OSError:
-            sys.stderr.write("Cannot find MPS control daemon process\n")
-            sys.exit(1)
-        sock.sendall(line.encode())
-        sys.stdout.write(sock.makefile().read())
-"""
+# The stand-in control binary (benchmarks/mps_stand_in.py, which the CPU benchmarks install too),
+# with its interpreter line.
+STAND_IN = "#!PYTHON\n" + (Path(__file__).resolve().parents[1] / "benchmarks" / "mps_stand_in.py").read_text()
 
 
 @pytest.fixture
