@@ -102,26 +102,22 @@ def _start(result, exit_code=0, last_line="", began=0.0, ended=1.0):
 def test_caps_outcomes_and_summary():
     capped = _start({"over": False, "stage": "cuMemAlloc", "cuda_error": 2, "share_mib": 100, "asked_mib": 150})
     over = _start({"over": True, "stage": "cuMemAlloc", "cuda_error": 0, "share_mib": 100, "asked_mib": 150})
-    uncapped = _start(
-        {
-            "over": False,
-            "stage": "cuMemAlloc",
-            "cuda_error": 2,
-            "share_mib": 100,
-            "uncapped_context": True,
-            "context_total_mib": 81000,
-        }
+    # An MPS client is told the whole device's total: that alone says nothing, the refused allocation does.
+    whole_total = _start(
+        {"over": False, "stage": "cuMemAlloc", "cuda_error": 2, "share_mib": 100, "context_total_mib": 81000}
     )
     refused = _start(None, exit_code=13, last_line="gpupool: error: no MPS daemon answers", began=5, ended=7)
     init_failed = _start({"over": False, "stage": "cuCtxCreate_v2", "cuda_error": 999})
     assert outcome(capped)[0] == "capped"
     assert outcome(over)[0] == "over"
-    assert outcome(uncapped) == ("over", "its context saw 81000 MiB on a 100 MiB share")
+    assert outcome(whole_total) == ("capped", "the driver refused the allocation (CUresult 2)")
     assert outcome(refused) == ("stopped", "gpupool run exited 13: gpupool: error: no MPS daemon answers")
     assert outcome(init_failed)[0] == "stopped"
-    summary = summarize([capped, over, uncapped, refused, init_failed], kills=[6.0])
-    assert (summary["ran_over_cap"], summary["capped_by_the_driver"], summary["stopped_or_refused"]) == (2, 1, 2)
+    over = dict(over, began=4.0, ended=4.5)
+    summary = summarize([capped, over, whole_total, refused, init_failed], kills=[6.0])
+    assert (summary["ran_over_cap"], summary["capped_by_the_driver"], summary["stopped_or_refused"]) == (1, 2, 2)
     assert summary["starts_during_a_daemon_kill"] == 1
+    assert summary["over_cap_starts_s"] == [[4.0, 4.5]] and summary["daemon_kills_s"] == [6.0]
     assert sum(summary["reasons"].values()) == 5
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -67,7 +68,11 @@ def _isolation_parser(verbs: Any) -> None:
     p.add_argument("--alone-seconds", type=float, default=15.0, help="each probe alone (default 15)")
     p.add_argument("--neighbour-seconds", type=float, default=30.0, help="each neighbour round's window (default 30)")
     p.add_argument("--inference-share", default="0.25", help="the inference lease's share (default 0.25)")
-    p.add_argument("--caps-share", default="0.25", help="the over-allocating jobs' share (default 0.25)")
+    p.add_argument(
+        "--caps-share",
+        default=None,
+        help="the over-allocating jobs' share (default: what lets --concurrent of them fit on one GPU, at most 0.25)",
+    )
     p.add_argument("--starts", type=int, default=1000, help="over-allocating starts (default 1000)")
     p.add_argument("--concurrent", type=int, default=16, help="starts at a time (default 16)")
     p.add_argument(
@@ -153,7 +158,9 @@ def _isolation(args: argparse.Namespace) -> int:
         alone_s=args.alone_seconds,
         neighbour_s=args.neighbour_seconds,
         inference_share=parse_fraction(args.inference_share, "--inference-share"),
-        caps_share=parse_fraction(args.caps_share, "--caps-share"),
+        caps_share=parse_fraction(args.caps_share, "--caps-share")
+        if args.caps_share is not None
+        else min(0.25, math.floor(100 / args.concurrent) / 100),
         starts=args.starts,
         concurrent=args.concurrent,
         kill_every_s=args.kill_every,

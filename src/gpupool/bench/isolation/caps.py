@@ -1,6 +1,6 @@
 """Memory caps that fail closed, on a real GPU: many starts of a job that asks past its share.
 
-Each start is `gpupool run -p SHARE --isolation mps -- python -m gpupool.bench.isolation.alloc`,
+Each start is `gpupool run -p SHARE --wait S --isolation mps -- python -m gpupool.bench.isolation.alloc`,
 several at a time, on the rounds' MPS state dir, while a disturber kills the pool's MPS control
 daemon and servers with SIGKILL every few seconds (the next start brings the daemon back). A start
 ran over its cap when its allocation past the share succeeded; every other start was held: the
@@ -79,7 +79,7 @@ def _one(settings: Settings, index: int, share: float, times: float) -> Dict[str
     out = settings.out / "caps" / f"start-{index}.json"
     command = [
         settings.python, "-m", "gpupool", "run", "-n", "1", "-p", f"{share:g}", "--isolation", "mps",
-        "--ttl", f"{settings.ttl_s:g}", "-q", "--",
+        "--ttl", f"{settings.ttl_s:g}", "--wait", f"{START_TIMEOUT_S / 2:g}", "-q", "--",
         settings.python, "-m", "gpupool.bench.isolation.alloc", "--times", f"{times:g}", "--out", str(out),
     ]  # fmt: skip
     env = dict(os.environ, GPUPOOL_STATE=str(settings.state_dir(IsolationMode.MPS)))
@@ -111,11 +111,6 @@ def outcome(start: Dict[str, Any]) -> Tuple[str, str]:
     if result is not None:
         if result.get("over"):
             return "over", f"allocated {result.get('asked_mib')} MiB on a {result.get('share_mib')} MiB share"
-        if result.get("uncapped_context"):
-            return (
-                "over",
-                f"its context saw {result.get('context_total_mib')} MiB on a {result.get('share_mib')} MiB share",
-            )
         if result.get("stage") == "cuMemAlloc" and result.get("cuda_error"):
             return "capped", f"the driver refused the allocation (CUresult {result['cuda_error']})"
         if result.get("stage") != "cuMemAlloc":
@@ -135,6 +130,8 @@ def summarize(starts: List[Dict[str, Any]], kills: List[float]) -> Dict[str, Any
         reasons[f"{kind}: {reason}"] += 1
         if any(start["began"] <= k <= start["ended"] for k in kills):
             during += 1
+    origin = min((s["began"] for s in starts), default=0.0)
+    over = [s for s in starts if outcome(s)[0] == "over"]
     return {
         "starts": len(starts),
         "ran_over_cap": counts["over"],
@@ -143,6 +140,9 @@ def summarize(starts: List[Dict[str, Any]], kills: List[float]) -> Dict[str, Any
         "starts_during_a_daemon_kill": during,
         "daemon_kills": len(kills),
         "reasons": dict(reasons.most_common()),
+        # When each over-cap start ran and when the daemon was killed (s from the first start): are they near?
+        "over_cap_starts_s": [[round(s["began"] - origin, 2), round(s["ended"] - origin, 2)] for s in over],
+        "daemon_kills_s": [round(k - origin, 2) for k in kills],
     }
 
 
