@@ -62,8 +62,19 @@ def test_mps_mode_adds_the_daemon_folders_and_per_client_limits_to_the_hooks():
         "CUDA_MPS_LOG_DIRECTORY": "/state/mps/log",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",  # the whole grant: MPS clients share one context
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_CLIENT_PRIORITY": "1",  # below normal: only a latency-sensitive lease goes first
         "GPUPOOL_HOOK_DIR": "/hook",
     }
+
+
+def test_a_latency_sensitive_lease_runs_at_normal_priority_and_only_under_mps():
+    gpus = shares(lease(Slice("GPU-a", 8192)), DEVICES)
+    assert isolation_env("L1", gpus, isolation=MPS, latency_sensitive=True)["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    hooks = isolation_env("L1", gpus, isolation=NodeIsolation(IsolationMode.HOOKS), latency_sensitive=True)
+    assert not [name for name in hooks if name.startswith("CUDA_MPS_")]
+    # The user's own env cannot raise its priority: the contract is applied over it.
+    contract = isolation_env("L1", gpus, isolation=MPS)
+    assert child_env({"CUDA_MPS_CLIENT_PRIORITY": "0"}, contract)["CUDA_MPS_CLIENT_PRIORITY"] == "1"
 
 
 def test_none_mode_sets_the_devices_and_the_lease_only():

@@ -152,3 +152,15 @@ def test_other_modes_never_load_the_check(pool, tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], env=pool.env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "NOT LOADED", done.stdout
+
+
+def test_a_latency_sensitive_run_goes_first_and_others_below_normal(mps_pool, tmp_path):
+    from gpupool.isolation.env import MPS_PRIORITY_BELOW_NORMAL, MPS_PRIORITY_ENV, MPS_PRIORITY_NORMAL
+
+    done, mark = run_marking(mps_pool, tmp_path, mps_pool.env, "-q", "--latency-sensitive")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(mark.read_text())[MPS_PRIORITY_ENV] == MPS_PRIORITY_NORMAL
+    # Asking through its own env is not enough: the contract sets every other run below normal.
+    done, mark = run_marking(mps_pool, tmp_path, dict(mps_pool.env, **{MPS_PRIORITY_ENV: MPS_PRIORITY_NORMAL}), "-q")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(mark.read_text())[MPS_PRIORITY_ENV] == MPS_PRIORITY_BELOW_NORMAL

@@ -104,6 +104,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="wall-time limit from the command's start (e.g. 2h, 90m, 3600), as Slurm's --time: past it the "
         "command's whole tree is ended, the run exits 12 and the history says timeout",
     )
+    p.add_argument(
+        "--latency-sensitive",
+        action="store_true",
+        help="on a node in mps isolation, the command's kernels go before those of other leases on its GPUs "
+        "(MPS client priority: the others run below normal); elsewhere it changes nothing",
+    )
     p.add_argument("--label", default="", metavar="TEXT", help="free text shown in `gpupool status`")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings still shown)")
     add_pool_arguments(p)
@@ -175,6 +181,7 @@ def handle(args: argparse.Namespace) -> int:
         warn=progress(False),
         isolation=IsolationMode.parse(args.isolation) if args.isolation else None,
         time_s=_time(args.time),
+        latency_sensitive=args.latency_sensitive,
         suspend_backend=_suspend_backend(),
         **pool_kwargs(args),
     )

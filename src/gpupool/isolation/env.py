@@ -44,6 +44,11 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MPS_MEMORY_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# The client's scheduling priority (drivers from CUDA 12.4): a latency-sensitive lease's command runs
+# at normal priority and every other lease's below it, so the GPU serves the former's kernels first.
+MPS_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+MPS_PRIORITY_NORMAL = "0"
+MPS_PRIORITY_BELOW_NORMAL = "1"
 # Read from the runner's environment: the seconds a start in `mps` isolation waits for the MPS control
 # daemon to answer on its contract's pipe folder (a daemon restarting) before it fails closed: without
 # a daemon, CUDA runs the command with no memory or SM limit (default MPS_WAIT_S).
@@ -156,12 +161,14 @@ def isolation_env(
     *,
     isolation: NodeIsolation = NodeIsolation(),
     reserve_mib: Optional[int] = None,
+    latency_sensitive: bool = False,
 ) -> Dict[str, str]:
     """The contract variables for a child holding `gpus` on a node isolated by `isolation`.
 
     Args:
         isolation: the node's mode (`PoolStatus.isolation`); `hooks` when not known.
         reserve_mib: the CUDA context reserve; None reads $GPUPOOL_CONTEXT_RESERVE_MIB or the default.
+        latency_sensitive: in `mps` mode, the command's kernels go before other leases' (client priority).
     The contract is described in docs/architecture/isolation.md.
     """
     env = {
@@ -179,14 +186,14 @@ def isolation_env(
         # One value for all GPUs: the smallest allocator share, so JAX never overruns.
         env[XLA_FRACTION_ENV] = _fmt(min(g.allocator_fraction(reserve) for g in gpus))
     if isolation.mode is IsolationMode.MPS:
-        env.update(mps_env(gpus, isolation))
+        env.update(mps_env(gpus, isolation, latency_sensitive))
     if hook_dir:
         env[HOOK_DIR_ENV] = hook_dir
     return env
 
 
-def mps_env(gpus: Sequence[GpuShare], isolation: NodeIsolation) -> Dict[str, str]:
-    """The MPS client variables: the daemon's folders and the per-client limits the MPS server enforces."""
+def mps_env(gpus: Sequence[GpuShare], isolation: NodeIsolation, latency_sensitive: bool = False) -> Dict[str, str]:
+    """The MPS client variables: the daemon's folders, the per-client limits the MPS server enforces, the priority."""
     env = {
         # MPS numbers devices as the client sees them, i.e. after CUDA_VISIBLE_DEVICES.
         # The whole grant: MPS clients share the server's context, so no reserve is taken off.
@@ -200,6 +207,8 @@ def mps_env(gpus: Sequence[GpuShare], isolation: NodeIsolation) -> Dict[str, str
     if gpus:
         # One value for all GPUs: take the largest share, so compute never starves.
         env[MPS_THREAD_PERCENTAGE_ENV] = str(min(100, max(1, math.ceil(max(g.fraction for g in gpus) * 100 - 1e-9))))
+    # Every lease below normal unless it asked to go first: among equals the order is unchanged.
+    env[MPS_PRIORITY_ENV] = MPS_PRIORITY_NORMAL if latency_sensitive else MPS_PRIORITY_BELOW_NORMAL
     return env
 
 

@@ -75,6 +75,8 @@ class RunOptions(NamedTuple):
     suspend_backend: str = "auto"
     # --time: the command's wall-time limit in seconds from its start (each attempt's); None: none.
     time_s: Optional[float] = None
+    # --latency-sensitive: on an `mps` node the command's kernels go before other leases'.
+    latency_sensitive: bool = False
 
 
 def progress(quiet: bool) -> Callable[[str], None]:
@@ -207,7 +209,13 @@ def _run_once(
         status = client.status()
         gpus = shares(lease, status.devices)
         workdir = make_workdir(lease.id)
-        contract = isolation_env(lease.id, gpus, str(write_hook_dir(workdir / "hook")), isolation=status.isolation)
+        contract = isolation_env(
+            lease.id,
+            gpus,
+            str(write_hook_dir(workdir / "hook")),
+            isolation=status.isolation,
+            latency_sensitive=options.latency_sensitive,
+        )
         if attempt > 1:
             contract = {**contract, PREEMPTED_ENV: "1", ATTEMPT_ENV: str(attempt)}
         emulated = bool(lease.slices) and all(is_emulated(s.device_uuid) for s in lease.slices)

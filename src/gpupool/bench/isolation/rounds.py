@@ -26,15 +26,12 @@ from . import figures
 from .probe import READY_SUFFIX
 
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 READY_TIMEOUT_S = 300.0
 STOP_GRACE_S = 60.0
 # After the first probe of a split is warm, it runs alone this long: its rate alone, before the second.
 ALONE_LEAD_S = 3.0
-# MPS: the client priority env (CUDA 12.4+ drivers); 1 is "below normal".
-MPS_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
-MPS_BELOW_NORMAL = "1"
 
 
 class ProbeFailed(RuntimeError):
@@ -114,9 +111,7 @@ class Round:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(
-        self, name: str, kind: str, share: float, mode: IsolationMode, env: Optional[Mapping[str, str]] = None
-    ) -> Probe:
+    def start(self, name: str, kind: str, share: float, mode: IsolationMode, run_flags: Sequence[str] = ()) -> Probe:
         s = self.settings
         out = self.dir / f"{name}.json"
         for stale in (out, out.with_name(out.name + READY_SUFFIX)):
@@ -128,10 +123,9 @@ class Round:
         ]  # fmt: skip
         command = [
             s.python, "-m", "gpupool", "run", "-n", "1", "-p", f"{share:g}", "--isolation", mode.value,
-            "--ttl", f"{s.ttl_s:g}", "-q", "--", *probe_args,
+            "--ttl", f"{s.ttl_s:g}", "-q", *run_flags, "--", *probe_args,
         ]  # fmt: skip
         run_env = dict(os.environ, GPUPOOL_STATE=str(s.state_dir(mode)))
-        run_env.update(env or {})
         log = self.dir / f"{name}.log"
         with open(log, "w") as sink:
             proc = subprocess.Popen(
@@ -213,7 +207,8 @@ class NeighbourSetup:
     mode: IsolationMode
     inference_share: float
     trainer_share: float
-    trainer_env: Tuple[Tuple[str, str], ...] = ()
+    # `gpupool run` flags of the inference lease (--latency-sensitive).
+    inference_flags: Tuple[str, ...] = ()
 
 
 def neighbour_setups(inference_share: float, modes: Sequence[IsolationMode]) -> List[NeighbourSetup]:
@@ -223,11 +218,7 @@ def neighbour_setups(inference_share: float, modes: Sequence[IsolationMode]) -> 
         NeighbourSetup("time-sliced (hooks)", IsolationMode.HOOKS, inference_share, trainer),
         NeighbourSetup("mps thread %", IsolationMode.MPS, inference_share, trainer),
         NeighbourSetup(
-            "mps thread % + trainer below-normal priority",
-            IsolationMode.MPS,
-            inference_share,
-            trainer,
-            ((MPS_PRIORITY_ENV, MPS_BELOW_NORMAL),),
+            "mps thread % + --latency-sensitive", IsolationMode.MPS, inference_share, trainer, ("--latency-sensitive",)
         ),
     ]
     return [s for s in every if s.mode in modes]
@@ -237,11 +228,11 @@ def neighbour_round(
     settings: Settings, setup: NeighbourSetup, seconds: float, alone: Mapping[str, Any]
 ) -> Dict[str, Any]:
     """The trainer first, then the inference probe beside it; against each alone (same mode and share)."""
-    slug = setup.name.split(" ")[0] + ("-priority" if setup.trainer_env else "")
+    slug = setup.name.split(" ")[0] + ("-latency-sensitive" if setup.inference_flags else "")
     with Round(settings, f"neighbour-{slug}") as rnd:
-        trainer = rnd.start("trainer", "train", setup.trainer_share, setup.mode, dict(setup.trainer_env))
+        trainer = rnd.start("trainer", "train", setup.trainer_share, setup.mode)
         trainer.wait_ready()
-        inference = rnd.start("inference", "infer", setup.inference_share, setup.mode)
+        inference = rnd.start("inference", "infer", setup.inference_share, setup.mode, setup.inference_flags)
         inference.wait_ready()
         rnd.measure(seconds)
     row = figures.neighbour(
