@@ -7,7 +7,9 @@ daemon. It cannot start an MPS server: it stands in for the daemon's control int
 Installed as an executable named nvidia-cuda-mps-control whose first line is `#!` and a Python.
 
 FAKE_MPS_RECORD=DIR: each daemon writes DIR/PID.json (its argv and env); FAKE_MPS_SERVER=1: it
-starts a long-lived child as its "MPS server"; FAKE_MPS_IGNORE_QUIT=1: it ignores `quit`.
+starts a long-lived child as its "MPS server"; FAKE_MPS_IGNORE_QUIT=1: it ignores `quit`;
+FAKE_MPS_HOLD=FILE: while FILE exists a daemon that starts does not listen yet (one that is slow to
+come up), so nothing answers on the pipe folder.
 """
 
 import json
@@ -15,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 PIPE = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 CONTROL = os.path.join(PIPE, "control")
@@ -29,6 +32,9 @@ def serve() -> None:
         server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(os.path.join(record, "server-%d.pid" % os.getpid()), "w") as f:
             f.write(str(server.pid))
+    hold = os.environ.get("FAKE_MPS_HOLD")
+    while hold and os.path.exists(hold):
+        time.sleep(0.05)
     if os.path.exists(CONTROL):
         os.unlink(CONTROL)
     sock = socket.socket(socket.AF_UNIX)
