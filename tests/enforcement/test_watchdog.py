@@ -104,7 +104,7 @@ def test_over_share_is_acted_on_after_the_grace_period_only(pool, tmp_path, chil
         lease_id,
         child.pid,
     )
-    assert report.actions_total == {"over_share": 1, "unleased": 0}
+    assert report.actions_total == {"over_share": 1, "unleased": 0, "outside_mps": 0}
     clock.now += 1
     dog.step()
     assert len(kills.calls) == 1, "one action per violation, not one per sample"
@@ -266,7 +266,7 @@ def test_usage_record_survives_the_wire_and_merges():
     report = UsageReport.from_dict(json.loads(json.dumps(_sample_report().to_dict())))
     assert report == _sample_report()
     merged = UsageReport.merge([report, report])
-    assert merged.actions_total == {"over_share": 2, "unleased": 0} and len(merged.processes) == 2
+    assert merged.actions_total == {"over_share": 2, "unleased": 0, "outside_mps": 0} and len(merged.processes) == 2
 
 
 def _sample_report() -> UsageReport:
@@ -277,7 +277,7 @@ def _sample_report() -> UsageReport:
         (DeviceUsage("GPU-a", 10, 0.5),),
         (ProcessUsage(1, "GPU-a", 10, None, "L1"),),
         (EnforcementAction(4.0, Violation.OVER_SHARE, EnforceMode.KILL, 1, "GPU-a", 10, "L1", "alice"),),
-        {"over_share": 1, "unleased": 0},
+        {"over_share": 1, "unleased": 0, "outside_mps": 0},
     )
 
 

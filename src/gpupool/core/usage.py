@@ -38,6 +38,9 @@ class Violation(enum.Enum):
 
     OVER_SHARE = "over_share"  # a lease used more memory than its slice for longer than the grace period
     UNLEASED = "unleased"  # a process on a pooled GPU that belongs to no live lease
+    # On an `mps` node, a lease's process holding GPU memory outside MPS (its client started when no
+    # daemon answered): no memory or SM limit holds it, so it is stopped at once, with no grace.
+    OUTSIDE_MPS = "outside_mps"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class ProcessUsage:
     memory_mib: int
     utilization: Optional[float] = None  # SM busy share in [0, 1]; None where the driver does not say
     lease_id: str = ""
+    # Whether the driver lists it as an MPS client (True) or as an ordinary compute process (False);
+    # None where it does not say (an older driver, a usage-file row without the flag).
+    mps_client: Optional[bool] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -57,6 +63,7 @@ class ProcessUsage:
             "memory_mib": self.memory_mib,
             "utilization": self.utilization,
             "lease_id": self.lease_id,
+            "mps_client": self.mps_client,
         }
 
     @classmethod
@@ -68,6 +75,7 @@ class ProcessUsage:
             memory_mib=int(data["memory_mib"]),
             utilization=None if util is None else float(util),
             lease_id=str(data.get("lease_id", "") or ""),
+            mps_client=None if data.get("mps_client") is None else bool(data["mps_client"]),
         )
 
 

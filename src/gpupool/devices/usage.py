@@ -1,8 +1,8 @@
 """What each process really uses on each pooled GPU: NVML for real devices, a JSON file for emulated ones.
 
 The emulated seam (env GPUPOOL_EMULATED_USAGE) names a file (isolation/emulated_usage.py has its
-shape: MiB per process, and optionally its utilisation); it is read at every sample exactly where
-NVML's running-process list would be, so accounting and enforcement run in tests with real
+shape: MiB per process, and optionally its utilisation and whether it is an MPS client); it is read
+at every sample exactly where NVML's running-process lists would be, so accounting and enforcement run in tests with real
 processes on machines without GPUs.
 """
 
@@ -38,6 +38,7 @@ class UsageSampler:
         self._nvml: Any = None
         self._last_seen: Dict[str, int] = {}  # per uuid: NVML timestamp of the newest utilisation sample
         self._warned_file = ""
+        self._warned_mps = False
         if any(not is_emulated(d.uuid) for d in self.devices):
             try:
                 self._nvml = load_nvml()
@@ -52,7 +53,7 @@ class UsageSampler:
         for device in self.devices:
             if is_emulated(device.uuid):
                 rows = [
-                    ProcessUsage(pid, device.uuid, row.memory_mib, row.utilization)
+                    ProcessUsage(pid, device.uuid, row.memory_mib, row.utilization, mps_client=row.mps_client)
                     for pid, row in emulated.get(device.uuid, {}).items()
                 ]
                 devices.append(DeviceUsage(device.uuid, sum(r.memory_mib for r in rows), None))
@@ -105,13 +106,33 @@ class UsageSampler:
             busy = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
         except Exception:
             pass
+        # Read after the ordinary list: a process listed there as a client is in this one too (a
+        # client connecting in between appears here only), so none is taken for one outside MPS.
+        clients = self._mps_clients(handle, uuid)
         sm = self._process_utilization(handle, uuid)
-        rows = []
-        for proc in running:
-            # usedGpuMemory is None where the driver cannot tell (e.g. without privileges)
-            mib = int(proc.usedGpuMemory or 0) // MIB
-            rows.append(ProcessUsage(int(proc.pid), uuid, mib, sm.get(int(proc.pid))))
+        mib_of: Dict[int, int] = {}
+        for proc in [*running, *(clients or [])]:
+            # usedGpuMemory is None where the driver cannot tell (e.g. without privileges); a client
+            # may be in both lists, with the same memory: counted once.
+            mib_of[int(proc.pid)] = max(mib_of.get(int(proc.pid), 0), int(proc.usedGpuMemory or 0) // MIB)
+        mps = None if clients is None else {int(proc.pid) for proc in clients}
+        rows = [
+            ProcessUsage(pid, uuid, mib, sm.get(pid), mps_client=None if mps is None else pid in mps)
+            for pid, mib in mib_of.items()
+        ]
         return DeviceUsage(uuid, used, busy), rows
+
+    def _mps_clients(self, handle: Any, uuid: str) -> Optional[List[Any]]:
+        """The GPU's MPS clients (nvmlDeviceGetMPSComputeRunningProcesses), or None where NVML cannot
+        say (a driver or binding without the call): then no process is judged inside or outside MPS.
+        The MPS server itself is no client: the ordinary list has it, and it is no lease's process."""
+        try:
+            return list(self._nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+        except Exception as err:
+            if not self._warned_mps:
+                log.warning("NVML cannot list the MPS clients of %s (%s): processes outside MPS go unseen", uuid, err)
+                self._warned_mps = True
+            return None
 
     def _process_utilization(self, handle: Any, uuid: str) -> Dict[int, float]:
         """SM share per pid since the last sample (NVML answers NOT_FOUND when there is none)."""

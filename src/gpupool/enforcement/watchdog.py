@@ -2,7 +2,9 @@
 
 Two rules, each with its own mode (kill, warn, off), and idle reclaim (idle.py):
 - over share: a lease whose processes use more memory on a GPU than its slice
-  there, for longer than the grace period;
+  there, for longer than the grace period; on an `mps` node also, at once, a lease's
+  process that the driver lists outside MPS (outside_mps: its client found no daemon when
+  its CUDA context was made, so no memory or SM limit holds it);
 - unleased: a process on a pooled GPU that belongs to no live lease, for longer
   than the grace period (so a command still ending just after its release is spared).
 
@@ -21,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..core.isolation_mode import IsolationMode
 from ..core.model import Lease
 from ..core.usage import (
     EnforcementAction,
@@ -123,13 +126,16 @@ class Watchdog:
         """Sample, attribute, act, and record the usage report in the pool."""
         devices, processes = self.sampler.sample()
         now = self.clock()
-        leases = self.pool.status().leases
+        status = self.pool.status()
+        leases = status.leases
         rows = self.attributor.attribute(processes, leases)
         current: Set[Tuple[Violation, str, str]] = set()
-        for key, pids, mib, lease in self._violations(rows, leases):
+        for key, pids, mib, lease in self._violations(rows, leases, status.isolation.mode is IsolationMode.MPS):
             current.add(key)
             since = self._since.setdefault(key, now)
-            if now - since >= self.config.grace_s and key not in self._acted:
+            # A process outside MPS has no cap at all: waiting would let it take the whole GPU.
+            grace = 0.0 if key[0] is Violation.OUTSIDE_MPS else self.config.grace_s
+            if now - since >= grace and key not in self._acted:
                 self._act(key, pids, mib, lease, now)
                 self._acted.add(key)
         # A violation that ended starts its grace period afresh if it comes back.
@@ -143,9 +149,18 @@ class Watchdog:
         return report
 
     def _violations(
-        self, rows: Sequence[ProcessUsage], leases: Sequence[Lease]
+        self, rows: Sequence[ProcessUsage], leases: Sequence[Lease], mps: bool = False
     ) -> Iterable[Tuple[Tuple[Violation, str, str], List[int], int, Optional[Lease]]]:
-        """(key, pids, MiB, lease) of each rule broken in this sample, for rules not switched off."""
+        """(key, pids, MiB, lease) of each rule broken in this sample, for rules not switched off;
+        `mps`: the node's isolation is MPS, so a lease's process outside it is uncapped."""
+        if self.config.over_share is not EnforceMode.OFF and mps:
+            by_id = {lease.id: lease for lease in leases}
+            for r in rows:
+                # Only a lease's process: the MPS server (also outside MPS) is the daemon's child,
+                # below no attested runner, so never attributed to a lease. None: the driver did not say.
+                if r.lease_id in by_id and r.mps_client is False:
+                    key = (Violation.OUTSIDE_MPS, str(r.pid), r.device_uuid)
+                    yield key, [r.pid], r.memory_mib, by_id[r.lease_id]
         if self.config.over_share is not EnforceMode.OFF:
             for lease in leases:
                 for uuid, allowed in _slice_mib(lease).items():
@@ -162,7 +177,7 @@ class Watchdog:
         self, key: Tuple[Violation, str, str], pids: List[int], mib: int, lease: Optional[Lease], now: float
     ) -> None:
         reason, _, uuid = key
-        mode = self.config.over_share if reason is Violation.OVER_SHARE else self.config.unleased
+        mode = self.config.unleased if reason is Violation.UNLEASED else self.config.over_share
         holder = lease.holder.describe() if lease is not None else ""
         targets = [pid for pid in pids if pid > 1 and pid != os.getpid()]  # never ourselves nor init
         for pid in pids:

@@ -1,8 +1,11 @@
 """The emulated usage file: what each process uses on each emulated GPU, where NVML would say it.
 
 The file named by EMULATED_USAGE_ENV holds ``{"GPU-uuid": {"PID": ROW}}``, a ROW being the MiB the
-process holds (a number) or ``{"memory_mib": MiB, "utilization": SHARE}`` with the SM busy share
-in [0, 1] that NVML's per-process utilisation gives. The watchdog's sampler reads it
+process holds (a number) or ``{"memory_mib": MiB, "utilization": SHARE, "mps_client": BOOL}`` with
+the SM busy share in [0, 1] that NVML's per-process utilisation gives and whether NVML lists the
+process as an MPS client (true) or as an ordinary compute process, outside MPS (false); each key
+but memory_mib may be left out, and a row without "mps_client" says nothing of MPS, as rows
+written before it did. The watchdog's sampler reads it
 (devices/usage.py) and the emulated suspend backend moves rows out and back (parking.py):
 one reader and one writer of the format, here. Standard library only.
 """
@@ -27,20 +30,27 @@ MAX_MIB = 2**40
 # says where (PoolStatus.emulated_usage), so the server's watchdog, the runner's suspend backend and
 # the command (given it in EMULATED_USAGE_ENV) read and write the same one.
 DEFAULT_USAGE_FILE = "emulated-usage.json"
-SHAPE = '{"GPU-uuid": {"PID": MiB or {"memory_mib": MiB, "utilization": 0..1}}}'
+SHAPE = '{"GPU-uuid": {"PID": MiB or {"memory_mib": MiB, "utilization": 0..1, "mps_client": true|false}}}'
 
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One process on one GPU: the MiB it holds and, when known, how busy it keeps the GPU."""
+    """One process on one GPU: the MiB it holds and, when known, how busy it keeps the GPU and
+    whether it is an MPS client (None: not said)."""
 
     memory_mib: int
     utilization: Optional[float] = None
+    mps_client: Optional[bool] = None
 
-    def to_json(self) -> Union[int, Dict[str, float]]:
-        if self.utilization is None:
+    def to_json(self) -> Union[int, Dict[str, Union[int, float, bool]]]:
+        if self.utilization is None and self.mps_client is None:
             return self.memory_mib
-        return {"memory_mib": self.memory_mib, "utilization": self.utilization}
+        row: Dict[str, Union[int, float, bool]] = {"memory_mib": self.memory_mib}
+        if self.utilization is not None:
+            row["utilization"] = self.utilization
+        if self.mps_client is not None:
+            row["mps_client"] = self.mps_client
+        return row
 
 
 Usage = Dict[str, Dict[int, UsageRow]]
@@ -73,16 +83,21 @@ def parse_usage(data: object) -> Usage:
 
 def _row(value: object, where: str) -> UsageRow:
     utilization: Optional[float] = None
+    mps_client: Optional[bool] = None
     mib = value
     if isinstance(value, dict):
-        mib, share = value.get("memory_mib"), value.get("utilization")
+        mib, share, client = value.get("memory_mib"), value.get("utilization"), value.get("mps_client")
         if share is not None:
             if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
                 raise ValueError(f"utilization {share!r} of {where} must be a share in [0, 1]")
             utilization = float(share)
+        if client is not None:
+            if not isinstance(client, bool):
+                raise ValueError(f"mps_client {client!r} of {where} must be true or false")
+            mps_client = client
     if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib < MAX_MIB:
         raise ValueError(f"MiB {mib!r} of {where} must be a number >= 0")
-    return UsageRow(int(mib), utilization)
+    return UsageRow(int(mib), utilization, mps_client)
 
 
 def read_usage(path: str) -> Usage:
