@@ -66,12 +66,17 @@ class Operation(Generic[A]):
         request: the request body's model name (`server.models`); "" without a body.
         body: the arguments sent as the JSON body's fields (and read back from it on the server).
         query: the arguments sent in the query string (str() of each; None and "" left out).
+        defaults: (field, value) of query fields the server reads as `value` when not given (its
+            OpenAPI default); a field without one is None when not given.
         encode: (query, body) of the arguments, where the defaults above do not say it.
         pool, pool_args: the `Pool` method (dotted: of a part of the pool) that answers it
             in-process, and what it is called with (argument names, REQUESTER, CALLER); pool ""
             where only a server answers it.
         to_wire: (the pool's answer, the arguments) -> the answer's JSON object (the server's side
             of `decode`).
+        read: (the path's, query's and body's values as sent, the server's clock) -> the call's
+            arguments, InvalidInput (400) naming a bad one: the server's side of `encode`, where the
+            request is not the arguments themselves. None: a query field not given or "" is None.
         route: the server's route is generated from this entry (else written in server/routes).
         waits: the argument whose seconds the server may hold the request (the client waits longer).
         retry: whether a dropped connection may resend it (never a claim or a watch).
@@ -96,9 +101,11 @@ class Operation(Generic[A]):
     body: Tuple[str, ...] = ()
     query: Tuple[str, ...] = ()
     encode: Optional[Callable[[Mapping[str, Any]], Tuple[Query, Body]]] = None
+    defaults: Tuple[Tuple[str, str], ...] = ()
     pool: str = ""
     pool_args: Tuple[str, ...] = ()
     to_wire: Callable[[Any, Mapping[str, Any]], Dict[str, Any]] = field(default=lambda answer, _args: answer.to_dict())
+    read: Optional[Callable[[Dict[str, Any], float], Dict[str, Any]]] = None
     route: bool = False
     waits: str = ""
     retry: bool = True
@@ -232,6 +239,28 @@ def _span_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
     if args.get("until") is not None:
         query["until"] = repr(float(args["until"]))
     return query, None
+
+
+# The window a query gives when it says nothing (a day back from now); a client always says since.
+_SPAN_DEFAULTS = (("since", "86400"),)
+
+
+# --- the server's reading of requests (the other side of the encodings above) ---------------
+def _span_read(args: Dict[str, Any], now: float) -> Dict[str, Any]:
+    """since (seconds ago, or epoch seconds) and until (epoch seconds, after since; None: now) of
+    the query; `by`, where the operation has it, one of the usage keys. `to` is the window's end the
+    answer names (now where until is not said)."""
+    from .queues import check_usage_key, query_seconds, query_since
+
+    start = query_since(args["since"], now)
+    until = args["until"]
+    end = None if until is None else query_seconds("until", until)
+    if end is not None and end <= start:
+        raise InvalidInput(f"until {until!r} must be after since ({start:.0f}): give epoch seconds")
+    read = dict(args, since=start, until=end, to=now if end is None else end)
+    if "by" in args:
+        read["by"] = check_usage_key(args["by"])
+    return read
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -534,9 +563,19 @@ USAGE: Operation[List[UsageRow]] = Operation(
     "UsageBody",
     _usage,
     errors=(400, 401, 503),
+    query=("since", "until", "by", "user", "queue"),
     encode=_span_wire,
+    defaults=(*_SPAN_DEFAULTS, ("by", "queue"), ("user", ""), ("queue", "")),
+    read=_span_read,
     pool="usage",
     pool_args=("since", "until", "by", "user", "queue"),
+    to_wire=lambda rows, args: {
+        "since": args["since"],
+        "until": args["to"],
+        "by": args["by"],
+        "usage": [row.to_dict() for row in rows],
+    },
+    route=True,
     group="queues",
 )
 HISTORY: Operation[List[LeaseRecord]] = Operation(
@@ -548,9 +587,18 @@ HISTORY: Operation[List[LeaseRecord]] = Operation(
     "HistoryBody",
     _history,
     errors=(400, 401, 503),
+    query=("since", "until"),
     encode=_span_wire,
+    defaults=_SPAN_DEFAULTS,
+    read=_span_read,
     pool="history",
     pool_args=("since", "until"),
+    to_wire=lambda rows, args: {
+        "since": args["since"],
+        "until": args["to"],
+        "leases": [row.to_dict() for row in rows],
+    },
+    route=True,
     group="queues",
 )
 # The tokens and the doctor: a server's alone (the embedded pool's are `token create --state` and

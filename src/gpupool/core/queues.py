@@ -303,6 +303,29 @@ def check_usage_key(by: object) -> str:
     return str(by)
 
 
+# A window's `since` below this is "seconds ago", at or above it epoch seconds (2001-09-09: no pool is older).
+EPOCH_SINCE = 1e9
+
+
+def query_since(text: str, now: float) -> float:
+    """A query's `since` as epoch seconds: a value under EPOCH_SINCE counts back from `now`."""
+    value = query_seconds("since", text)
+    if value < 0:
+        raise InvalidInput(f"since {text!r} must be seconds ago (e.g. 86400) or epoch seconds, not negative")
+    return now - value if value < EPOCH_SINCE else value
+
+
+def query_seconds(name: str, text: str) -> float:
+    """A query's field `name` as a finite number of seconds; InvalidInput names it otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InvalidInput(f"{name} {text!r} must be a finite number of seconds")
+    return value
+
+
 def check_quotas_fit(specs: Iterable[QueueSpec], pool_gpus: float) -> None:
     """InvalidInput when the quotas add up to more GPUs than the pool has: they could not all hold."""
     specs = list(specs)

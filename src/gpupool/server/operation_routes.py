@@ -11,6 +11,7 @@ request bodies come from the same entries (`schemas.OPERATIONS`, `schemas.REQUES
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Type
 
 from fastapi import APIRouter, Request
@@ -34,16 +35,20 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
     model = _MODELS[op.request] if op.request else None
 
     async def answer(request: Request, api: Any, identity: Identity, **given: Optional[str]) -> Response:
-        # A query field not given (or empty) is None: the pool reads it as "not said".
-        args: Dict[str, Any] = {name: value or None for name, value in given.items()}
+        # A query field not given (or empty) is None: the pool reads it as "not said"; an entry that
+        # reads its request itself gets the values as sent.
+        args: Dict[str, Any] = dict(given) if op.read else {name: value or None for name, value in given.items()}
         if model is not None:
             body = validated(model, json_object(await read_body(request)))
             args.update((name, getattr(body, name)) for name in op.body)
+        if op.read is not None:
+            args = op.read(args, time.time())
         result = await run_in_threadpool(invoke, api.pool, op, args, identity.requester, identity.name)
         return json_response(result if op.as_served else op.to_wire(result, args), op.status)
 
     # FastAPI reads the parameters (the path's, the dependencies) from the signature.
     keyword = inspect.Parameter.KEYWORD_ONLY
+    defaults = dict(op.defaults)
     answer.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(name, keyword, annotation=str) for name in op.path_args()]
         + [
@@ -51,7 +56,12 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
             inspect.Parameter("api", keyword, annotation=Api),
             inspect.Parameter("identity", keyword, annotation=_WHO[op.who]),
         ]
-        + [inspect.Parameter(name, keyword, default=None, annotation=Optional[str]) for name in op.query],
+        + [
+            inspect.Parameter(name, keyword, default=defaults[name], annotation=str)
+            if name in defaults
+            else inspect.Parameter(name, keyword, default=None, annotation=Optional[str])
+            for name in op.query
+        ],
         return_annotation=Response,
     )
     answer.__name__ = op.name
