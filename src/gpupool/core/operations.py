@@ -241,6 +241,20 @@ def _span_wire(args: Mapping[str, Any]) -> Tuple[Query, Body]:
     return query, None
 
 
+_QUEUE_FIELDS = ("quota", "weight", "limit", "preempt", "idle_suspend_s", "default_time_s", "max_time_s")
+
+
+def _queue_read(args: Dict[str, Any], _now: float) -> Dict[str, Any]:
+    """The queue of the path with the body's fields (a weight of null is 1); QueueSpec checks the
+    name and what spans fields (a limit below the quota)."""
+    from .queues import QueueSpec
+
+    fields = {name: args[name] for name in _QUEUE_FIELDS}
+    if fields["weight"] is None:
+        fields["weight"] = 1.0
+    return {"spec": QueueSpec(args["name"], **fields)}
+
+
 # The window a query gives when it says nothing (a day back from now); a client always says since.
 _SPAN_DEFAULTS = (("since", "86400"),)
 
@@ -534,10 +548,14 @@ SET_QUEUE: Operation[QueueStatus] = Operation(
     _queue,
     errors=ADMIN_ERRORS,
     request="QueueRequest",
+    body=_QUEUE_FIELDS,
     encode=_queue_wire,
+    read=_queue_read,
     pool="set_queue",
     pool_args=("spec",),
+    route=True,
     group="queues",
+    route_name="put_queue",
 )
 DELETE_QUEUE: Operation[None] = Operation(
     "delete_queue",

@@ -32,7 +32,6 @@ from .dashboard.routes import JobsReader
 from .handlers import LeaseApi
 from .metrics import Metrics
 from .operation_routes import operation_routes
-from .queue_routes import queue_routes
 from .routes import ROUTERS
 from .schemas import OPERATIONS, REQUEST_BODIES, component_schemas, request_body, responses
 from .wire import internal_error
@@ -60,7 +59,7 @@ def create_app(
     )
     # What the routes' dependencies hand out; claims are answered with their lease's attestation key.
     app.state.api = LeaseApi(pool, auth, metrics, default_ttl_s, AttestKeys(pool.state_dir))
-    for router in (*ROUTERS, queue_routes, operation_routes):
+    for router in (*ROUTERS, operation_routes):
         app.include_router(router)
     install_dashboard(app, jobs=jobs)  # the web dashboard at /: the same tokens, the same status record
     _add_error_handlers(app)
