@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Mapping, O
 from .errors import InvalidInput
 from .model import Lease
 from .status import PoolStatus, WaitingClaim
+from .suspension import RUNNING, SUSPENDED
 
 if TYPE_CHECKING:
     from .queues import LeaseRecord, QueueStatus, UsageRow
@@ -78,6 +79,9 @@ class Operation(Generic[A]):
             arguments, InvalidInput (400) naming a bad one: the server's side of `encode`, where the
             request is not the arguments themselves. None: a query field not given or "" is None.
         route: the server's route is generated from this entry (else written in server/routes).
+        timed: a runner's report of a step (parked, restored): the state the lease reaches when the
+            step is done; the server then observes the step's seconds, from its start to the
+            report, in /metrics (the step's histogram, `server.handlers.LeaseApi.timed_step`).
         waits: the argument whose seconds the server may hold the request (the client waits longer).
         retry: whether a dropped connection may resend it (never a claim or a watch).
         channel: the client's connection for it: "" (the main one), "watch", or "ask".
@@ -107,6 +111,7 @@ class Operation(Generic[A]):
     to_wire: Callable[[Any, Mapping[str, Any]], Dict[str, Any]] = field(default=lambda answer, _args: answer.to_dict())
     read: Optional[Callable[[Dict[str, Any], float], Dict[str, Any]]] = None
     route: bool = False
+    timed: str = ""
     waits: str = ""
     retry: bool = True
     channel: str = ""
@@ -431,6 +436,9 @@ PARKED: Operation[Lease] = Operation(
     body=("host_bytes", "error"),
     pool="report_parked",
     pool_args=("lease_id", REQUESTER, "host_bytes", "error"),
+    route=True,
+    timed=SUSPENDED,
+    route_name="parked",
 )
 RESTORED: Operation[Lease] = Operation(
     "report_restored",
@@ -444,6 +452,9 @@ RESTORED: Operation[Lease] = Operation(
     body=("error",),
     pool="report_restored",
     pool_args=("lease_id", REQUESTER, "error"),
+    route=True,
+    timed=RUNNING,
+    route_name="restored",
 )
 WAITING: Operation[List[WaitingClaim]] = Operation(
     "waiting",

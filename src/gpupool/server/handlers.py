@@ -14,7 +14,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Tuple
 
 from pydantic import ValidationError
 
@@ -27,6 +27,7 @@ from ..core.errors import (
     Unsatisfiable,
 )
 from ..core.model import Claim, Holder, Lease
+from ..core.operations import Operation, invoke
 from ..core.suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING
 from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
@@ -59,6 +60,8 @@ class LeaseApi:
         self.default_ttl_s = default_ttl_s
         # labels() hashes and locks on every call; the children never change.
         self._claims_by_result = {result: metrics.claims.labels(result) for result in CLAIM_RESULTS}
+        # A runner's step by the state it ends in: parked (a suspend), running again (a resume).
+        self._step_seconds = {SUSPENDED: metrics.suspend_seconds, RUNNING: metrics.resume_seconds}
 
     def identify(self, authorization: Optional[str]) -> Identity:
         """The Identity of an `Authorization` header value; ANONYMOUS (admin) when auth is off."""
@@ -110,32 +113,14 @@ class LeaseApi:
         self.metrics.releases.inc()
         return {"released": lease_id}
 
-    def parked(self, identity: Identity, lease_id: str, host_bytes: int, error: str) -> Lease:
-        """POST /v1/leases/{id}/parked: the runner's word on a suspend, timed when it parked."""
-        return self._timed_step(identity, lease_id, SUSPENDED, self.metrics.suspend_seconds.observe, host_bytes, error)
-
-    def restored(self, identity: Identity, lease_id: str, error: str) -> Lease:
-        """POST /v1/leases/{id}/restored: the runner's word on a resume, timed when it runs again."""
-        return self._timed_step(identity, lease_id, RUNNING, self.metrics.resume_seconds.observe, 0, error)
-
-    def _timed_step(
-        self,
-        identity: Identity,
-        lease_id: str,
-        done: str,
-        observe: Callable[[float], None],
-        host_bytes: int,
-        error: str,
-    ) -> Lease:
-        """Report a runner's step and observe its seconds: from the step's start (the suspension's
-        `since`, read before the report moves it) to the report, when it reached state `done`."""
-        before = self.pool.lease(lease_id).suspension
-        if done == SUSPENDED:
-            after = self.pool.report_parked(lease_id, identity.requester, host_bytes, error)
-        else:
-            after = self.pool.report_restored(lease_id, identity.requester, error)
-        if before is not None and before.state in (SUSPENDING, RESUMING) and after.state == done:
-            observe(max(0.0, self.pool.clock() - before.since))
+    def timed_step(self, op: Operation[Lease], args: Mapping[str, Any], identity: Identity) -> Lease:
+        """A runner's report of a step (`op`: parked, restored), and the step's seconds observed:
+        from its start (the suspension's `since`, read before the report moves it) to the report,
+        when the lease reached the state `op.timed`."""
+        before = self.pool.lease(args["lease_id"]).suspension
+        after = invoke(self.pool, op, args, identity.requester, identity.name)
+        if before is not None and before.state in (SUSPENDING, RESUMING) and after.state == op.timed:
+            self._step_seconds[op.timed].observe(max(0.0, self.pool.clock() - before.since))
         return after
 
     async def _claim(

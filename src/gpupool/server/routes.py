@@ -19,7 +19,7 @@ from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
 from .auth import Identity, create_token, list_tokens, require_admin, require_queue, revoke_token, rotate_token
 from .handlers import LeaseApi, dumps
-from .models import ParkedReport, RestoredReport, TokenRequest, validated
+from .models import TokenRequest, validated
 from .wire import check_size, json_object
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most.
@@ -141,20 +141,6 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
 @lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
 async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
     return json_response(api.heartbeat(identity, lease_id))
-
-
-@lease_routes.post("/{lease_id}/parked", summary="The runner's word on a suspend: parked, or its error")
-async def parked(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    body = validated(ParkedReport, json_object(await read_body(request)))
-    lease = await run_in_threadpool(api.parked, identity, lease_id, body.host_bytes, body.error)
-    return json_response(lease.to_dict())
-
-
-@lease_routes.post("/{lease_id}/restored", summary="The runner's word on a resume: restored, or its error")
-async def restored(lease_id: str, request: Request, api: Api, identity: Caller) -> Response:
-    body = validated(RestoredReport, json_object(await read_body(request)))
-    lease = await run_in_threadpool(api.restored, identity, lease_id, body.error)
-    return json_response(lease.to_dict())
 
 
 @lease_routes.delete(
