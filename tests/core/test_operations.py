@@ -25,12 +25,22 @@ def test_each_pool_method_takes_what_the_entry_gives_it(op):
 @pytest.mark.parametrize("op", ops.OPERATIONS, ids=lambda op: op.name)
 def test_each_entry_is_said_once(op):
     assert op.method in ("GET", "POST", "PUT", "DELETE") and op.path.startswith("/v1/")
-    assert op.who in (ops.ANYONE, ops.ADMIN)
+    assert op.who in (ops.ANYONE, ops.ADMIN, ops.MINTER)
     assert not op.body or op.request, "body fields without a request model"
     assert sum(other.name == op.name for other in ops.OPERATIONS) == 1
     routes = [(o.method, o.path) for o in ops.OPERATIONS if (o.method, o.path) == (op.method, op.path)]
     assert len(routes) == 1 or op in (ops.GET_LEASE, ops.WATCH)
-    assert op.pool or not op.route, "a generated route calls the pool"  # a watch is GET /v1/leases/ID?watch=S
+    assert not (op.pool and op.serve), "the pool or the server answers it, not both"
+    assert op.pool or op.serve or not op.route, "a generated route calls the pool or the server's own method"
+    assert not op.timed or op.pool, "a timed report is the pool's"
+
+
+@pytest.mark.parametrize("op", [op for op in ops.OPERATIONS if op.serve], ids=lambda op: op.name)
+def test_each_server_method_takes_what_the_entry_gives_it(op):
+    """The server's own method an entry names (`serve`: the tokens, the doctor) binds its arguments."""
+    from gpupool.server.handlers import LeaseApi
+
+    inspect.signature(getattr(LeaseApi, op.serve)).bind(None, *op.pool_args)  # None: self
 
 
 def test_pool_client_has_one_abstract_method():

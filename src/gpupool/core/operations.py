@@ -33,9 +33,11 @@ A = TypeVar("A")
 
 # Who may call an operation (the server checks it before the pool runs): any valid token (the pool
 # itself then checks that a lease or waiting claim is the caller's own, or the caller an admin),
-# or an admin token only.
+# an admin token only, or an admin token of a server with auth (one without makes no tokens: every
+# caller is its admin, so a token made there would hand admin to anyone on its host).
 ANYONE = "token"
 ADMIN = "admin"
+MINTER = "minter"
 
 # What `pool_args` may name besides the operation's own arguments: filled in by the side that
 # calls the pool. The requester is the holder name whose leases the caller may touch (None: an
@@ -60,7 +62,7 @@ class Operation(Generic[A]):
         name: the verb (and `PoolClient`'s method name, where it has one).
         method, path: its HTTP route; `{x}` in the path is the argument `x`.
         summary: one line for the OpenAPI document.
-        who: ANYONE or ADMIN.
+        who: ANYONE, ADMIN or MINTER.
         answer: the answer's schema name in the OpenAPI document (`server.schemas`).
         decode: the answer's JSON object -> the value the client returns.
         status, errors: the success status and the error statuses it can answer.
@@ -73,6 +75,8 @@ class Operation(Generic[A]):
         pool, pool_args: the `Pool` method (dotted: of a part of the pool) that answers it
             in-process, and what it is called with (argument names, REQUESTER, CALLER); pool ""
             where only a server answers it.
+        serve: where only a server answers it (the tokens, the doctor): its own method that does
+            (`server.handlers.LeaseApi`), called as the pool's would be (`pool_args`).
         to_wire: (the pool's answer, the arguments) -> the answer's JSON object (the server's side
             of `decode`).
         read: (the path's, query's and body's values as sent, the server's clock) -> the call's
@@ -108,6 +112,7 @@ class Operation(Generic[A]):
     defaults: Tuple[Tuple[str, str], ...] = ()
     pool: str = ""
     pool_args: Tuple[str, ...] = ()
+    serve: str = ""
     to_wire: Callable[[Any, Mapping[str, Any]], Dict[str, Any]] = field(default=lambda answer, _args: answer.to_dict())
     read: Optional[Callable[[Dict[str, Any], float], Dict[str, Any]]] = None
     route: bool = False
@@ -139,11 +144,16 @@ def invoke(pool: Any, op: Operation[A], args: Mapping[str, Any], requester: Opti
     target = pool
     for part in op.pool.split("."):  # "claims.begin": a method of one of the pool's parts
         target = getattr(target, part)
-    filled = {REQUESTER: requester, CALLER: caller}
-    answer = target(*[filled[name] if name in filled else args[name] for name in op.pool_args])
+    answer = target(*arguments(op, args, requester, caller))
     if op.as_served:  # the client's answer, as a server's would read
         return op.decode(op.to_wire(answer, args))
     return answer  # type: ignore[no-any-return]  # the pool method answers the entry's type
+
+
+def arguments(op: Operation[Any], args: Mapping[str, Any], requester: Optional[str], caller: str) -> List[Any]:
+    """What the pool method (or the server's, `serve`) of `op` is called with, in order."""
+    filled = {REQUESTER: requester, CALLER: caller}
+    return [filled[name] if name in filled else args[name] for name in op.pool_args]
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -189,6 +199,11 @@ def _history(data: Dict[str, Any]) -> List[LeaseRecord]:
 
 def _waiting(data: Dict[str, Any]) -> List[WaitingClaim]:
     return [WaitingClaim.from_dict(w) for w in data.get("waiting", [])]
+
+
+def _token(token: str, args: Mapping[str, Any]) -> Dict[str, Any]:
+    """The server's answer of a token made: the name and the token (shown once)."""
+    return {"name": args["name"], "token": token}
 
 
 def _listed(key: str) -> Callable[[Any, Mapping[str, Any]], Dict[str, Any]]:
@@ -631,21 +646,28 @@ HISTORY: Operation[List[LeaseRecord]] = Operation(
     group="queues",
 )
 # The tokens and the doctor: a server's alone (the embedded pool's are `token create --state` and
-# `doctor --state`); their routes are written in server/routes.py (the authenticator's cache).
+# `doctor --state`): the server's own methods answer them (`serve`; a token made, rotated or
+# revoked also empties the authenticator's cache there).
 CREATE_TOKEN: Operation[Dict[str, Any]] = Operation(
     "create_token",
     "POST",
     "/v1/tokens",
     "Create or rotate a named token (admin only)",
-    ADMIN,
+    MINTER,
     "TokenBody",
     _as_is,
     status=201,
     errors=ADMIN_ERRORS,
     request="TokenRequest",
+    body=("name", "admin", "queue", "replace"),
     encode=_token_wire,
+    serve="create_token",
+    pool_args=("name", "admin", "queue", "replace"),
+    to_wire=_token,
+    route=True,
     retry=False,  # a token made twice is two
     group="pool",
+    route_name="tokens",
 )
 LIST_TOKENS: Operation[Dict[str, Any]] = Operation(
     "list_tokens",
@@ -656,7 +678,11 @@ LIST_TOKENS: Operation[Dict[str, Any]] = Operation(
     "TokenList",
     _as_is,
     errors=(401, 403, 503),
+    serve="list_tokens",
+    to_wire=_listed("tokens"),
+    route=True,
     group="pool",
+    route_name="token_list",
 )
 REVOKE_TOKEN: Operation[Dict[str, Any]] = Operation(
     "revoke_token",
@@ -667,22 +693,32 @@ REVOKE_TOKEN: Operation[Dict[str, Any]] = Operation(
     "Revoked",
     _as_is,
     errors=(401, 403, 404, 503),
+    serve="revoke_token",
+    pool_args=("name",),
+    to_wire=lambda _none, args: {"revoked": args["name"]},
+    route=True,
     retry=False,
     group="pool",
+    route_name="token_revoke",
 )
 ROTATE_TOKEN: Operation[Dict[str, Any]] = Operation(
     "rotate_token",
     "POST",
     "/v1/tokens/{name}/rotate",
     "A new token for a name, as it was; the old one stops (admin only)",
-    ADMIN,
+    MINTER,
     "TokenBody",
     _as_is,
     status=201,
     errors=(401, 403, 404, 503),
     encode=_empty_body,
+    serve="rotate_token",
+    pool_args=("name",),
+    to_wire=_token,
+    route=True,
     retry=False,
     group="pool",
+    route_name="token_rotate",
 )
 DOCTOR: Operation[Dict[str, Any]] = Operation(
     "doctor",
@@ -693,6 +729,8 @@ DOCTOR: Operation[Dict[str, Any]] = Operation(
     "DoctorReport",
     _as_is,
     errors=(401, 403, 503),
+    serve="doctor",
+    route=True,
     group="pool",
 )
 

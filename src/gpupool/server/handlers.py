@@ -14,7 +14,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
 
 from pydantic import ValidationError
 
@@ -31,10 +31,23 @@ from ..core.operations import Operation, invoke
 from ..core.suspension import RESUMING, RUNNING, SUSPENDED, SUSPENDING
 from ..enforcement.attest import AttestKeys
 from ..pool import Pool, Waiter, waiter_pauses
-from .auth import ANONYMOUS, Authenticator, Identity
+from .auth import (
+    ANONYMOUS,
+    Authenticator,
+    Identity,
+    TokenInfo,
+    create_token,
+    list_tokens,
+    require_queue,
+    revoke_token,
+    rotate_token,
+)
 from .metrics import CLAIM_RESULTS, Metrics
 from .models import ClaimRequest, ReleaseRequest, explain, validated
 from .wire import json_object
+
+if TYPE_CHECKING:  # the doctor loads when asked
+    from ..pool.doctor import Report as DoctorReport
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +125,40 @@ class LeaseApi:
         self.pool.release(lease_id, identity.requester, exit_code, identity.name, timed_out)
         self.metrics.releases.inc()
         return {"released": lease_id}
+
+    # --- a server's own operations (`serve` in the operation table: no pool method answers them) ---
+    def create_token(self, name: str, admin: bool, queue: Optional[str], replace: bool) -> str:
+        """POST /v1/tokens: a new named token (`replace`: the name's old one stops); its queue must exist."""
+        if queue:
+            require_queue(self.pool, queue)
+        token = create_token(self.pool.store, name, admin, "api", queue or "", replace)
+        self._forget()  # this process must see the replacement now, not after the lookup cache expires
+        return token
+
+    def list_tokens(self) -> List[TokenInfo]:
+        """GET /v1/tokens: the named tokens."""
+        return list_tokens(self.pool.store)
+
+    def revoke_token(self, name: str) -> None:
+        """DELETE /v1/tokens/{name}: the token stops, refused here from now on."""
+        revoke_token(self.pool.store, name)
+        self._forget()
+
+    def rotate_token(self, name: str) -> str:
+        """POST /v1/tokens/{name}/rotate: a new token for the name, as it was; the old one stops."""
+        token = rotate_token(self.pool.store, name, "api")
+        self._forget()
+        return token
+
+    def doctor(self) -> DoctorReport:
+        """GET /v1/doctor: the pool's invariants and its database checked."""
+        from ..pool.doctor import check_state
+
+        return check_state(self.pool.state_dir)
+
+    def _forget(self) -> None:
+        if self.auth is not None:
+            self.auth.forget()
 
     def timed_step(self, op: Operation[Lease], args: Mapping[str, Any], identity: Identity) -> Lease:
         """A runner's report of a step (`op`: parked, restored), and the step's seconds observed:

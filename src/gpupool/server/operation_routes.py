@@ -20,14 +20,14 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from ..core import operations as ops
-from ..core.operations import Operation, invoke
+from ..core.operations import Operation, arguments, invoke
 from .auth import Identity
 from .models import REQUESTS, validated
-from .routes import Admin, Api, Caller, json_response, read_body
+from .routes import Admin, Api, Caller, Minter, json_response, read_body
 from .wire import json_object
 
 _MODELS: Dict[str, Type[BaseModel]] = {model.__name__: model for model in REQUESTS}
-_WHO = {ops.ANYONE: Caller, ops.ADMIN: Admin}
+_WHO = {ops.ANYONE: Caller, ops.ADMIN: Admin, ops.MINTER: Minter}
 
 
 def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
@@ -45,6 +45,10 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
             args = op.read(args, time.time())
         if op.timed:  # a runner's report: its step's seconds go to /metrics
             result = await run_in_threadpool(api.timed_step, op, args, identity)
+        elif op.serve:  # a server's own operation (the tokens, the doctor)
+            result = await run_in_threadpool(
+                getattr(api, op.serve), *arguments(op, args, identity.requester, identity.name)
+            )
         else:
             result = await run_in_threadpool(invoke, api.pool, op, args, identity.requester, identity.name)
         return json_response(result if op.as_served else op.to_wire(result, args), op.status)

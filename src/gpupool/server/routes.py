@@ -17,10 +17,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import Forbidden, InvalidInput, Unauthorized
 from ..core.model import Lease
-from .auth import Identity, create_token, list_tokens, require_admin, require_queue, revoke_token, rotate_token
+from .auth import Identity, require_admin
 from .handlers import LeaseApi, dumps
-from .models import TokenRequest, validated
-from .wire import check_size, json_object
+from .wire import check_size
 
 # A watch (GET /v1/leases/{id}?watch=S) answers after S seconds at most.
 MAX_WATCH_S = 60.0
@@ -51,6 +50,23 @@ async def admin(request: Request, identity: Caller) -> Identity:
 
 
 Admin = Annotated[Identity, Depends(admin)]
+
+# Every caller is admin without auth: minting would hand admin tokens to anyone on this host.
+NO_AUTH_NO_TOKENS = (
+    "this server runs without auth (no --token-file), so it makes no tokens: restart it with "
+    "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
+)
+
+
+async def minter(api: Api, identity: Admin) -> Identity:
+    """The caller of an operation that makes a token: an admin, on a server with auth (Forbidden, 403,
+    on one without: it makes no tokens)."""
+    if api.auth is None:
+        raise Forbidden(NO_AUTH_NO_TOKENS)
+    return identity
+
+
+Minter = Annotated[Identity, Depends(minter)]
 
 
 async def claimer(request: Request, api: Api) -> Identity:
@@ -86,12 +102,6 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 # --- leases ---------------------------------------------------------------------
-# Every caller is admin without auth: minting would hand admin tokens to anyone on this host.
-NO_AUTH_NO_TOKENS = (
-    "this server runs without auth (no --token-file), so it makes no tokens: restart it with "
-    "--token-file FILE and use that admin token, or run `gpupool token create --state DIR` on its host"
-)
-
 lease_routes = APIRouter(prefix="/v1/leases", tags=["leases"])
 
 
@@ -150,57 +160,6 @@ async def release(lease_id: str, request: Request, api: Api, identity: Caller) -
     return json_response(api.release(identity, lease_id, await read_body(request)))
 
 
-# --- pool -------------------------------------------------------------------------
-pool_routes = APIRouter(prefix="/v1", tags=["pool"])
-
-
-@pool_routes.post(
-    "/tokens",
-    status_code=201,
-    summary="Create or rotate a named token (admin only)",
-)
-async def tokens(request: Request, api: Api, _admin: Admin) -> Response:
-    if api.auth is None:
-        raise Forbidden(NO_AUTH_NO_TOKENS)
-    body = validated(TokenRequest, json_object(await read_body(request)))
-    name, is_admin, queue = body.name, body.admin, body.queue or ""
-    if queue:
-        await run_in_threadpool(require_queue, api.pool, queue)
-    token = await run_in_threadpool(create_token, api.pool.store, name, is_admin, "api", queue, body.replace)
-    api.auth.forget()  # this process must see the replacement now, not after the lookup cache expires
-    return json_response({"name": name, "token": token}, 201)
-
-
-@pool_routes.get("/tokens", summary="The named tokens: name, admin, queue, origin, created, last used (admin only)")
-async def token_list(api: Api, _admin: Admin) -> Response:
-    rows = await run_in_threadpool(list_tokens, api.pool.store)
-    return json_response({"tokens": [row.to_dict() for row in rows]})
-
-
-@pool_routes.delete("/tokens/{name}", summary="Revoke a named token (admin only)")
-async def token_revoke(name: str, api: Api, _admin: Admin) -> Response:
-    await run_in_threadpool(revoke_token, api.pool.store, name)
-    if api.auth is not None:
-        api.auth.forget()  # refused here from now on
-    return json_response({"revoked": name})
-
-
-@pool_routes.post("/tokens/{name}/rotate", summary="A new token for a name, as it was; the old one stops (admin only)")
-async def token_rotate(name: str, api: Api, _admin: Admin) -> Response:
-    if api.auth is None:
-        raise Forbidden(NO_AUTH_NO_TOKENS)
-    token = await run_in_threadpool(rotate_token, api.pool.store, name, "api")
-    api.auth.forget()
-    return json_response({"name": name, "token": token}, 201)
-
-
-@pool_routes.get("/doctor", summary="Check the pool's invariants and its database (admin only)")
-async def doctor(api: Api, _admin: Admin) -> Response:
-    from ..pool.doctor import check_state
-
-    return json_response((await run_in_threadpool(check_state, api.pool.state_dir)).to_dict())
-
-
 # --- operations (no auth: probes and scrapers carry no token) ---------------------
 operation_routes = APIRouter(tags=["operations"])
 
@@ -216,4 +175,4 @@ async def prometheus(api: Api) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-ROUTERS = (lease_routes, pool_routes, operation_routes)
+ROUTERS = (lease_routes, operation_routes)

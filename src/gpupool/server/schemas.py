@@ -324,7 +324,7 @@ OPERATIONS: Dict[Tuple[str, str], Tuple[int, str, Tuple[int, ...]]] = {
     ("/metrics", "get"): (200, TEXT, ()),
 }
 # Operations that answer 403 without auth too (a server without auth mints no tokens).
-_FORBIDDEN_WITHOUT_AUTH = {("/v1/tokens", "post"), ("/v1/tokens/{name}/rotate", "post")}
+_FORBIDDEN_WITHOUT_AUTH = {(op.path, op.method.lower()) for op in ops.OPERATIONS if op.who == ops.MINTER}
 REQUEST_BODIES = {
     **{(op.path, op.method.lower()): op.request for op in ops.OPERATIONS if op.request},
 }
