@@ -83,6 +83,8 @@ class Operation(Generic[A]):
             arguments, InvalidInput (400) naming a bad one: the server's side of `encode`, where the
             request is not the arguments themselves. None: a query field not given or "" is None.
         route: the server's route is generated from this entry (else written in server/routes).
+        inline: the server answers it on its event loop, not in a worker thread: one small
+            transaction, cheaper than the hop (a hot call: the fast path answers it the same way).
         timed: a runner's report of a step (parked, restored): the state the lease reaches when the
             step is done; the server then observes the step's seconds, from its start to the
             report, in /metrics (the step's histogram, `server.handlers.LeaseApi.timed_step`).
@@ -116,6 +118,7 @@ class Operation(Generic[A]):
     to_wire: Callable[[Any, Mapping[str, Any]], Dict[str, Any]] = field(default=lambda answer, _args: answer.to_dict())
     read: Optional[Callable[[Dict[str, Any], float], Dict[str, Any]]] = None
     route: bool = False
+    inline: bool = False
     timed: str = ""
     waits: str = ""
     retry: bool = True
@@ -326,6 +329,8 @@ HEARTBEAT: Operation[Lease] = Operation(
     errors=(401, 403, 404, 503),
     pool="heartbeat",
     pool_args=("lease_id", REQUESTER),
+    route=True,
+    inline=True,
 )
 RELEASE: Operation[None] = Operation(
     "release",

@@ -8,7 +8,8 @@ the fast path, "http_plain" without; rendered in docs/benchmarks.md).
 
 What it is: a plain ASGI wrapper (nothing beyond the ASGI spec) that answers
 the three hot calls, at the methods and paths of their entries in the operation
-table (`core.operations`: CLAIM, HEARTBEAT, RELEASE), with the same `LeaseApi` the routes call, and the same
+table (`core.operations`: CLAIM, HEARTBEAT, RELEASE), as the routes answer them (the claim and the
+release with the same `LeaseApi`, the heartbeat as its entry says: `operations.invoke`), the same
 auth (`LeaseApi.identify`) and the same validation of a claim (`models.ClaimRequest`,
 in `LeaseApi.claim`); everything else, the OpenAPI document included,
 goes to the FastAPI app. It is applied in one place, `serve._app`,
@@ -35,7 +36,7 @@ from typing import (
 )
 
 from ..core.errors import Forbidden, GpupoolError, Unauthorized
-from ..core.operations import CLAIM, HEARTBEAT, RELEASE
+from ..core.operations import CLAIM, HEARTBEAT, RELEASE, invoke
 from .auth import Identity
 from .wire import check_size, internal_error
 
@@ -93,8 +94,11 @@ class FastPath:
                 raw, disconnected = await _read_body(receive)
                 payload = await self.api.claim(identity, raw, disconnected)
                 status = 201
-            elif verb == "heartbeat":
-                payload = self.api.heartbeat(identity, lease_id)
+            elif verb == "heartbeat":  # as its generated route answers it (operation_routes)
+                args = {"lease_id": lease_id}
+                payload = HEARTBEAT.to_wire(
+                    invoke(self.api.pool, HEARTBEAT, args, identity.requester, identity.name), args
+                )
             else:
                 raw, _ = await _read_body(receive)
                 payload = self.api.release(identity, lease_id, raw)

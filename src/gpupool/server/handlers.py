@@ -1,6 +1,7 @@
-"""The lease operations of the API, free of any web framework: identify, claim, heartbeat, release.
+"""The server's side of the API, free of any web framework: identify, claim, release, the runner's
+timed reports, and the operations only a server answers (the tokens, the doctor).
 
-The routes (`routes`) call these with the caller's Identity from their auth
+The routes (`routes`, `operation_routes`) call these with the caller's Identity from their auth
 dependency. Short pool calls run inline on the event loop: each is one small
 SQLite transaction (well under a millisecond), cheaper than the hop to a
 worker thread, and a waiting claim polls with `asyncio.sleep`, so the loop is
@@ -111,10 +112,6 @@ class LeaseApi:
         finally:
             self._claims_by_result[result].inc()
             self.metrics.claim_latency.observe(time.perf_counter() - started)
-
-    def heartbeat(self, identity: Identity, lease_id: str) -> Dict[str, Any]:
-        """POST /v1/leases/{id}/heartbeat: the renewed lease (its holder or an admin)."""
-        return self.pool.heartbeat(lease_id, identity.requester).to_dict()
 
     def release(self, identity: Identity, lease_id: str, raw: bytes = b"") -> Dict[str, Any]:
         """DELETE /v1/leases/{id}: the lease gives its slices back (its holder or an admin); the body

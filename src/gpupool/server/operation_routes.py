@@ -45,6 +45,8 @@ def endpoint(op: Operation[Any]) -> Callable[..., Awaitable[Response]]:
             args = op.read(args, time.time())
         if op.timed:  # a runner's report: its step's seconds go to /metrics
             result = await run_in_threadpool(api.timed_step, op, args, identity)
+        elif op.inline:  # one small transaction: cheaper than the hop to a worker thread
+            result = invoke(api.pool, op, args, identity.requester, identity.name)
         elif op.serve:  # a server's own operation (the tokens, the doctor)
             result = await run_in_threadpool(
                 getattr(api, op.serve), *arguments(op, args, identity.requester, identity.name)

@@ -148,11 +148,6 @@ async def watch_lease(api: LeaseApi, lease_id: str, seconds: float, disconnected
     return await api.pool.watcher.watch_async(lease_id, seconds, disconnected)
 
 
-@lease_routes.post("/{lease_id}/heartbeat", summary="Renew a lease by its TTL (holder or admin)")
-async def heartbeat(lease_id: str, api: Api, identity: Caller) -> Response:
-    return json_response(api.heartbeat(identity, lease_id))
-
-
 @lease_routes.delete(
     "/{lease_id}", summary="Release a lease (holder or admin); the body may say its command's exit code"
 )
