@@ -1,4 +1,6 @@
-"""The API's routers and their dependencies: who calls (`caller`, `admin`), leases, pool, operations.
+"""The API's dependencies, who calls (`caller`, `admin`, `minter`), and its routes written by hand:
+the claim, the lease's GET (and its `?watch=` long poll), the release and the probes; every other
+route is generated from the operation table (`operation_routes`).
 
 Routes find the app's `LeaseApi` on `request.app.state.api` (set by
 `create_app`), so the routers are module-level and several apps (tests) can
