@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..core.suspension import LEASE_STATES, PREEMPT_MODES, PREEMPTED_AS, RESUMING, RUNNING, SUSPENDED
+from ..core.usage import ProcessUsage
 from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
@@ -206,7 +207,7 @@ def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None
         return
     age = max(time.time() - float(usage.get("sampled_at", 0)), 0)
     print(f"usage sampled {age:.0f}s ago")
-    unleased = [p for p in usage.get("processes", []) if not p["lease_id"]]
+    unleased = [p for p in usage.get("processes", []) if ProcessUsage.from_dict(p).unleased]
     if unleased:
         print()
         print(

@@ -55,6 +55,14 @@ class ProcessUsage:
     # Whether the driver lists it as an MPS client (True) or as an ordinary compute process (False);
     # None where it does not say (an older driver, a usage-file row without the flag).
     mps_client: Optional[bool] = None
+    # The node's own MPS infrastructure (the MPS server, below the control daemon the node
+    # supervises; enforcement/attribution.py decides): no lease's, and never unleased.
+    infrastructure: bool = False
+
+    @property
+    def unleased(self) -> bool:
+        """Whether the process belongs to no live lease and is not the node's own infrastructure."""
+        return not self.lease_id and not self.infrastructure
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -64,6 +72,7 @@ class ProcessUsage:
             "utilization": self.utilization,
             "lease_id": self.lease_id,
             "mps_client": self.mps_client,
+            "infrastructure": self.infrastructure,
         }
 
     @classmethod
@@ -76,6 +85,7 @@ class ProcessUsage:
             utilization=None if util is None else float(util),
             lease_id=str(data.get("lease_id", "") or ""),
             mps_client=None if data.get("mps_client") is None else bool(data["mps_client"]),
+            infrastructure=bool(data.get("infrastructure", False)),
         )
 
 
@@ -159,8 +169,8 @@ class UsageReport:
         return used
 
     def unleased(self) -> List[ProcessUsage]:
-        """Processes on pooled GPUs that belong to no live lease."""
-        return [p for p in self.processes if not p.lease_id]
+        """Processes on pooled GPUs that belong to no live lease (the node's MPS server is none)."""
+        return [p for p in self.processes if p.unleased]
 
     def device(self, uuid: str) -> Optional[DeviceUsage]:
         return next((d for d in self.devices if d.uuid == uuid), None)

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..core.attestation import CONNECTION_TIMEOUT_S, MAX_LINE_BYTES, SUN_PATH_MAX, answer_line, parse_request
 from ..core.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unavailable
@@ -307,8 +307,11 @@ class _short_path:
 
 
 @contextlib.contextmanager
-def attestation_service(pool: Pool) -> Iterator[Attributor]:
-    """The node's attestation socket for as long as it serves, and the Attributor that trusts it."""
+def attestation_service(
+    pool: Pool, mps_daemon: Callable[[], Optional[Tuple[int, int]]] = lambda: None
+) -> Iterator[Attributor]:
+    """The node's attestation socket for as long as it serves, and the Attributor that trusts it
+    (`mps_daemon`: the supervised MPS control daemon's pid and start time, whose descendants are the node's)."""
     state = Path(pool.state_dir)
     attestations = node_attestations(state)
     path = socket_path(state)
@@ -328,6 +331,6 @@ def attestation_service(pool: Pool) -> Iterator[Attributor]:
             f"cannot listen on the attestation socket {path}: {err.strerror}; give the server a writable --state"
         ) from None
     try:
-        yield Attributor(attestations)
+        yield Attributor(attestations, mps_daemon=mps_daemon)
     finally:
         listener.stop()

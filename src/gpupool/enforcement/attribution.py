@@ -15,13 +15,17 @@ holder pid, host and label are labels for people and are never read here. The ru
    the leases that rules 1 and 2 already tie the process to (a pod holding several leases); it
    never attributes a process alone.
 
-A process no rule ties to a lease is unleased; no claim, token or body can move it into a lease.
+A process no rule ties to a lease is unleased; no claim, token or body can move it into a lease,
+except the node's own MPS infrastructure (`infrastructure` on its row): a process that is, or
+descends from, the MPS control daemon the node supervises or adopted (its pid and start time, from
+`mps_daemon`, matched in the process table), such as the MPS server it starts. Never by a
+process's name or command line: any local user can name a process nvidia-cuda-mps-server.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..core.model import Lease
 from ..core.usage import ProcessUsage
@@ -32,17 +36,26 @@ from .attest import Attestations
 class Attributor:
     """Attributes sampled processes to leases from the node's attestations."""
 
-    def __init__(self, attestations: Optional[Attestations] = None, view: Callable[[], NodeView] = NodeView) -> None:
+    def __init__(
+        self,
+        attestations: Optional[Attestations] = None,
+        view: Callable[[], NodeView] = NodeView,
+        mps_daemon: Callable[[], Optional[Tuple[int, int]]] = lambda: None,
+    ) -> None:
         self.attestations = attestations if attestations is not None else Attestations()
         self.view = view
+        # The running MPS control daemon's (pid, start ticks) when the node supervises one, else None.
+        self.mps_daemon = mps_daemon
 
     def attribute(self, processes: Iterable[ProcessUsage], leases: Sequence[Lease]) -> List[ProcessUsage]:
-        """`processes` with `lease_id` set to their live lease ('' for none)."""
+        """`processes` with `lease_id` set to their live lease ('' for none) and `infrastructure`
+        set on the node's own MPS processes (no lease's; the check is here alone)."""
         rows = list(processes)
         live = {lease.id for lease in leases}
         attested = self.attestations.current(live)
-        if not rows or not attested:
-            return [replace(row, lease_id="") for row in rows]
+        daemon = self.mps_daemon()
+        if not rows or (not attested and daemon is None):
+            return [replace(row, lease_id="", infrastructure=False) for row in rows]
         view = self.view()
         runners: Dict[int, str] = {}
         pods: Dict[str, Set[str]] = {}
@@ -54,7 +67,12 @@ class Attributor:
                     runners[witness.pid] = lease_id
                 if witness.pod_uid:
                     pods.setdefault(witness.pod_uid, set()).add(lease_id)
-        return [replace(row, lease_id=self._lease_of(row.pid, view, runners, pods)) for row in rows]
+        attributed = []
+        for row in rows:
+            lease_id = self._lease_of(row.pid, view, runners, pods) if attested else ""
+            mps = not lease_id and daemon is not None and view.descends_from(row.pid, *daemon)
+            attributed.append(replace(row, lease_id=lease_id, infrastructure=mps))
+        return attributed
 
     @staticmethod
     def _lease_of(pid: int, view: NodeView, runners: Dict[int, str], pods: Dict[str, Set[str]]) -> str:

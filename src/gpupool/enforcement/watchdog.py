@@ -6,7 +6,8 @@ Two rules, each with its own mode (kill, warn, off), and idle reclaim (idle.py):
   process that the driver lists outside MPS (outside_mps: its client found no daemon when
   its CUDA context was made, so no memory or SM limit holds it);
 - unleased: a process on a pooled GPU that belongs to no live lease, for longer
-  than the grace period (so a command still ending just after its release is spared).
+  than the grace period (so a command still ending just after its release is spared); the
+  node's own MPS server is none (attribution.py marks it, from the process table).
 
 Each action is logged with the process's pid and uid (the driver's and the kernel's word), its lease,
 the lease's holder (its pid and host marked as the client's word) and MiB, counted per reason, and
@@ -170,7 +171,7 @@ class Watchdog:
                         yield (Violation.OVER_SHARE, lease.id, uuid), [r.pid for r in mine], used, lease
         if self.config.unleased is not EnforceMode.OFF:
             for r in rows:
-                if not r.lease_id:
+                if r.unleased:
                     yield (Violation.UNLEASED, str(r.pid), r.device_uuid), [r.pid], r.memory_mib, None
 
     def _act(

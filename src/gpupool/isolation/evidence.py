@@ -7,6 +7,8 @@
 - A process's parent chain (the process table), its Kubernetes pod (the pod UID in its cgroup,
   only below the kubelet's `kubepods` hierarchy, which no pod and no user can create) and the
   lease id in its environment (which any process can set: a hint, never proof).
+- Whether a process descends from a given one (the node's MPS control daemon, named by its pid and
+  start time): the process table's word, never a process's name or command line, which any user sets.
 
 Attribution (enforcement/attribution.py) consumes only this module.
 """
@@ -168,6 +170,11 @@ class NodeView:
             if info is None or info.ppid == current:
                 return
             current = info.ppid
+
+    def descends_from(self, pid: int, ancestor: int, ancestor_started: int) -> bool:
+        """Whether `pid` is, or descends from, `ancestor` in the process table, `ancestor` being the
+        very process that started at `ancestor_started` (not a later one given its pid)."""
+        return self.started(ancestor) == ancestor_started and ancestor in self.lineage(pid)
 
     def pod_of(self, pid: int) -> Optional[str]:
         """The pod UID of `pid`'s kubepods cgroup (None outside a pod)."""

@@ -178,6 +178,7 @@ class MpsDaemon:
         self.pid_file = self.pipe_dir.parent / PID_FILE
         self.adopted = False  # start() found the daemon of an earlier server of the state dir serving
         self._proc: Optional[Union[subprocess.Popen[bytes], _Adopted]] = None
+        self._identity: Optional[Tuple[int, int]] = None  # the daemon's (pid, start ticks), as recorded
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -191,6 +192,12 @@ class MpsDaemon:
         """The running daemon's pid (None when none runs)."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    def identity(self) -> Optional[Tuple[int, int]]:
+        """The current daemon's pid and start time (clock ticks since boot), as started or adopted;
+        None before start and after stop. Its descendants (the MPS servers) are the node's own
+        processes (enforcement/attribution.py); a dead daemon's pid, reused, has another start time."""
+        return self._identity
 
     def start(self) -> NodeIsolation:
         """Start the daemon and its supervisor; returns the node's isolation. Idempotent while running.
@@ -249,12 +256,13 @@ class MpsDaemon:
             return None
         if alive(supervisor) and start_ticks(supervisor) == supervisor_started:
             return None  # still supervised (another MpsDaemon on the folder): not ours to take
-        self._record(pid)
+        self._record(pid)  # and its identity, for attribution
         return _Adopted(pid)
 
     def _record(self, pid: int) -> None:
         """Write PID_FILE: the daemon and its supervisor (this process), each with its start time."""
         started, ours = start_ticks(pid), start_ticks(os.getpid())
+        self._identity = None if started is None else (pid, started)
         if started is None or ours is None:
             return
         tmp = self.pid_file.with_suffix(".tmp")
@@ -360,7 +368,7 @@ class MpsDaemon:
         except FileNotFoundError:
             pass
         with self._lock:
-            self._proc = None
+            self._proc = self._identity = None
 
     def __enter__(self) -> MpsDaemon:
         self.start()

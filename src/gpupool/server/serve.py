@@ -131,8 +131,9 @@ class Prepared:
             from ..enforcement import Watchdog
             from ..enforcement.attest_listener import attestation_service
 
-            # Attribution trusts only the runners that proved their lease on the node's socket.
-            with attestation_service(self.pool) as attributor:
+            # Attribution trusts only the runners that proved their lease on the node's socket; the
+            # MPS daemon's descendants (its MPS servers) are the node's own, never unleased.
+            with attestation_service(self.pool, mps.identity if mps is not None else lambda: None) as attributor:
                 watchdog = Watchdog(self.pool, self.watch, attributor=attributor).start()
                 yield
         finally:
