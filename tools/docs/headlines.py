@@ -348,6 +348,23 @@ HEADLINES.update(
                 ),
             ),
         ),
+        "fail-closed-cpu.json": Headline(
+            tables=(
+                Table(
+                    ("{starts} starts of a job asking twice its share ({setup.share_mib} MiB)", "starts"),
+                    (
+                        Row("ran over their cap", ("over_cap",)),
+                        Row("ran, capped", ("ran_capped",)),
+                        Row("refused before the command started", ("refused",)),
+                        Row("refused without a one-line reason", ("refused_without_one_line_reason",)),
+                        Row("stopped after they started", ("stopped",)),
+                        Row("still ran after their run exited", ("outlived_their_run",)),
+                        Row("leases left after their TTL", ("leases_left_after_ttl",)),
+                        Row("server kills (kill -9, restarted)", ("server_kills",)),
+                    ),
+                ),
+            ),
+        ),
         "outage.json": Headline(
             tables=(
                 Table(
