@@ -32,22 +32,12 @@ from gpupool.isolation.emulated_usage import UsageRow, parse_usage, read_usage, 
 from gpupool.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.isolation.proctree import alive
 from gpupool.pool import Pool
+from tests.enforcement.test_watchdog import Kills
 
 GIB = 1024
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
 MPS = NodeIsolation(IsolationMode.MPS, "/nowhere/mps/pipe", "/nowhere/mps/log")
-
-
-class Kills:
-    """Records what the watchdog asked to terminate instead of killing (in-process tests)."""
-
-    def __init__(self) -> None:
-        self.calls: List[List[int]] = []
-
-    def __call__(self, pids: Iterable[int], grace_s: float) -> List[int]:
-        self.calls.append(list(pids))
-        return []
 
 
 @pytest.fixture
