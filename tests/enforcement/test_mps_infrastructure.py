@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable, List
 
 import httpx
 import pytest
@@ -29,6 +28,7 @@ from gpupool.isolation.evidence import NodeView, start_ticks
 from gpupool.isolation.mps import MpsDaemon
 from gpupool.isolation.proctree import alive
 from gpupool.pool import Pool
+from tests.enforcement.test_watchdog import Kills
 
 OTHER_UID = 60003  # a local user who names a process like the MPS server
 MPS_SERVER_NAME = "nvidia-cuda-mps-server"
@@ -52,15 +52,6 @@ def impostor() -> subprocess.Popen:
 def mps_server_of(record: Path) -> int:
     """The pid of the stand-in daemon's "MPS server" child (FAKE_MPS_SERVER=1)."""
     return int(wait_until(lambda: list(record.glob("server-*.pid")), 30, "the MPS server's pid")[0].read_text())
-
-
-class Kills:
-    def __init__(self) -> None:
-        self.calls: List[List[int]] = []
-
-    def __call__(self, pids: Iterable[int], grace_s: float) -> List[int]:
-        self.calls.append(list(pids))
-        return []
 
 
 # --- attribution, in process ---------------------------------------------------------------------
