@@ -168,8 +168,12 @@ STAND_IN = "#!PYTHON\n" + (Path(__file__).resolve().parents[1] / "benchmarks" / 
 
 
 @pytest.fixture
-def fake_mps(tmp_path: Path, monkeypatch) -> Path:
-    """A stand-in control binary first on PATH; returns the folder where its daemons record themselves."""
+def fake_mps(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+    """A stand-in control binary first on PATH; yields the folder where its daemons record themselves.
+
+    Every daemon it recorded (and its stand-in MPS server) is ended after the test: a daemon has its
+    own session, so a server killed with kill -9 leaves it running, as the real one does.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     from gpupool.isolation.mps import MPS_CONTROL
@@ -185,7 +189,14 @@ def fake_mps(tmp_path: Path, monkeypatch) -> Path:
     from gpupool.isolation import mps
 
     monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
-    return record
+    yield record
+    from gpupool.isolation.proctree import alive
+
+    pids = [int(p.stem) for p in record.glob("*.json")]
+    pids += [int(p.read_text()) for p in record.glob("server-*.pid") if p.read_text().strip().isdigit()]
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 class S3Server:
