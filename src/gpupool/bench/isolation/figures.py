@@ -12,6 +12,8 @@ import bisect
 import math
 from typing import TYPE_CHECKING
 
+from ...core.percentile import percentile
+
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -56,16 +58,6 @@ def common_window(*series: Series) -> Tuple[float, float]:
     if end <= start:
         raise ValueError("the series do not overlap: the second probe started after the first ended")
     return start, end
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear between the closest ranks."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def settle_s(first: Series, second: Series, start: float, end: float, level: float) -> Optional[float]:
@@ -129,6 +121,8 @@ def latencies(series: Series, start: Optional[float] = None, end: Optional[float
     lo = -math.inf if start is None else start
     hi = math.inf if end is None else end
     values = [lat for t, lat in series if lo <= t <= hi]
+    if not values:
+        raise ValueError("no request in the window")
     return {
         "requests": len(values),
         "p50_ms": round(percentile(values, 50) * 1000, 3),
@@ -164,7 +158,6 @@ __all__: List[str] = [
     "common_window",
     "latencies",
     "neighbour",
-    "percentile",
     "rate",
     "settle_s",
     "split",
