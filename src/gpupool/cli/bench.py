@@ -48,6 +48,8 @@ def register(subparsers: Any) -> None:
 
 
 def _isolation_parser(verbs: Any) -> None:
+    from ..bench.isolation.rounds import Settings
+
     p = verbs.add_parser(
         "isolation",
         help="whether compute splits, a latency-sensitive neighbour and memory caps hold on a real GPU",
@@ -80,14 +82,23 @@ def _isolation_parser(verbs: Any) -> None:
     )
     p.add_argument("--caps-seconds", type=float, default=600.0, help="no start begins after this long (default 600)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the harness's own test)")
-    p.add_argument("--matmul-size", type=int, default=8192, help="the matmul probe's side (default 8192)")
     p.add_argument(
-        "--model", default="resnet50", help="the inference and trainer model (torchvision; default resnet50)"
+        "--matmul-size", type=int, default=Settings.matmul_size, help="the matmul probe's side (default %(default)s)"
     )
-    p.add_argument("--image-size", type=int, default=224, help="their input side (default 224)")
-    p.add_argument("--train-batch", type=int, default=64, help="the trainer's batch (default 64)")
-    p.add_argument("--interval", type=float, default=0.02, help="seconds between inference requests (default 0.02)")
-    p.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds (default 30)")
+    p.add_argument(
+        "--model", default=Settings.model, help="the inference and trainer model (torchvision; default %(default)s)"
+    )
+    p.add_argument("--image-size", type=int, default=Settings.image_size, help="their input side (default %(default)s)")
+    p.add_argument(
+        "--train-batch", type=int, default=Settings.train_batch, help="the trainer's batch (default %(default)s)"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=Settings.interval_s,
+        help="seconds between inference requests (default %(default)s)",
+    )
+    p.add_argument("--ttl", type=float, default=Settings.ttl_s, help="lease TTL in seconds (default %(default)s)")
     p.set_defaults(func=_isolation)
 
 

@@ -22,6 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 KINDS = ("matmul", "infer", "train")
+# The probes' sizes, defined here once (the harness's Settings and `gpupool bench isolation` take them).
+MATMUL_SIZE = 8192
+MODEL = "resnet50"
+IMAGE_SIZE = 224
+TRAIN_BATCH = 64
+INTERVAL_S = 0.02
 READY_SUFFIX = ".ready"
 WARMUP_S = 3.0
 
@@ -33,12 +39,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--stop-file", type=Path, help="stop once this file exists")
     p.add_argument("--seconds", type=float, default=600.0, help="stop after this long at most (default 600)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    p.add_argument("--size", type=int, default=8192, help="matmul: the matrices' side (default 8192)")
+    p.add_argument("--size", type=int, default=MATMUL_SIZE, help="matmul: the matrices' side (default %(default)s)")
     p.add_argument("--sample-s", type=float, default=0.05, help="matmul: about this long between samples")
-    p.add_argument("--model", default="resnet50", help="infer/train: a torchvision model name (default resnet50)")
-    p.add_argument("--image-size", type=int, default=224, help="infer/train: input side in pixels (default 224)")
-    p.add_argument("--batch-size", type=int, default=64, help="train: images per step (default 64)")
-    p.add_argument("--interval-s", type=float, default=0.02, help="infer: time between requests (default 0.02)")
+    p.add_argument("--model", default=MODEL, help="infer/train: a torchvision model name (default %(default)s)")
+    p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="infer/train: input side (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=TRAIN_BATCH, help="train: images per step (default %(default)s)")
+    p.add_argument(
+        "--interval-s", type=float, default=INTERVAL_S, help="infer: s between requests (default %(default)s)"
+    )
     return p.parse_args(argv)
 
 

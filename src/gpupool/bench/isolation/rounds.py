@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ...core.isolation_mode import IsolationMode
 from ...runner.prctl import parent_death_signal
 from . import figures
-from .probe import READY_SUFFIX
+from .probe import IMAGE_SIZE, INTERVAL_S, MATMUL_SIZE, MODEL, READY_SUFFIX, TRAIN_BATCH
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
@@ -44,11 +44,11 @@ class Settings:
 
     out: Path
     device: str = "cuda"
-    matmul_size: int = 8192
-    model: str = "resnet50"
-    image_size: int = 224
-    train_batch: int = 64
-    interval_s: float = 0.02
+    matmul_size: int = MATMUL_SIZE
+    model: str = MODEL
+    image_size: int = IMAGE_SIZE
+    train_batch: int = TRAIN_BATCH
+    interval_s: float = INTERVAL_S
     ttl_s: float = 30.0
     python: str = sys.executable
     progress: Callable[[str], None] = field(default=lambda text: None)
