@@ -32,6 +32,8 @@ READY_TIMEOUT_S = 300.0
 STOP_GRACE_S = 60.0
 # After the first probe of a split is warm, it runs alone this long: its rate alone, before the second.
 ALONE_LEAD_S = 3.0
+# A probe's own time limit, past any round's windows: the stop file (or the harness's end) stops it first.
+PROBE_LIMIT_S = 4 * 3600.0
 
 
 class ProbeFailed(RuntimeError):
@@ -118,7 +120,7 @@ class Round:
             stale.unlink(missing_ok=True)
         probe_args = [
             s.python, "-m", "gpupool.bench.isolation.probe", kind, "--out", str(out), "--stop-file",
-            str(self.stop_file), "--device", s.device, "--size", str(s.matmul_size), "--model", s.model,
+            str(self.stop_file), "--seconds", f"{PROBE_LIMIT_S:g}", "--device", s.device, "--size", str(s.matmul_size), "--model", s.model,
             "--image-size", str(s.image_size), "--batch-size", str(s.train_batch), "--interval-s", str(s.interval_s),
         ]  # fmt: skip
         command = [
