@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of issue 12, on a machine with NVIDIA GPUs, after `make install`:
+# The GPU figures of issues 12 and 38, on a machine with NVIDIA GPUs, after `make install`:
 #   benchmarks/gpu_bench.sh [OUT]        (default OUT: benchmarks/results/gpu-bench)
 # ResNet-50 scaling (synthetic and JPEG data, 224 px), sharing one GPU (ResNet-50 and a small
 # model), and the trainer against a hand-written loop and against Lightning on CUDA. Each
@@ -38,4 +38,6 @@ run share --model convnet --image-size 32 --batch-size 256 --fractions 1,0.5,0.2
     --batch-size "$BATCH" --workers 8 --data "$JPEGS" --rounds 1 --out "$OUT/trainer_resnet50_cuda.json"
 "$BIN/python" benchmarks/bench_lightning.py --device cuda --model resnet50 --image-size 224 \
     --batch-size "$BATCH" --workers 8 --data "$JPEGS" --rounds 2 --out "$OUT/lightning_resnet50_cuda.json"
+# Isolation (issue 38): compute splits, a latency-sensitive neighbour, caps; into benchmarks/results/.
+"$BIN/python" benchmarks/bench_isolation_gpu.py || echo "(bench_isolation_gpu failed: see its output)" >&2
 cat "$OUT"/*/report.md
