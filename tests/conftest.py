@@ -22,6 +22,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 from envs import clean_env
+from waiting import tail, wait_until
 
 _URL_RE = re.compile(r"listening on (\S+)")
 
@@ -116,27 +117,29 @@ def start_server(state: Path, *extra: str, token: bool = True, timeout: float = 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    url = None
-    while time.monotonic() < deadline:
+
+    def listening() -> Optional[str]:
         text = log.read_text(errors="replace")
         match = _URL_RE.search(text)
-        if match:
-            url = match.group(1)
-            break
-        if proc.poll() is not None:
+        if match is None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{text}")
-        time.sleep(0.05)
-    if url is None:
+        return match.group(1) if match else None
+
+    try:
+        url = wait_until(listening, timeout, "the server's URL in its log", detail=lambda: tail(log))
+        verify = ssl.create_default_context(cafile=str(state / "tls" / "ca.crt")) if url.startswith("https") else True
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(url + "/healthz", timeout=1, verify=verify).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout, f"{url}/healthz to answer 200", detail=lambda: tail(log))
+    except AssertionError:
         proc.kill()
-        raise RuntimeError(f"server did not start:\n{log.read_text(errors='replace')}")
-    verify = ssl.create_default_context(cafile=str(state / "tls" / "ca.crt")) if url.startswith("https") else True
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1, verify=verify).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+        proc.wait()
+        raise
     admin = token_file.read_text().strip() if token else None
     return ServerProcess(proc, url, state, admin, log, args)
 

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from waiting import wait_until
+
 from gpupool.core.percentile import percentile
 
 MIB = 1024 * 1024
@@ -61,6 +63,7 @@ class Report:
     answers: List[str] = field(default_factory=list)  # status lines the stalled connections got
     flood_sent_mib: List[float] = field(default_factory=list)  # what the client got rid of (kernel buffers too)
     floods_cut: int = 0  # floods the server closed before their end
+    begun: int = 0  # attackers whose first bytes went out (or that were turned away at the door)
     seconds: float = 0.0
 
     @property
@@ -116,6 +119,7 @@ def stalled_upload(target: Target, length: int, part: int, wait_s: float, report
     except OSError:
         with lock:
             report.closed_after_s.append(0.0)  # refused at the door: closed too
+            report.begun += 1
         return
     with sock:
         head = target.head(
@@ -125,6 +129,8 @@ def stalled_upload(target: Target, length: int, part: int, wait_s: float, report
             sock.sendall(head + b" " * part)
         except OSError:  # answered and closed while sending: closed at once
             pass
+        with lock:
+            report.begun += 1
         _wait_closed(sock, time.monotonic(), wait_s, report, lock)
 
 
@@ -135,9 +141,12 @@ def slow_head(target: Target, wait_s: float, report: Report, lock: threading.Loc
     except OSError:
         with lock:
             report.closed_after_s.append(0.0)
+            report.begun += 1
         return
     with sock:
         sock.sendall(target.head("GET", "/healthz", "X-Slow: "))
+        with lock:
+            report.begun += 1
         _wait_closed(sock, time.monotonic(), wait_s, report, lock)
 
 
@@ -149,6 +158,8 @@ def header_flood(target: Target, total: int, report: Report, lock: threading.Loc
     try:
         with target.connect(10.0) as sock:
             sock.sendall(target.head("GET", "/healthz", "X-Flood: "))
+            with lock:
+                report.begun += 1
             while sent < total:
                 sock.sendall(chunk)
                 sent += len(chunk)
@@ -185,7 +196,7 @@ def bystander(target: Target, count: int, report: Report) -> None:
             if sock is not None:
                 sock.close()
             sock = None
-        time.sleep(0.01)
+        time.sleep(0.01)  # a bystander's pace: a client among others, not one more flood
     if sock is not None:
         sock.close()
 
@@ -229,19 +240,25 @@ def attack(
     for t in threads:
         t.daemon = True
         t.start()
-    time.sleep(0.2)  # the attack under way
+    # the attack under way: each attacker has sent its first bytes, been turned away, or ended
+    wait_until(
+        lambda: report.begun + sum(not t.is_alive() for t in threads) >= len(threads), 60, "every attacker under way"
+    )
     bystander(target, 100, report)
     for t in threads:
         t.join(wait_s + 5)
     stop_sampling.set()
     sampler.join()
+
     # Memory comes back once they are gone: poll for it (RSS settles as the allocator frees).
-    deadline = time.monotonic() + settle_s
-    while True:
+    def settled() -> bool:
         report.rss_after_mib = rss_mib(target.pid)
-        if report.rss_after_mib - report.rss_before_mib <= 20 or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
+        return report.rss_after_mib - report.rss_before_mib <= 20
+
+    try:
+        wait_until(settled, settle_s, "the server's RSS back within 20 MiB", interval=0.25)
+    except AssertionError:
+        pass  # not asserted here: assert_bounded says by how much it stayed up
     report.seconds = time.monotonic() - started
     return report
 

@@ -44,6 +44,36 @@ def wait_until(
         time.sleep(interval)
 
 
+def holds(
+    predicate: Callable[[], object],
+    seconds: float,
+    what: str,
+    *,
+    checks: int = 5,
+    interval: float = 0.05,
+    detail: Optional[Callable[[], object]] = None,
+) -> None:
+    """Check that `predicate` stays true for `seconds` and at least `checks` looks; fail the first time it
+    is not: "nothing wrong happens meanwhile" (no wrong grant, no rerun, no second try).
+
+    The span is a floor, never measured: a loaded machine stretches it, and the count of looks keeps
+    a test starved of CPU from passing on a single one.
+    """
+    deadline, looks = time.monotonic() + seconds, 0
+
+    def look() -> bool:
+        nonlocal looks
+        value = predicate()
+        if not value:
+            more = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"no longer true after {looks} look(s): {what}: last value {value!r}{more}")
+        looks += 1
+        return looks >= checks and time.monotonic() >= deadline
+
+    # wait_until's own limit never ends it: every look either fails or brings the end nearer
+    wait_until(look, seconds + checks * interval + 600, what, interval=interval)
+
+
 def wait_dead(pid: int, timeout: float = 15.0) -> None:
     """Wait until process `pid` has ended (a zombie counts as ended)."""
     from gpupool.isolation.proctree import alive
