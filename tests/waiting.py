@@ -74,6 +74,21 @@ def holds(
     wait_until(look, seconds + checks * interval + 600, what, interval=interval)
 
 
+def connections_to(port: int) -> int:
+    """Established TCP connections whose local end is `port` on this host (the server's side): calls a
+    server holds open (long polls), seen without its help."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            count += state == "01" and int(local.rsplit(":", 1)[1], 16) == port  # 01: ESTABLISHED
+    return count
+
+
 def wait_dead(pid: int, timeout: float = 15.0) -> None:
     """Wait until process `pid` has ended (a zombie counts as ended)."""
     from gpupool.isolation.proctree import alive

@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from waiting import wait_until
+from waiting import connections_to, wait_until
 
 WHOLE = {"requests": [{"count": 1, "fraction": 1.0}]}
 
@@ -154,21 +154,6 @@ def test_watch_answers_after_its_time_when_nothing_happens(running_server):
     assert r.status_code == 404
 
 
-def connections_to(port: int) -> int:
-    """Established TCP connections whose local end is `port` on this host (the server's side)."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as listing:
-                rows = listing.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            local, state = row.split()[1], row.split()[3]
-            count += state == "01" and int(local.rsplit(":", 1)[1], 16) == port
-    return count
-
-
 @pytest.mark.slow
 def test_many_watchers_hold_no_thread_each(running_server):
     """60 watches at once (more than the server's worker threads) are all connected, and a plain
@@ -216,7 +201,9 @@ def test_watch_returns_promptly_when_the_lease_is_preempted(server_factory):
     watchers = [threading.Thread(target=watch, args=args) for args in ((first["id"], "3"), (second["id"], "60"))]
     for t in watchers:
         t.start()
-    time.sleep(0.3)  # the watches under way; were they not yet, the preempted lease's would answer at once all the same
+    # the watches under way (were they not yet, the preempted lease's would answer at once all the same)
+    port = int(s.url.rsplit(":", 1)[1])
+    wait_until(lambda: connections_to(port) >= 2, 30, "both watches connected to the server")
     granted = {}
     # wait_s 0: a claim within its quota still waits for the borrower it preempted (grace + margin)
     bob = threading.Thread(target=lambda: granted.update(r=claim(s, b, wait_s=0)))
