@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from waiting import wait_for_events, wait_until
+from waiting import events, holds, wait_for_events, wait_until
 
 PREEMPTEE = str(Path(__file__).resolve().parents[1] / "runner" / "preemptee.py")
 
@@ -67,8 +66,8 @@ def test_a_preempted_job_is_requeued_whole_and_reruns_with_the_attempt_env(shell
         assert "preempted" in queued["message"]
         wait_until(lambda: (tmp_path / "b.up").exists() or b.poll() is not None, 30, "B's command to start")
         assert b.poll() is None, "B's command did not start"
-        time.sleep(0.5)  # B holds its GPU a while: the check below is that A does not rerun meanwhile
-        assert len(wait_for_events(log, "start", 2)) == 2  # no rerun while B holds its GPU
+        starts = lambda: [e for e in events(log) if e["event"] == "start"]  # noqa: E731
+        holds(lambda: len(starts()) == 2, 1.0, "no rerun of A while B holds its GPU", detail=starts)
         b_stop.touch()
         _, err = b.communicate(timeout=30)
         assert b.returncode == 0, err
