@@ -6,10 +6,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from gpupool.isolation.evidence import NodeView, kube_pod_uid, peer_credentials, start_ticks, uptime_ticks, witness_peer
 
@@ -93,11 +93,12 @@ def test_uptime_ticks_read_the_decimal_exactly(tmp_path, uptime):
 
 def test_start_ticks_change_with_the_process_behind_a_pid():
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    time.sleep(0.05)  # a later start tick for the second (the thing compared)
+    # the clock a tick past the first's start, so the second starts on a later tick (the thing compared)
+    wait_until(lambda: (uptime_ticks() or 0) > (start_ticks(first.pid) or 0), 10, "a clock tick past the first's start")
     second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         a, b = start_ticks(first.pid), start_ticks(second.pid)
-        assert a is not None and b is not None and a <= b <= (uptime_ticks() or 0)
+        assert a is not None and b is not None and a < b <= (uptime_ticks() or 0)
     finally:
         for proc in (first, second):
             proc.kill()
