@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from waiting import wait_until
 
 from gpupool.core.errors import StateLocked
 from gpupool.core.model import Device, Holder, Lease, Slice
@@ -121,11 +122,21 @@ def test_close_waits_for_a_transaction_in_another_thread(tmp_path):
     seen: list = []
     queried: list = []
 
+    main = threading.get_ident()
+
+    def close_waits() -> bool:
+        """The main thread is in Store.close, waiting for this transaction to end."""
+        names, frame = [], sys._current_frames().get(main)
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return "close" in names and "wait_for" in names
+
     def reader() -> None:
         with store.read() as tx:
             inside.set()
             closing.wait(60)
-            time.sleep(0.4)  # still inside when close() is called
+            wait_until(close_waits, 60, "close() in the main thread to wait for the reader")  # still inside then
             seen.append(tx.conn.execute("SELECT count(*) FROM leases").fetchone()[0])
             queried.append(time.monotonic())
 
