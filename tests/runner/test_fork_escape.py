@@ -81,14 +81,15 @@ def assert_gone_for_good(stamp: Path) -> None:
     """The stamp the hopper rewrites every 10 ms stops changing (within GONE_WAIT_S) and no hopper
     process is left. The stamp is the hopper's sign of life: no pid of it lives long enough for a
     look at /proc to be sure it found them all."""
-    deadline = time.monotonic() + GONE_WAIT_S
-    last, since = stamp.read_text(), time.monotonic()
-    while time.monotonic() - since < STILL_S:
-        assert time.monotonic() < deadline, f"the hopper still hops {GONE_WAIT_S:g} s on: its stamp changes"
-        time.sleep(0.02)
+    seen = {"stamp": stamp.read_text(), "since": time.monotonic()}
+
+    def still() -> bool:
         now = stamp.read_text()
-        if now != last:
-            last, since = now, time.monotonic()
+        if now != seen["stamp"]:
+            seen.update(stamp=now, since=time.monotonic())
+        return time.monotonic() - float(seen["since"]) >= STILL_S
+
+    wait_until(still, GONE_WAIT_S, f"the hopper's stamp unchanged for {STILL_S:g} s", interval=0.02)
     assert not hoppers(stamp)
 
 

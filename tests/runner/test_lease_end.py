@@ -124,7 +124,7 @@ def test_a_kill_9_soon_after_the_start_leaves_nothing(pool, tmp_path, mode):
         runner = pool.start("run", "-q", "-m", "1", "--", *SHAPES["double-fork"](mark), env=env)
         try:
             wait_until(lambda m=mark: len(marked(m, "sleep")) >= 2, 15, "the command and its daemon started")
-            time.sleep(delay)
+            time.sleep(delay)  # the kill lands this far into the command's start (the delays sweep it)
             runner.kill()
             runner.wait(timeout=5)
             wait_until(lambda m=mark: not marked(m), CLEANUP_WAIT_S, f"every process ended, killed {delay:g} s in")

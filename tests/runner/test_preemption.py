@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-from waiting import events, wait_for_events
+from waiting import events, holds, wait_for_events
 
 from gpupool.core.errors import Preempted
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
@@ -86,9 +86,9 @@ def test_requeue_reruns_the_command_with_the_attempt_env_once_b_is_done(pool2q: 
     wait_for_events(b_log, "start")
     borrowed_log: Path = a["borrowed_log"]  # type: ignore[assignment]
     wait_for_events(borrowed_log, "sigterm")
-    time.sleep(1.0)  # time for a wrong rerun: none may come while B holds the GPU
-    # B holds the GPU: A's rerun waits in the queue.
-    assert [e["event"] for e in events(borrowed_log)] == ["start", "sigterm"]
+    # B holds the GPU: A's rerun waits in the queue (time for a wrong rerun, look after look)
+    said = lambda: [e["event"] for e in events(borrowed_log)]  # noqa: E731
+    holds(lambda: said() == ["start", "sigterm"], 1.0, "no rerun of A while B holds the GPU", detail=said)
     b_stop.touch()
     b.communicate(timeout=30)
     assert b.returncode == 0

@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 from waiting import wait_until
@@ -168,14 +170,20 @@ def test_heartbeat_keeps_lease_past_ttl_and_warns_when_lost(pool, tmp_path):
     )
     try:
         env = read_record(record)["env"]
-        time.sleep(1.6)  # longer than the TTL: only heartbeats keep it
+        time.sleep(1.6)  # the TTL (1 s) passes: only heartbeats keep the lease (what is tested)
         leases = pool.status()["leases"]
         assert [lease["id"] for lease in leases] == [env["GPUPOOL_LEASE_ID"]]
         released = pool.run("release", env["GPUPOOL_LEASE_ID"])
         assert released.returncode == 0, released.stderr
-        time.sleep(0.8)  # the command runs on a while with its lease released (what the runner then says)
+        # the command runs on with its lease released until the runner has said so (its next heartbeat)
+        said: List[str] = []
+        reader = threading.Thread(target=lambda: said.extend(runner.stderr or ()), daemon=True)
+        reader.start()
+        wait_until(lambda: "was released by its owner" in "".join(said), 30, "the runner to say the lease was released")
         stop.touch()
-        _, err = runner.communicate(timeout=15)
+        runner.wait(timeout=15)
+        reader.join(15)
+        err = "".join(said)
     finally:
         stop.touch()
         if runner.poll() is None:

@@ -39,5 +39,5 @@ deadline = time.time() + 120
 while not os.path.exists(stop) and time.time() < deadline:
     note("tick", tick)
     tick += 1
-    time.sleep(0.05)
+    time.sleep(0.05)  # the pace of its ticks: progress that a stopped job does not make
 note("done", tick)
