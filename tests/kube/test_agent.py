@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
+
+from waiting import wait_until
 
 from gpupool.core.model import Claim, Holder
 from gpupool.devices import discover
@@ -61,8 +64,13 @@ def test_live_pods_file_is_unknown_until_it_exists(tmp_path):
     try:
         lease = pool.claim(Claim.single(1, fraction=0.5), Holder("team-a", 1, "h", "pod:team-a/old:uid-gone"))
         assert reap_once(pool, live) == []  # no list yet: nothing is released
-        time.sleep(0.02)
-        path.write_text("# pods on n\nuid-live  \n\n")
+
+        def listed_after_the_claim() -> bool:
+            """The list written (again) until its mtime, coarser than the clock, is past the lease's creation."""
+            path.write_text("# pods on n\nuid-live  \n\n")
+            return os.stat(path).st_mtime > lease.created_at
+
+        wait_until(listed_after_the_claim, 10, "a pod list written after the lease's claim")
         assert live()[0] == {"uid-live"}
         assert [x.id for x in reap_once(pool, live)] == [lease.id]
     finally:

@@ -23,7 +23,7 @@ from typing import Optional
 import grpc
 import pytest
 from conftest import stop_process
-from waiting import tail, wait_until
+from waiting import holds, tail, wait_until
 
 from gpupool.client.http import HttpPoolClient
 from gpupool.core.attestation import SOCKET_ENV
@@ -265,8 +265,14 @@ def test_runner_claims_by_pod_identity_and_the_reaper_releases_gone_pods(node, p
             )
         finally:
             admin.close()
-        time.sleep(0.5)  # reaper passes without a pod list (no file yet): unknown is not "no pods"
-        assert orphan.id in {x["id"] for x in agent.status()["leases"]}
+        # reaper passes without a pod list (no file yet): unknown is not "no pods", look after look
+        holds(
+            lambda: orphan.id in {x["id"] for x in agent.status()["leases"]},
+            1.0,
+            "the gone pod's lease kept while no pod list exists",
+            checks=3,
+            detail=lambda: tail(agent.log),
+        )
         agent.live_pods.write_text(f"# pods on node-a\n{POD_UID}\n")
 
         def orphan_released():

@@ -45,7 +45,7 @@ def test_a_body_slower_than_the_head_timer_is_served_within_the_body_cap(tls):
         raw = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
         with ssl.create_default_context(cafile=tls["ca"]).wrap_socket(raw, server_hostname="localhost") as sock:
             sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
-            time.sleep(1.5)  # three head timers
+            time.sleep(1.5)  # the client stalls mid-body past three head timers (0.5 s): what is tested
             sock.sendall(b"67890")
             assert sock.recv(1000).startswith(b"HTTP/1.1 200")
     finally:
