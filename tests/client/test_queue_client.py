@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from waiting import connections_to, wait_until
 
 from gpupool.client.embedded import EmbeddedPoolClient
 from gpupool.client.http import HttpPoolClient
@@ -41,7 +42,7 @@ def test_set_list_use_and_delete_a_queue(client):
     assert watched.id == lease.id and watched.preempted_at is None and time.monotonic() - started >= 0.25
     with pytest.raises(InvalidInput):
         client.delete_queue("team-a")  # it holds a lease
-    time.sleep(0.3)  # GPU time to account
+    time.sleep(0.3)  # GPU time to account (the workload)
     releasing = time.time()
     client.release(lease.id)
     released = time.time()
@@ -78,9 +79,12 @@ def test_a_watch_holds_back_neither_heartbeats_nor_close(running_server):
         except ServerUnreachable:
             ended.append("cut")
 
+    port = int(running_server.url.rsplit(":", 1)[1])
+    before = connections_to(port)  # the claim's kept-alive connection
     thread = threading.Thread(target=watch)
     thread.start()
-    time.sleep(0.3)  # the watch under way (were it not yet, the heartbeat would pass anyway)
+    # the watch under way, on a connection of its own (were it not yet, the heartbeat would pass anyway)
+    wait_until(lambda: connections_to(port) > before, 30, "the watch connected to the server")
     started = time.monotonic()
     client.heartbeat(lease.id)
     # Had the watch held the heartbeat's connection, the heartbeat would have waited its 30 s.
