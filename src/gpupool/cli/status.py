@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ..core.suspension import LEASE_STATES, PREEMPT_MODES, PREEMPTED_AS, RESUMING, RUNNING, SUSPENDED
-from ..core.usage import ProcessUsage
 from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
@@ -205,6 +204,9 @@ def _print_enforcement(isolation: Dict[str, Any], usage: Dict[str, Any]) -> None
     if not usage:
         print("usage: not sampled (the embedded pool has no watchdog; a server or node agent samples)")
         return
+    # Here, not at the top: the embedded pool (no watchdog, no usage) never loads the usage records.
+    from ..core.usage import ProcessUsage
+
     age = max(time.time() - float(usage.get("sampled_at", 0)), 0)
     print(f"usage sampled {age:.0f}s ago")
     unleased = [p for p in usage.get("processes", []) if ProcessUsage.from_dict(p).unleased]
