@@ -151,7 +151,7 @@ def test_waiters_are_granted_in_fifo_order(pool):
         lease = pool.claim(Claim.single(2, fraction=1.0), Holder(name), wait_s=300)
         with lock:
             order.append(name)
-        time.sleep(0.05)
+        time.sleep(0.05)  # holds its lease a moment: the next in line waits for it (the order is tested)
         pool.release(lease.id)
 
     threads = []

@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import ServerProcess, start_server
 from tests.gpupool_cli import gpupool
-from tests.waiting import events, wait_dead, wait_for_events
+from tests.waiting import events, holds, wait_dead, wait_for_events
 
 PREEMPTEE = str(Path(__file__).parents[1] / "runner" / "preemptee.py")
 CLI = [sys.executable, "-m", "gpupool.cli.main"]
@@ -122,7 +122,7 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     wait_for_events(first_log, "start")
     loan, loan_log, loan_stop = teams.job("a2", "a", "--requeue", "--preempt-grace", f"{GRACE_S:g}")
     wait_for_events(loan_log, "start")
-    time.sleep(1.0)  # A holds both GPUs a while
+    time.sleep(1.0)  # A holds both GPUs a while: GPU-seconds to account (the workload)
 
     b_launched = time.time()
     b, b_log, b_stop = teams.job("b", "b", *B_FLAGS)
@@ -132,8 +132,9 @@ def test_b_takes_its_quota_back_and_a_reruns_after_b_and_usage_adds_up(teams: Te
     term = wait_for_events(loan_log, "sigterm")[0]
     assert float(term["time"]) <= float(b_start["time"])  # A's loan was stopped first (its stop file never came)
 
-    time.sleep(1.5)  # B holds its GPU a while: A's rerun waits (it cannot start while B holds it)
-    assert [e["event"] for e in events(loan_log)] == ["start", "sigterm"]
+    # B holds its GPU a while: A's rerun waits (it cannot start while B holds it), look after look
+    said = lambda: [e["event"] for e in events(loan_log)]  # noqa: E731
+    holds(lambda: said() == ["start", "sigterm"], 1.5, "no rerun of A while B holds its GPU", detail=said)
     b_stop.touch()
     b_stopped = time.time()
     assert b.wait() == 0, b.stderr

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import ServerProcess
 from tests.gpupool_cli import gpupool
 from tests.pool.test_queues_e2e import CLI, Runner, leases
-from tests.waiting import events, wait_for_events, wait_until
+from tests.waiting import events, holds, wait_for_events, wait_until
 
 TICKER = str(Path(__file__).parents[1] / "runner" / "ticker.py")
 MIB_PER_JOB = 1024
@@ -121,8 +121,8 @@ def test_b_suspends_a_loan_that_resumes_by_itself_when_b_ends(server_factory, tm
     assert pid not in pool.usage.pids(), "its GPU memory left the device"
     assert suspended[0]["suspension"]["by"] == "preemption" and suspended[0]["devices"] == []
     ticks_while_parked = len(continuous(loan_log))
-    time.sleep(0.5)  # time to tick, were it running
-    assert len(continuous(loan_log)) == ticks_while_parked, "a suspended job makes no progress"
+    # time to tick, were it running: look after look, no tick
+    holds(lambda: len(continuous(loan_log)) == ticks_while_parked, 0.5, "a suspended job makes no progress")
 
     b_stop.touch()
     assert b.wait(30) == 0
@@ -162,8 +162,8 @@ def test_the_owner_suspends_and_resumes_another_tenant_may_not(server_factory, t
     assert done.returncode == 0 and "is suspended" in done.stderr, done.stderr
     assert proc_state(pid) == "T" and pid not in pool.usage.pids()
     assert pool.lease(lease_id)["suspension"]["reason"] == "lunch"
-    time.sleep(0.5)  # time for a wrong resume
-    assert pool.lease(lease_id)["state"] == "suspended", "a lease suspended by hand waits for resume"
+    # time for a wrong resume: a lease suspended by hand waits for resume, look after look
+    holds(lambda: pool.lease(lease_id)["state"] == "suspended", 0.5, "a lease suspended by hand stays suspended")
     done = subprocess.run(CLI + ["resume", lease_id], env=alice_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "is running" in done.stderr, done.stderr
     assert proc_state(pid) in ("S", "R") and pid in pool.usage.pids()
