@@ -8,6 +8,7 @@ until a deadline is neither.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -87,6 +88,13 @@ def connections_to(port: int) -> int:
             local, state = row.split()[1], row.split()[3]
             count += state == "01" and int(local.rsplit(":", 1)[1], 16) == port  # 01: ESTABLISHED
     return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used (user + system, all its threads): its progress, which a
+    loaded machine slows down as much as the process itself."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def wait_dead(pid: int, timeout: float = 15.0) -> None:

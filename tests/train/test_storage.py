@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from envs import free_port
+from waiting import wait_until
 
 from gpupool.train import storage
 from gpupool.train.storage import StorageError
@@ -100,17 +101,17 @@ def test_refused_credentials_name_the_url_and_the_fix(s3_server, monkeypatch: py
         import s3fs
 
         endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
         import urllib.request
 
-        while True:
+        def up() -> bool:
+            assert proc.poll() is None, f"the S3 stand-in exited ({proc.returncode})"
             try:
                 urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-                break
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                return False
+
+        wait_until(up, 60, "the S3 stand-in to answer", interval=0.2)
         for key, value in {**s3_server.env, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "refused"}.items():
             monkeypatch.setenv(key, value)
         s3fs.S3FileSystem.clear_instance_cache()

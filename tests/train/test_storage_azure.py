@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from envs import free_port
+from waiting import wait_until
 
 from gpupool.train import storage
 from gpupool.train.storage import StorageError
@@ -42,16 +42,18 @@ def azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def up() -> bool:
+        assert proc.poll() is None, f"azurite exited ({proc.returncode})"
         try:
             urllib.request.urlopen(endpoint + "?comp=list", timeout=1)
-            break
         except urllib.error.HTTPError:  # it answers (403 without a signature): it is up
-            break
+            pass
         except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "azurite did not start"
-            time.sleep(0.2)
+            return False
+        return True
+
+    wait_until(up, 60, "azurite to answer", interval=0.2)
     monkeypatch.setenv(
         "AZURE_STORAGE_CONNECTION_STRING",
         f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={_KEY};BlobEndpoint={endpoint};",

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
 from gpupool_cli import gpupool_cmd  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import cpu_seconds, wait_until  # noqa: E402
 
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.bucket_data import BucketFiles  # noqa: E402
@@ -72,7 +71,9 @@ def test_kill_9_mid_epoch_then_resume_from_the_bucket_ends_like_an_unbroken_run(
     )
     wait_until(lambda: _checkpoints(run1) or proc.poll() is not None, 180, "the first epoch's checkpoint")
     assert _checkpoints(run1) == [series_name(1, 0)], "the first epoch's checkpoint never reached the bucket"
-    time.sleep(0.5)  # into epoch 2's steps
+    # into epoch 2's steps: 0.5 s of the trainer's own CPU time on (a loaded machine gives it less per second)
+    since = cpu_seconds(proc.pid)
+    wait_until(lambda: cpu_seconds(proc.pid) >= since + 0.5, 120, "the trainer into epoch 2", interval=0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL

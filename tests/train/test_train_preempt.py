@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -20,7 +19,7 @@ pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torch
 
 from gpupool_cli import gpupool_cmd  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import cpu_seconds, wait_until  # noqa: E402
 
 from gpupool.isolation import env as contract  # noqa: E402
 from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
@@ -73,7 +72,9 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_like_an_unbroken_run(digits_
     # Its end-of-epoch checkpoint follows the row, and the epoch-end stop check follows that: a
     # SIGTERM sent before both would stop it after epoch 1, not in epoch 2.
     wait_until(lambda: (out / CHECKPOINT_FILE).exists() or proc.poll() is not None, 120, "epoch 1's checkpoint")
-    time.sleep(0.3)  # into epoch 2's steps (an epoch is several hundred of them)
+    # into epoch 2's steps (an epoch is several hundred of them): 0.3 s of the trainer's own CPU time on
+    since = cpu_seconds(proc.pid)
+    wait_until(lambda: cpu_seconds(proc.pid) >= since + 0.3, 120, "the trainer into epoch 2", interval=0.02)
     os.killpg(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == STOPPED_EXIT_CODE, stderr
