@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 from tests.conftest import ServerProcess
 from tests.pool.test_suspend_e2e import Usage, proc_state
-from tests.waiting import wait_until
+from tests.waiting import holds, wait_until
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
@@ -118,6 +119,16 @@ class Notebooks:
         for km in self.managers:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
+
+
+def cell_started(kc: BlockingKernelClient, msg_id: str) -> bool:
+    """Whether the kernel has announced the cell `msg_id` (execute_input, just before it runs it); reads
+    one iopub message (execute_interactive skips the ones of other cells)."""
+    try:
+        msg = kc.get_iopub_msg(timeout=0.5)
+    except queue.Empty:
+        return False
+    return msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id
 
 
 def run_cell(kc: BlockingKernelClient, code: str, timeout: float = 60.0) -> Tuple[str, str, Dict[str, Any]]:
@@ -254,7 +265,8 @@ def test_shutdown_restart_and_interrupt_leave_nothing_behind(notebooks: Notebook
     # interrupt: the kernel stops the cell and lives on, on the same lease (also after many)
     for _ in range(4):
         msg_id = kc.execute("import time; time.sleep(60)", stop_on_error=False)
-        time.sleep(0.5)  # the cell under way (an interrupt before it runs is the other case)
+        # the cell under way (an interrupt before it runs is the other case): its execute_input is out
+        wait_until(lambda m=msg_id: cell_started(kc, m), 60, "the cell to start")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=10)
         while reply["msg_type"] == "kernel_info_reply":  # late: wait_for_ready asks again after 1 s
@@ -335,7 +347,7 @@ def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
     lease = notebooks.lease_of(km)
     told = lambda: [r for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]  # noqa: E731
     wait_until(told, 20, "the gate to say why idle releases nothing")
-    time.sleep(2.5)  # two more idle limits: no second try, no second line
+    holds(lambda: len(told()) == 1, 2.5, "no second try, no second line")  # two more idle limits and more
     said = [r.getMessage() for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]
     assert len(said) == 1 and "cuda" in said[0], said  # the runner's reason: no cuda-bindings here
     assert notebooks.lease_of(km)["state"] == "running" and notebooks.lease_of(km)["id"] == lease["id"]
@@ -359,7 +371,9 @@ def test_a_lease_suspended_elsewhere_is_resumed_by_the_next_cell(notebooks: Note
     )
     assert done.returncode == 0, done.stderr
     assert proc_state(pid) == "T"
-    time.sleep(1.5)  # the gate reads the lease every second
+    # the gate reads the lease every second: one read lets it know (no sign of that read outside the
+    # kernel; were it late, the cell is resumed all the same, the case just below)
+    time.sleep(1.5)
     out, err, reply = run_cell(kc, "print(y + 1)", timeout=30)
     assert reply["status"] == "ok" and out.strip() == "21", err
     assert notebooks.lease_of(km)["state"] == "running" and proc_state(pid) in ("S", "R")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from waiting import wait_until
+from waiting import holds, wait_until
 
 from gpupool.notebook import wire
 from gpupool.notebook.gate import ACTIVE, PARKED, KernelGate
@@ -86,8 +86,7 @@ def test_idle_suspends_a_request_resumes_and_waits_for_room() -> None:
     try:
         wait_until(lambda: gate.state == ACTIVE, 30)
         gate.on_status("busy")
-        time.sleep(0.5)  # time for a wrong suspend
-        assert client.calls == [], "a busy kernel is never suspended"
+        holds(lambda: client.calls == [], 0.5, "a busy kernel is never suspended")  # time for a wrong suspend
         gate.on_status("idle")
         wait_until(lambda: gate.state == PARKED, 30)
         assert gate.parked() and client.calls == ["suspend"]
@@ -108,8 +107,8 @@ def test_a_refused_suspend_is_said_once_and_not_tried_again(caplog: pytest.LogCa
     gate, _, _ = gate_of(client, idle_s=0.2)
     try:
         wait_until(lambda: bool(gate.refused), 30)
-        time.sleep(0.6)  # three more idle limits: no second try
-        assert client.calls == ["suspend"] and gate.state == ACTIVE
+        # three more idle limits and more: no second try
+        holds(lambda: client.calls == ["suspend"] and gate.state == ACTIVE, 0.6, "one suspend tried, no second")
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and "cuda-bindings is not installed" in lines[0]
         assert gate.admit("shell", {"msg_type": "execute_request"})
@@ -122,7 +121,6 @@ def test_no_idle_limit_never_suspends() -> None:
     gate, _, _ = gate_of(client, idle_s=None)
     try:
         wait_until(lambda: gate.state == ACTIVE, 30)
-        time.sleep(0.5)  # time for a wrong suspend: no idle limit, none
-        assert client.calls == []
+        holds(lambda: client.calls == [], 0.5, "no suspend without an idle limit")  # time for a wrong suspend
     finally:
         gate.stop()
