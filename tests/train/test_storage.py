@@ -141,7 +141,7 @@ def test_a_writer_killed_mid_put_leaves_the_old_file_or_the_new_one(s3_bucket: s
     storage.write_bytes(target, b"old")
     for delay in (0.3, 0.9, 1.7):
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(big), target], env=run_env())
-        time.sleep(delay)
+        time.sleep(delay)  # the kill lands this far into the put (the delays sweep it: before, during, after)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         data = storage.read_bytes(target)
