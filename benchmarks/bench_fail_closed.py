@@ -125,30 +125,8 @@ time.sleep(hold_s)
 update(0)
 """
 
-# Becomes user UID, then holds HELD connections (touching READY once it first held them all) to the attestation socket that never send a byte,
-# replacing each one the node answers or closes; ends with its parent or at its own deadline.
-STARVER = r"""
-import os, select, socket, sys, time
-uid, path, held_n, ready, limit_s = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
-os.setgroups([]); os.setgid(uid); os.setuid(uid)
-parent, end, held, made = os.getppid(), time.monotonic() + limit_s, [], 0
-while time.monotonic() < end and os.getppid() == parent:
-    while len(held) < held_n:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(1.0)
-        try:
-            sock.connect(path)
-        except OSError:
-            sock.close()
-            break
-        held.append(sock)
-        made += 1
-        if made == held_n:
-            open(ready, "w").close()
-    for sock in (select.select(held, [], [], 0.05)[0] if held else []):
-        held.remove(sock)
-        sock.close()
-"""
+# A local user that holds the attestation socket busy.
+STARVER = Path(__file__).resolve().parent / "attest_starver.py"
 
 
 def wait_for(condition: Callable[[], Any], what: str, limit_s: float = WAIT_S) -> Any:
@@ -291,7 +269,7 @@ def start_starvers(pool: Pool) -> List[subprocess.Popen[bytes]]:
     ready.chmod(0o777)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-I", "-c", STARVER, str(uid), path, str(HELD), str(ready / str(uid)), "900"],
+            [sys.executable, "-I", str(STARVER), str(uid), path, str(HELD), str(ready / str(uid)), "900"],
             cwd="/",
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

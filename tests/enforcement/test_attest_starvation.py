@@ -39,33 +39,8 @@ STARVERS = range(60001, 60006)  # five other users
 HELD = 6  # silent connections each keeps open
 GIB = 1024
 
-# Becomes user UID (started as root: the interpreter's files need not be readable by UID), then
-# holds `HELD` connections that never send a byte; one the node answers or closes is replaced at
-# once. Ends with its parent (the test) or after its own deadline, whichever is first.
-STARVER = r"""
-import os, select, socket, sys, time
-uid, path, held_n, ready, limit_s = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
-os.setgroups([]); os.setgid(uid); os.setuid(uid)
-parent, end = os.getppid(), time.monotonic() + limit_s
-held, made = [], 0
-while time.monotonic() < end and os.getppid() == parent:
-    while len(held) < held_n:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(1.0)
-        try:
-            sock.connect(path)
-        except OSError:
-            sock.close()
-            break
-        held.append(sock)
-        made += 1
-        if made == held_n:
-            open(ready, "w").close()
-    answered = select.select(held, [], [], 0.05)[0] if held else []
-    for sock in answered:
-        held.remove(sock)
-        sock.close()
-"""
+# A local user that holds the attestation socket busy (benchmarks/attest_starver.py says how).
+STARVER = Path(__file__).resolve().parents[2] / "benchmarks" / "attest_starver.py"
 
 
 @pytest.fixture
@@ -86,7 +61,7 @@ def start_starvers(socket_path: Path, ready: Path, limit_s: float = 240.0) -> Li
     for uid in STARVERS:
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-I", "-c", STARVER, str(uid), str(socket_path), str(HELD), str(ready / str(uid))]
+                [sys.executable, "-I", str(STARVER), str(uid), str(socket_path), str(HELD), str(ready / str(uid))]
                 + [str(limit_s)],
                 cwd="/",
                 stdout=subprocess.DEVNULL,
