@@ -26,13 +26,12 @@ from gpupool.core.usage import EnforceMode, ProcessUsage, UsageReport, Violation
 from gpupool.devices import emulated_devices
 from gpupool.devices import usage as device_usage
 from gpupool.devices.usage import EMULATED_USAGE_ENV, UsageSampler
-from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
 from gpupool.enforcement.attest import Attestations
 from gpupool.isolation.emulated_usage import UsageRow, parse_usage, read_usage, write_usage
 from gpupool.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.isolation.proctree import alive
 from gpupool.pool import Pool
-from tests.enforcement.test_watchdog import Kills
+from tests.enforcement.test_watchdog import Kills, watchdog
 
 GIB = 1024
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
@@ -55,19 +54,6 @@ def child() -> Iterable[subprocess.Popen]:
     proc.wait()
 
 
-def watched(pool: Pool, usage: Path, clock: FakeClock, kills: Kills, attested: Attestations, **config: object):
-    settings = {"interval_s": 1.0, "grace_s": 5.0}
-    settings.update(config)
-    return Watchdog(
-        pool,
-        WatchdogConfig(**settings),  # type: ignore[arg-type]
-        sampler=UsageSampler(pool.devices(), str(usage)),
-        attributor=Attributor(attested),
-        clock=clock,
-        terminate=kills,
-    )
-
-
 def own_lease(pool: Pool, attested: Attestations, fraction: float = 0.25) -> Tuple[str, str]:
     """A lease whose runner is this test process (so its children are the lease's processes)."""
     lease = pool.claim(Claim.single(1, fraction=fraction), Holder("alice", os.getpid(), socket.gethostname()))
@@ -81,7 +67,7 @@ def test_a_lease_process_outside_mps_is_stopped_at_the_first_sample(pool, tmp_pa
     pool.set_isolation(MPS)
     clock, kills, usage, attested = FakeClock(), Kills(), tmp_path / "usage.json", Attestations()
     lease_id, uuid = own_lease(pool, attested)
-    dog = watched(pool, usage, clock, kills, attested, grace_s=600.0)
+    dog = watchdog(pool, usage, clock, kills, attested, grace_s=600.0)
     # 1 GiB, well within its 4 GiB share: the over-share rule has nothing to say; no cap holds it.
     write_usage(usage, {uuid: {child.pid: UsageRow(GIB, mps_client=False)}})
     report = dog.step()
@@ -122,7 +108,7 @@ def test_a_client_a_row_that_does_not_say_and_the_mps_server_are_left_alone(pool
                 pool.devices()[1].uuid: {server: UsageRow(512, mps_client=False)},
             },
         )
-        dog = watched(pool, usage, clock, kills, attested, grace_s=600.0)
+        dog = watchdog(pool, usage, clock, kills, attested, grace_s=600.0)
         for _ in range(3):
             report = dog.step()
             clock.now += 1
@@ -152,12 +138,12 @@ def test_hooks_nodes_and_the_modes_of_the_rule(pool, tmp_path, child):
     _, uuid = own_lease(pool, attested)
     write_usage(usage, {uuid: {child.pid: UsageRow(GIB, mps_client=False)}})
     # hooks (the default): every process is outside MPS there, and that is the mode's contract.
-    assert watched(pool, usage, clock, kills, attested).step().actions == () and not kills.calls
+    assert watchdog(pool, usage, clock, kills, attested).step().actions == () and not kills.calls
     pool.set_isolation(MPS)
-    warn = watched(pool, usage, clock, kills, attested, over_share=EnforceMode.WARN).step()
+    warn = watchdog(pool, usage, clock, kills, attested, over_share=EnforceMode.WARN).step()
     assert [(a.reason, a.mode) for a in warn.actions] == [(Violation.OUTSIDE_MPS, EnforceMode.WARN)]
     assert not kills.calls
-    off = watched(pool, usage, clock, kills, attested, over_share=EnforceMode.OFF).step()
+    off = watchdog(pool, usage, clock, kills, attested, over_share=EnforceMode.OFF).step()
     assert off.actions == () and off.actions_total["outside_mps"] == 0 and not kills.calls
 
 

@@ -54,14 +54,16 @@ def pool(tmp_path: Path) -> Iterable[Pool]:
 ATTESTED = Attestations()
 
 
-def watchdog(pool: Pool, usage_file: Path, clock: FakeClock, kills: Kills, **config: object) -> Watchdog:
+def watchdog(
+    pool: Pool, usage_file: Path, clock: FakeClock, kills: Kills, attested: Attestations = ATTESTED, **config: object
+) -> Watchdog:
     settings = {"interval_s": 1.0, "grace_s": 5.0}
     settings.update(config)
     return Watchdog(
         pool,
         WatchdogConfig(**settings),  # type: ignore[arg-type]
         sampler=UsageSampler(pool.devices(), str(usage_file)),
-        attributor=Attributor(ATTESTED),
+        attributor=Attributor(attested),
         clock=clock,
         terminate=kills,
     )
