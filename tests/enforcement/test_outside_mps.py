@@ -46,14 +46,6 @@ def pool(tmp_path: Path) -> Iterable[Pool]:
     p.close()
 
 
-@pytest.fixture
-def child() -> Iterable[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def own_lease(pool: Pool, attested: Attestations, fraction: float = 0.25) -> Tuple[str, str]:
     """A lease whose runner is this test process (so its children are the lease's processes)."""
     lease = pool.claim(Claim.single(1, fraction=fraction), Holder("alice", os.getpid(), socket.gethostname()))

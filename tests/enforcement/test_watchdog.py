@@ -78,14 +78,6 @@ def own_lease(pool: Pool, fraction: float, pid: int) -> Tuple[str, str]:
     return lease.id, lease.slices[0].device_uuid
 
 
-@pytest.fixture
-def child() -> Iterable[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def test_over_share_is_acted_on_after_the_grace_period_only(pool, tmp_path, child):
     clock, kills, usage = FakeClock(), Kills(), tmp_path / "usage.json"
     lease_id, uuid = own_lease(pool, 0.25, os.getpid())  # 4 GiB; the child is a descendant of the holder
