@@ -37,11 +37,11 @@ import httpx
 
 from gpupool.core.model import Device, Holder, Lease, Slice
 from gpupool.core.usage import DeviceUsage, EnforcementAction, EnforceMode, ProcessUsage, UsageReport, Violation
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
-from gpupool.server.dashboard import build
-from gpupool.server.dashboard import render as draw
-from gpupool.server.dashboard.history import History
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
+from gpupool.serving.server.dashboard import build
+from gpupool.serving.server.dashboard import render as draw
+from gpupool.serving.server.dashboard.history import History
 
 GPU_MIB = 16384
 

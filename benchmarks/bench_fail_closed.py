@@ -57,11 +57,11 @@ import httpx
 import serverproc  # beside this script
 from results_file import load_average, write_and_show
 
-from gpupool.enforcement.attest import socket_path
-from gpupool.isolation import mps
-from gpupool.isolation.emulated_usage import EMULATED_USAGE_ENV
-from gpupool.isolation.env import MPS_WAIT_ENV
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation import mps
+from gpupool.pooling.isolation.emulated_usage import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.env import MPS_WAIT_ENV
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.serving.enforcement.attest import socket_path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "fail-closed-cpu.json"

@@ -209,8 +209,8 @@ def bench_placement(devices_n: int = 1000, leases_n: int = 10000) -> Dict[str, f
     """`place()` alone, and Pool.claim + release, with `leases_n` live leases on `devices_n` GPUs."""
     from gpupool.core.model import Claim, Holder, Lease, Slice, allocated_by_device
     from gpupool.core.placement import place
-    from gpupool.devices import emulated_devices
-    from gpupool.pool import Pool
+    from gpupool.pooling.devices import emulated_devices
+    from gpupool.pooling.pool import Pool
 
     devices = emulated_devices(f"emulated:{devices_n}x80GiB", "bench")
     rng = random.Random(1)

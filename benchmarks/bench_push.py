@@ -44,11 +44,11 @@ import serverproc  # beside this script
 from results_file import load_average, write_and_show  # beside this script
 from runs import lease_of, started_pid  # beside this script
 
-from gpupool.client.base import PoolClient
 from gpupool.core.errors import GpupoolError
 from gpupool.core.model import Claim, Holder
 from gpupool.core.queues import QueueSpec
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.workload.client.base import PoolClient
 
 ROOT = Path(__file__).resolve().parent
 DEVICES = "emulated:2x16GiB"
@@ -176,7 +176,7 @@ def bench(pool: Pool, cycles: int, first: int) -> Dict[str, Any]:
 
 
 def server_pool(root: Path) -> Tuple[Pool, Callable[[], None]]:
-    from gpupool.client.http import HttpPoolClient
+    from gpupool.workload.client.http import HttpPoolClient
 
     state, token_file, log = root / "server-state", root / "admin-token", root / "server.log"
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
@@ -200,8 +200,8 @@ def server_pool(root: Path) -> Tuple[Pool, Callable[[], None]]:
 
 
 def embedded_pool(root: Path) -> Tuple[Pool, Callable[[], None]]:
-    from gpupool.client.embedded import EmbeddedPoolClient
-    from gpupool.devices import emulated_devices
+    from gpupool.pooling.devices import emulated_devices
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     state = root / "embedded-state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}

@@ -36,7 +36,7 @@ from results_file import load_average, write_and_show  # beside this script
 from runs import lease_of, started_pid  # beside this script
 
 from gpupool.core.errors import LeaseLost
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.proctree import alive
 
 ROOT = Path(__file__).resolve().parent
 DEVICES = "emulated:2x16GiB"
@@ -123,8 +123,8 @@ def bench_server(root: Path, rounds: int, ttl_s: float) -> Dict[str, Any]:
 
 
 def bench_embedded(root: Path, rounds: int, ttl_s: float) -> Dict[str, Any]:
-    from gpupool.client.embedded import EmbeddedPoolClient
-    from gpupool.devices import emulated_devices
+    from gpupool.pooling.devices import emulated_devices
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     state = root / "embedded-state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from gpupool.isolation.parking import CudaBackend, backend_named, cuda_unavailable_reason
+from gpupool.pooling.isolation.parking import CudaBackend, backend_named, cuda_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent
 GIB = 1 << 30

@@ -179,7 +179,7 @@ def fake_mps(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    from gpupool.isolation.mps import MPS_CONTROL
+    from gpupool.pooling.isolation.mps import MPS_CONTROL
 
     binary = bin_dir / MPS_CONTROL
     binary.write_text(STAND_IN.replace("PYTHON", sys.executable))
@@ -189,11 +189,11 @@ def fake_mps(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-should-not-reach-the-daemon")
-    from gpupool.isolation import mps
+    from gpupool.pooling.isolation import mps
 
     monkeypatch.setattr(mps, "BACKOFF_START_S", 0.05)
     yield record
-    from gpupool.isolation.proctree import alive
+    from gpupool.pooling.isolation.proctree import alive
 
     pids = [int(p.stem) for p in record.glob("*.json")]
     pids += [int(p.read_text()) for p in record.glob("server-*.pid") if p.read_text().strip().isdigit()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Iterator, Set, Tuple
@@ -11,20 +12,17 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpupool"
 
-# Lower floors never import higher ones; a package may import its own floor and below.
+# Each folder under src/gpupool is one floor. Lower floors never import higher ones; a folder may import
+# its own floor and below.
 FLOOR = {
     "core": 0,
-    "store": 1,
-    "devices": 1,
-    "isolation": 1,
-    "pool": 1,
-    "client": 2,
-    "runner": 2,
-    "server": 2,
-    "enforcement": 2,
-    # Jupyter kernels on a share: beside runner/, whose lease and process-tree machinery they reuse.
-    "notebook": 2,
+    # The pool and its store, the devices it pools, the isolation it hands out.
+    "pooling": 1,
     "simulate": 1,
+    # `gpupool run` and the pool client.
+    "workload": 2,
+    # The HTTP API, the watchdog, Jupyter kernels on a share (which reuse the runner's lease machinery).
+    "serving": 2,
     "train": 3,
     "jobs": 3,
     "kube": 3,
@@ -34,8 +32,18 @@ FLOOR = {
 }
 # The trainer knows the distributed env contract and nothing of the pool; simulate measures core placement alone.
 ONLY = {"train": {"core", "train"}, "simulate": {"core", "simulate"}}
-# What runs inside the user's training container (and ships in gpupool-run.pyz).
-WORKLOAD_SIDE = ("core", "store", "devices", "isolation", "pool", "client", "runner")
+
+
+def _zipapp_folders() -> Tuple[str, ...]:
+    spec = importlib.util.spec_from_file_location("build_pyz", SRC.parents[1] / "tools" / "build_pyz.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.PACKAGES)
+
+
+# What runs inside the user's training container: the folders gpupool-run.pyz ships.
+WORKLOAD_SIDE = _zipapp_folders()
 
 
 def imports(path: Path, top_level_only: bool) -> Iterator[Tuple[str, int]]:
@@ -72,6 +80,23 @@ def test_lower_floors_never_import_higher_ones(package):
             if FLOOR[target] > FLOOR[package] or (allowed is not None and target not in allowed):
                 wrong.add(f"{path.relative_to(SRC)}:{line} imports gpupool.{target}")
     assert not wrong, sorted(wrong)
+
+
+def test_the_zipapp_ships_whole_floors_from_the_bottom():
+    # The standard-library side is core and the folders above it up to the workload, nothing skipped.
+    assert WORKLOAD_SIDE == ("core", "pooling", "workload")
+
+
+@pytest.mark.parametrize("package", WORKLOAD_SIDE)
+def test_workload_side_imports_only_itself(package):
+    # Not even lazily: what the zipapp lacks would fail in a user's container, not here.
+    outside: Set[str] = set()
+    for path in gpupool_sources(package):
+        for module, line in imports(path, top_level_only=False):
+            parts = module.split(".")
+            if parts[0] == "gpupool" and len(parts) > 1 and parts[1] != "logs" and parts[1] not in WORKLOAD_SIDE:
+                outside.add(f"{path.relative_to(SRC)}:{line} imports {module}")
+    assert not outside, sorted(outside)
 
 
 @pytest.mark.parametrize("package", WORKLOAD_SIDE)

@@ -19,7 +19,7 @@ from gpupool.logs import (
 from tests.envs import clean_env
 from tests.waiting import wait_for_match
 
-FORGED = "a\nFAKE LINE 2026-11-25 00:00:00,000 gpupool.server WARNING admin token leaked\r\x1b[2Jb\u2028c"
+FORGED = "a\nFAKE LINE 2026-11-25 00:00:00,000 gpupool.serving.server WARNING admin token leaked\r\x1b[2Jb\u2028c"
 
 
 def test_escape_controls_writes_every_control_character_as_an_escape():

@@ -99,7 +99,7 @@ def cpu_seconds(pid: int) -> float:
 
 def wait_dead(pid: int, timeout: float = 15.0) -> None:
     """Wait until process `pid` has ended (a zombie counts as ended)."""
-    from gpupool.isolation.proctree import alive
+    from gpupool.pooling.isolation.proctree import alive
 
     wait_until(lambda: not alive(pid), timeout, f"process {pid} to end")
 

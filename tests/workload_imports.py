@@ -3,10 +3,10 @@
 tests/cli/test_pyz.py against a real process.
 
 `gpupool.core.usage`: the usage records, which only a server's watchdog writes; `gpupool.core.queues`
-and `gpupool.pool.admission`: the queue rules, which a pool without queues never applies (the
+and `gpupool.pooling.pool.admission`: the queue rules, which a pool without queues never applies (the
 store, the pool and its accounting import them only once a queue is defined); `gpupool.core.filters`:
 the device filters, parsed only when a claim has some; `gpupool.core.nodescore`: the node scores
-of the extender and the simulator; `gpupool.pool.renewal`: a server's start; `gpupool.core.attestation`:
+of the extender and the simulator; `gpupool.pooling.pool.renewal`: a server's start; `gpupool.core.attestation`:
 the node socket's protocol, which only a remote pool's runner speaks; `cuda.bindings.driver`: the
 driver bindings of the cuda suspend backend (isolation/parking.py), loaded only when a lease is
 suspended or resumed on real GPUs; the rest: the
@@ -23,10 +23,10 @@ EMBEDDED_NEVER = (
     "logging",
     "gpupool.core.usage",
     "gpupool.core.queues",
-    "gpupool.pool.admission",
+    "gpupool.pooling.pool.admission",
     "gpupool.core.filters",
     "gpupool.core.nodescore",
-    "gpupool.pool.renewal",
+    "gpupool.pooling.pool.renewal",
     "gpupool.core.attestation",
     "cuda.bindings.driver",
 )

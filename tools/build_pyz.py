@@ -27,8 +27,8 @@ from typing import Iterator, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "gpupool"
-# The workload side: its whole packages (all standard library only) and its CLI modules.
-PACKAGES = ("core", "client", "runner", "isolation", "pool", "store", "devices")
+# The workload side: its whole floors (folders, all standard library only) and its CLI modules.
+PACKAGES = ("core", "pooling", "workload")
 CLI_MODULES = ("main", "run", "status", "pool_options", "filters", "workload")
 
 SHEBANG = b"#!/usr/bin/env python3\n"

@@ -38,7 +38,7 @@ def env(tmp_path) -> Dict[str, str]:
 
 
 def _leases(state: str) -> list:
-    from gpupool.client.embedded import EmbeddedPoolClient
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     with EmbeddedPoolClient(Path(state)) as client:
         return list(client.status().leases)
@@ -46,8 +46,8 @@ def _leases(state: str) -> list:
 
 def _nothing_left(state: str) -> None:
     """No lease in the pool, no live process of any job, every supervisor gone."""
-    from gpupool.isolation.proctree import alive
     from gpupool.jobs.executors.local import processes
+    from gpupool.pooling.isolation.proctree import alive
 
     assert _leases(state) == []
     jobs = sorted(p for p in (Path(state) / "jobs").glob("*") if p.is_dir())
@@ -160,8 +160,8 @@ def test_a_run_the_pool_can_never_hold_is_refused_before_anything_starts(tmp_pat
 
 @pytest.mark.slow  # about 10 s; the fast set keeps the signal during a running gang
 def test_a_signal_while_queued_for_gpus_leaves_no_process_and_no_lease(tmp_path, env, monkeypatch):
-    from gpupool.client.embedded import EmbeddedPoolClient
     from gpupool.core.model import Claim, GpuRequest, Holder
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     monkeypatch.setenv("GPUPOOL_DEVICES", env["GPUPOOL_DEVICES"])
     state = Path(env["GPUPOOL_STATE"])

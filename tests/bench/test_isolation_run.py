@@ -28,7 +28,7 @@ def env(tmp_path) -> Dict[str, str]:
 
 
 def _leases(state: Path) -> list:
-    from gpupool.client.embedded import EmbeddedPoolClient
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     with EmbeddedPoolClient(state) as client:
         return list(client.status().leases)
@@ -86,7 +86,7 @@ def test_splits_and_neighbour_run_as_leases_and_leave_nothing(tmp_path, env):
     assert "| hooks | 0.25/0.75 | 1:3 |" in report and "time-sliced (hooks)" in report
     state = out / "state" / "hooks"
     assert _leases(state) == []
-    from gpupool.isolation.proctree import alive
+    from gpupool.pooling.isolation.proctree import alive
 
     pids = _probe_pids(out)
     assert len(pids) == 9  # splits: 2 alone + 2 together; neighbour: 3 alone + 2 together
@@ -110,7 +110,7 @@ def test_a_killed_harness_leaves_no_probe_and_no_lease(tmp_path, env):
     assert _leases(out / "state" / "hooks") != []
     harness.send_signal(signal.SIGKILL)
     harness.wait()
-    from gpupool.isolation.proctree import alive
+    from gpupool.pooling.isolation.proctree import alive
 
     wait_until(lambda: not any(alive(p) for p in pids), timeout=60, what="both probes gone after the kill")
     wait_until(lambda: _leases(out / "state" / "hooks") == [], timeout=60, what="both leases released")

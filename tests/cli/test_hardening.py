@@ -11,8 +11,8 @@ import pytest
 from gpupool.cli.main import main
 from gpupool.core.errors import StateUnusable
 from gpupool.core.model import MIN_FRACTION, GpuRequest
-from gpupool.devices import emulated_devices
-from gpupool.store import Store
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.store import Store
 
 
 def one_line(capsys) -> str:
@@ -114,7 +114,7 @@ def test_a_database_sqlite_opens_read_only_says_so(state, monkeypatch):
     def read_only(path, *args, **kwargs):
         return real_connect(f"file:{path}?mode=ro", *args, uri=True, **kwargs)
 
-    monkeypatch.setattr("gpupool.store.db.sqlite3.connect", read_only)
+    monkeypatch.setattr("gpupool.pooling.store.db.sqlite3.connect", read_only)
     store = Store(state)
     try:
         with pytest.raises(StateUnusable, match="read-only"), store.write() as tx:

@@ -111,7 +111,7 @@ OTHER_UID = 60001
 # KernelSpecManager (what `jupyter kernelspec list` and every frontend use) and gpupool's CLI.
 AS_OTHER = """
 import contextlib, io, json, os, sys
-import jupyter_client.kernelspec, gpupool.cli.main, gpupool.cli.kernel, gpupool.notebook.kernelspec
+import jupyter_client.kernelspec, gpupool.cli.main, gpupool.cli.kernel, gpupool.serving.notebook.kernelspec
 import argparse, dataclasses, shutil, tempfile, difflib, gettext, textwrap
 os.setgroups([]); os.setgid({uid}); os.setuid({uid})
 os.environ["HOME"] = sys.argv[1]

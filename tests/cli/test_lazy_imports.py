@@ -31,7 +31,7 @@ REMOTE_NEVER = (
     "email",
     "logging",
     "sqlite3",
-    "gpupool.pool",
+    "gpupool.pooling.pool",
     "gpupool.core.placement",
     "gpupool.core.queues",
     "gpupool.core.filters",
@@ -87,7 +87,7 @@ def test_a_warning_still_reaches_stderr_in_the_cli_format(embedded):
         [sys.executable, "-m", "gpupool", "status", "--json"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert " gpupool.client.resolve WARNING ignoring client config: client config /nonexistent" in done.stderr
+    assert " gpupool.workload.client.resolve WARNING ignoring client config: client config /nonexistent" in done.stderr
 
 
 def test_plain_http_pool_verbs_import_no_http_client_ssl_or_logging(running_server, tmp_path):
@@ -126,7 +126,7 @@ def test_full_parser_and_help_list_every_command():
 
 # Where os._exit stays: a forked child that must not run the parent's exit handlers (the guard's
 # fork, a preexec_fn before exec, the clone3 child before exec).
-FORKED_CHILDREN = {"runner/guard.py", "runner/prctl.py", "runner/spawn.py"}
+FORKED_CHILDREN = {"workload/runner/guard.py", "workload/runner/prctl.py", "workload/runner/spawn.py"}
 
 
 def _is_sys_modules(node: ast.AST) -> bool:

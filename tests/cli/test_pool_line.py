@@ -13,7 +13,7 @@ import pytest
 from envs import embedded_env
 from gpupool_cli import gpupool
 
-from gpupool.client.resolve import pool_line
+from gpupool.workload.client.resolve import pool_line
 
 DEVICES = "emulated:2x16GiB"
 

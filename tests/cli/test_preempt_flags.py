@@ -17,7 +17,7 @@ from .test_queue_cli import DEVICES
 
 @pytest.mark.parametrize("flags, mode", [([], DEFAULT_PREEMPT_MODE), (["--preempt", PREEMPT_KILL], PREEMPT_KILL)])
 def test_server_passes_its_preempt_mode_to_the_pool(monkeypatch, tmp_path, flags, mode):
-    serve = importlib.import_module("gpupool.server.serve")  # the package's `serve` is the function
+    serve = importlib.import_module("gpupool.serving.server.serve")  # the package's `serve` is the function
     configs = []
     monkeypatch.setattr(serve, "serve", configs.append)
     assert main(["server", "--state", str(tmp_path), "--devices", "emulated:1x8GiB", *flags]) == 0

@@ -38,9 +38,9 @@ def test_archive_holds_only_the_workload_side(pyz):
     assert os.access(pyz, os.X_OK)
     names = zipfile.ZipFile(pyz).namelist()
     assert "__main__.py" in names
-    assert "gpupool/isolation/hook/sitecustomize.py" in names
-    assert "gpupool/cli/run.py" in names and "gpupool/pool/service.py" in names
-    assert not any(n.startswith(("gpupool/server/", "gpupool/kube/", "gpupool/train/")) for n in names)
+    assert "gpupool/pooling/isolation/hook/sitecustomize.py" in names
+    assert "gpupool/cli/run.py" in names and "gpupool/pooling/pool/service.py" in names
+    assert not any(n.startswith(("gpupool/serving/server/", "gpupool/kube/", "gpupool/train/")) for n in names)
     # Bytecode beside every module (for the Python that built it; others fall back to the source).
     assert {n + "c" for n in names if n.endswith(".py")} <= set(names)
     # and nothing else: no table of generated code beside the bytecode (issue 24)
@@ -104,5 +104,5 @@ def test_a_run_through_the_zipapp_imports_none_of_what_the_install_never_imports
     )
     assert done.returncode == 0, done.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "gpupool.runner.session" in imported  # the listing is the run's
+    assert "gpupool.workload.runner.session" in imported  # the listing is the run's
     assert imported & set(EMBEDDED_NEVER) == set()

@@ -10,8 +10,8 @@ from envs import embedded_env
 from gpupool_cli import gpupool
 
 from gpupool.core.model import RUNNING, SUSPENDED, Claim, Holder
-from gpupool.devices import discover
-from gpupool.pool import Pool
+from gpupool.pooling.devices import discover
+from gpupool.pooling.pool import Pool
 
 DEVICES = "emulated:2x16GiB"
 

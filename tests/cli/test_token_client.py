@@ -11,7 +11,7 @@ import tarfile
 from envs import clean_env
 from gpupool_cli import gpupool
 
-from gpupool.client.http import HttpPoolClient
+from gpupool.workload.client.http import HttpPoolClient
 
 
 def one_line(done: subprocess.CompletedProcess, code: int, *words: str) -> None:

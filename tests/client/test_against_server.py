@@ -10,10 +10,10 @@ import pytest
 from envs import clean_env, free_port
 from gpupool_cli import gpupool
 
-from gpupool.client.config import write_client_bundle
-from gpupool.client.http import HttpPoolClient
 from gpupool.core.errors import Unauthorized
 from gpupool.core.model import Claim, Holder
+from gpupool.workload.client.config import write_client_bundle
+from gpupool.workload.client.http import HttpPoolClient
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")

@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from gpupool.client.config import client_bundle, load_client_config, write_client_bundle
-from gpupool.client.resolve import server_addresses
 from gpupool.core.errors import InvalidInput
+from gpupool.workload.client.config import client_bundle, load_client_config, write_client_bundle
+from gpupool.workload.client.resolve import server_addresses
 
 
 def test_bundle_round_trips_with_ca_relative_to_the_config(tmp_path):

@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpupool.client.http import HttpPoolClient
 from gpupool.core.errors import NotFound, ServerUnreachable, Unauthorized, Unavailable
 from gpupool.core.model import Claim, Holder
+from gpupool.workload.client.http import HttpPoolClient
 
 LEASE = {
     "id": "L1",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpupool.client.resolve import PoolChoice
+from gpupool.workload.client.resolve import PoolChoice
 
 
 def test_the_token_is_in_no_repr_or_str_of_a_choice():

@@ -7,12 +7,12 @@ import time
 import pytest
 from waiting import connections_to, wait_until
 
-from gpupool.client.embedded import EmbeddedPoolClient
-from gpupool.client.http import HttpPoolClient
 from gpupool.core.errors import InvalidInput, NotFound
 from gpupool.core.model import Claim, GpuRequest, Holder
 from gpupool.core.queues import QueueSpec
-from gpupool.devices.emulated import emulated_devices
+from gpupool.pooling.devices.emulated import emulated_devices
+from gpupool.workload.client.embedded import EmbeddedPoolClient
+from gpupool.workload.client.http import HttpPoolClient
 
 
 @pytest.fixture(params=["embedded", "http"])

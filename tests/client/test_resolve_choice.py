@@ -7,13 +7,13 @@ import threading
 import pytest
 from envs import free_port
 
-from gpupool.client.embedded import EmbeddedPoolClient
-from gpupool.client.http import HttpPoolClient
-from gpupool.client.resolve import choose_and_claim, connect_all, merged_status
 from gpupool.core.errors import InvalidClaim, Unavailable, Unsatisfiable
 from gpupool.core.filters import Filter
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
+from gpupool.pooling.devices import emulated_devices
+from gpupool.workload.client.embedded import EmbeddedPoolClient
+from gpupool.workload.client.http import HttpPoolClient
+from gpupool.workload.client.resolve import choose_and_claim, connect_all, merged_status
 
 ME = Holder("me", 1, "host")
 

@@ -6,10 +6,10 @@ import inspect
 
 import pytest
 
-from gpupool.client.base import PoolClient
 from gpupool.core import operations as ops
 from gpupool.core.model import Claim, Holder
-from gpupool.pool import Pool
+from gpupool.pooling.pool import Pool
+from gpupool.workload.client.base import PoolClient
 
 
 @pytest.mark.parametrize("op", [op for op in ops.OPERATIONS if op.pool], ids=lambda op: op.name)
@@ -38,7 +38,7 @@ def test_each_entry_is_said_once(op):
 @pytest.mark.parametrize("op", [op for op in ops.OPERATIONS if op.serve], ids=lambda op: op.name)
 def test_each_server_method_takes_what_the_entry_gives_it(op):
     """The server's own method an entry names (`serve`: the tokens, the doctor) binds its arguments."""
-    from gpupool.server.handlers import LeaseApi
+    from gpupool.serving.server.handlers import LeaseApi
 
     inspect.signature(getattr(LeaseApi, op.serve)).bind(None, *op.pool_args)  # None: self
 
@@ -64,8 +64,8 @@ def test_the_wire_of_the_default_encoding():
 
 
 def test_a_server_verb_on_the_embedded_pool_is_one_line(tmp_path, monkeypatch):
-    from gpupool.client.embedded import EmbeddedPoolClient
     from gpupool.core.errors import InvalidInput
+    from gpupool.workload.client.embedded import EmbeddedPoolClient
 
     monkeypatch.setenv("GPUPOOL_DEVICES", "emulated:1x16GiB")
     with EmbeddedPoolClient(tmp_path, devices_from_env=True) as client:

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from gpupool.core.errors import InvalidInput
-from gpupool.devices import device_health, discover, emulated_devices, parse_spec
-from gpupool.devices.nvml import NvmlUnavailable
+from gpupool.pooling.devices import device_health, discover, emulated_devices, parse_spec
+from gpupool.pooling.devices.nvml import NvmlUnavailable
 
 
 def test_emulated_list_and_stable_uuids():
@@ -64,7 +64,7 @@ def test_health():
 def test_devices_import_with_stdlib_only():
     """devices/ must not pull in third-party modules at import time."""
     code = (
-        "import sys; import gpupool.devices, gpupool.pool, gpupool.store; "
+        "import sys; import gpupool.pooling.devices, gpupool.pooling.pool, gpupool.pooling.store; "
         "bad = [m for m in ('pynvml', 'fastapi', 'pydantic', 'uvicorn', 'yaml') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -97,7 +97,7 @@ class _NvmlV1(_NvmlV2):
 
 
 def test_the_pool_shares_what_processes_can_allocate_not_the_driver_reserve():
-    from gpupool.devices.nvml import usable_memory_mib
+    from gpupool.pooling.devices.nvml import usable_memory_mib
 
     assert usable_memory_mib(_NvmlV2(), object()) == 81559 - 512
     assert usable_memory_mib(_NvmlV1(), object()) == 81559

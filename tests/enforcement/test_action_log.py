@@ -14,8 +14,8 @@ import pytest
 from envs import write_usage
 from waiting import wait_until
 
-from gpupool.devices.usage import EMULATED_USAGE_ENV
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.proctree import alive
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")

@@ -16,12 +16,12 @@ import pytest
 from gpupool.core.attestation import MAX_LINE_BYTES, request_line
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.enforcement.attest import RECORDS_FILE, SECRET_FILE, Attestations, AttestKeys, socket_path
-from gpupool.enforcement.attest_listener import AttestListener
-from gpupool.isolation.evidence import Witness, start_ticks
-from gpupool.pool import Pool
-from gpupool.runner.attest import AttestFailed, attest
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.isolation.evidence import Witness, start_ticks
+from gpupool.pooling.pool import Pool
+from gpupool.serving.enforcement.attest import RECORDS_FILE, SECRET_FILE, Attestations, AttestKeys, socket_path
+from gpupool.serving.enforcement.attest_listener import AttestListener
+from gpupool.workload.runner.attest import AttestFailed, attest
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_the_kernel_says_who_attests_not_the_line(node, tmp_path):
     key = listener.keys.key(lease_id)
     assert attest(str(listener.path), lease_id, key) == os.getpid()
     # A child attesting on its own: the node records the child's pid and start time.
-    code = f"from gpupool.runner.attest import attest; print(attest({str(listener.path)!r}, {lease_id!r}, {key!r}))"
+    code = f"from gpupool.workload.runner.attest import attest; print(attest({str(listener.path)!r}, {lease_id!r}, {key!r}))"
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert child.returncode == 0, child.stderr
     recorded = listener.attestations.current({lease_id})[lease_id]
@@ -227,7 +227,7 @@ def test_a_full_node_closes_the_biggest_holders_oldest_not_a_newcomer(tmp_path):
     try:
         code = (
             # Everything imported first: the other user may not read this interpreter's files.
-            "import os, socket, sys; from gpupool.runner.attest import attest; os.setgid(65534); os.setuid(65534); "
+            "import os, socket, sys; from gpupool.workload.runner.attest import attest; os.setgid(65534); os.setuid(65534); "
             "print(attest(sys.argv[1], 'L', sys.argv[2]))"
         )
         other = subprocess.run(

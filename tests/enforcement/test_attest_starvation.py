@@ -23,11 +23,11 @@ import pytest
 from envs import write_usage
 from waiting import wait_until
 
-from gpupool.devices.usage import EMULATED_USAGE_ENV
-from gpupool.enforcement.attest import Attestations, AttestKeys, socket_path
-from gpupool.enforcement.attest_listener import MAX_CONNECTIONS, AttestListener
-from gpupool.isolation.proctree import alive
-from gpupool.runner.attest import attest
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.serving.enforcement.attest import Attestations, AttestKeys, socket_path
+from gpupool.serving.enforcement.attest_listener import MAX_CONNECTIONS, AttestListener
+from gpupool.workload.runner.attest import attest
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run callers as other users")
 
@@ -166,7 +166,7 @@ def test_the_socket_serves_other_users_through_the_starvers(shared_dir, cap):
             assert attest(str(listener.path), f"L{n}", listener.keys.key(f"L{n}")) == os.getpid()
             took.append(time.monotonic() - started)
         code = (  # and a user who never connected before
-            "import json, os, socket, sys; from gpupool.runner.attest import attest; os.setgroups([]); os.setgid(60006); "
+            "import json, os, socket, sys; from gpupool.workload.runner.attest import attest; os.setgroups([]); os.setgid(60006); "
             "os.setuid(60006); print(attest(sys.argv[1], 'M', sys.argv[2]))"
         )
         other = subprocess.run(

@@ -19,15 +19,15 @@ from clock import FakeClock
 from waiting import wait_until
 
 from gpupool.core.usage import EnforceMode, Violation
-from gpupool.devices import emulated_devices
-from gpupool.devices.usage import EMULATED_USAGE_ENV, UsageSampler
-from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
-from gpupool.enforcement.attest import Attestations
-from gpupool.isolation.emulated_usage import UsageRow, write_usage
-from gpupool.isolation.evidence import NodeView, start_ticks
-from gpupool.isolation.mps import MpsDaemon
-from gpupool.isolation.proctree import alive
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV, UsageSampler
+from gpupool.pooling.isolation.emulated_usage import UsageRow, write_usage
+from gpupool.pooling.isolation.evidence import NodeView, start_ticks
+from gpupool.pooling.isolation.mps import MpsDaemon
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.pooling.pool import Pool
+from gpupool.serving.enforcement import Attributor, Watchdog, WatchdogConfig
+from gpupool.serving.enforcement.attest import Attestations
 from tests.enforcement.test_watchdog import Kills
 
 OTHER_UID = 60003  # a local user who names a process like the MPS server

@@ -23,14 +23,14 @@ from waiting import wait_until
 from gpupool.core.isolation_mode import IsolationMode, NodeIsolation
 from gpupool.core.model import Claim, Device, Holder
 from gpupool.core.usage import EnforceMode, ProcessUsage, UsageReport, Violation
-from gpupool.devices import emulated_devices
-from gpupool.devices import usage as device_usage
-from gpupool.devices.usage import EMULATED_USAGE_ENV, UsageSampler
-from gpupool.enforcement.attest import Attestations
-from gpupool.isolation.emulated_usage import UsageRow, parse_usage, read_usage, write_usage
-from gpupool.isolation.evidence import NodeView, Witness, start_ticks
-from gpupool.isolation.proctree import alive
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.devices import usage as device_usage
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV, UsageSampler
+from gpupool.pooling.isolation.emulated_usage import UsageRow, parse_usage, read_usage, write_usage
+from gpupool.pooling.isolation.evidence import NodeView, Witness, start_ticks
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.pooling.pool import Pool
+from gpupool.serving.enforcement.attest import Attestations
 from tests.enforcement.test_watchdog import Kills, watchdog
 
 GIB = 1024

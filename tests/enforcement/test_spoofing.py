@@ -21,9 +21,9 @@ import pytest
 from envs import write_usage
 from waiting import wait_until
 
-from gpupool.devices.usage import EMULATED_USAGE_ENV
-from gpupool.isolation.proctree import alive
-from gpupool.runner.attest import AttestFailed, attest
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.proctree import alive
+from gpupool.workload.runner.attest import AttestFailed, attest
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")

@@ -19,14 +19,14 @@ from waiting import wait_until
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim, Holder
 from gpupool.core.usage import EnforceMode, UsageReport, Violation
-from gpupool.devices import emulated_devices
-from gpupool.devices.usage import UsageSampler
-from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
-from gpupool.enforcement.attest import Attestations
-from gpupool.isolation.emulated_usage import UsageRow, parse_usage
-from gpupool.isolation.env import LEASE_ID_ENV
-from gpupool.isolation.evidence import NodeView, Witness, start_ticks
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.devices.usage import UsageSampler
+from gpupool.pooling.isolation.emulated_usage import UsageRow, parse_usage
+from gpupool.pooling.isolation.env import LEASE_ID_ENV
+from gpupool.pooling.isolation.evidence import NodeView, Witness, start_ticks
+from gpupool.pooling.pool import Pool
+from gpupool.serving.enforcement import Attributor, Watchdog, WatchdogConfig
+from gpupool.serving.enforcement.attest import Attestations
 
 GIB = 1024
 

@@ -97,10 +97,10 @@ def alive(pid: int) -> bool:
 
 def test_watchdog_stops_a_driver_api_job_over_its_share(tmp_path):
     from gpupool.core.usage import EnforceMode
-    from gpupool.enforcement import Attributor, Watchdog, WatchdogConfig
-    from gpupool.enforcement.attest import Attestations
-    from gpupool.isolation.evidence import Witness, start_ticks
-    from gpupool.pool import Pool
+    from gpupool.pooling.isolation.evidence import Witness, start_ticks
+    from gpupool.pooling.pool import Pool
+    from gpupool.serving.enforcement import Attributor, Watchdog, WatchdogConfig
+    from gpupool.serving.enforcement.attest import Attestations
 
     state = tmp_path / "state"
     marker = tmp_path / "pid"

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from gpupool.isolation.parking import cuda_unavailable_reason
+from gpupool.pooling.isolation.parking import cuda_unavailable_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_suspend_gpu import smi_gpu, smi_text
@@ -79,7 +79,7 @@ def declare_provisioner(site: Path) -> None:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpupool-notebook-here\nVersion: 0\n")
     (info / "entry_points.txt").write_text(
-        "[jupyter_client.kernel_provisioners]\ngpupool-provisioner = gpupool.notebook.provisioner:GpupoolProvisioner\n"
+        "[jupyter_client.kernel_provisioners]\ngpupool-provisioner = gpupool.serving.notebook.provisioner:GpupoolProvisioner\n"
     )
     sys.path.insert(0, str(site))
 
@@ -103,7 +103,7 @@ def run_cell(kc: Any, code: str, timeout: float = 300.0) -> Tuple[str, str, floa
 
 
 def lease_state(kernel_id: str) -> Dict[str, Any]:
-    from gpupool.client.resolve import connect_all
+    from gpupool.workload.client.resolve import connect_all
 
     (client,) = connect_all(None)
     try:

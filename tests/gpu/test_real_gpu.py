@@ -187,7 +187,7 @@ def device_used_mib() -> Optional[int]:
 
 def test_cuda_context_overhead_per_process(figures):
     """Measures the figure CONTEXT_RESERVE_MIB estimates (isolation/env.py)."""
-    from gpupool.isolation.env import CONTEXT_RESERVE_MIB
+    from gpupool.pooling.isolation.env import CONTEXT_RESERVE_MIB
 
     before = device_used_mib()
     done = subprocess.run(
@@ -246,8 +246,8 @@ def test_two_half_shares_that_fill_their_caps_run_at_once(tmp_path, figures):
 def mps_pool(tmp_path) -> Iterator[Path]:
     """A state dir whose pool is in MPS mode, with its control daemon running; skips where MPS cannot start."""
     from gpupool.core.errors import GpupoolError
-    from gpupool.isolation.mps import MpsDaemon
-    from gpupool.pool.service import Pool
+    from gpupool.pooling.isolation.mps import MpsDaemon
+    from gpupool.pooling.pool.service import Pool
 
     state = tmp_path / "state"
     daemon = MpsDaemon(state)

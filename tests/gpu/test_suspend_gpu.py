@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
 from waiting import wait_until
 
-from gpupool.isolation.parking import backend_named, cuda_unavailable_reason
+from gpupool.pooling.isolation.parking import backend_named, cuda_unavailable_reason
 
 try:
     import pytest

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from waiting import holds, wait_until
 
-from gpupool.isolation.cgroup import (
+from gpupool.pooling.isolation.cgroup import (
     V1,
     LeaseCgroup,
     cgroup2_mount,
@@ -22,7 +22,7 @@ from gpupool.isolation.cgroup import (
     lease_cgroup_parent,
     own_cgroup,
 )
-from gpupool.isolation.env import LEASE_CGROUP_ENV
+from gpupool.pooling.isolation.env import LEASE_CGROUP_ENV
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -11,8 +11,8 @@ import pytest
 from gpupool.core.errors import InvalidInput
 from gpupool.core.isolation_mode import IsolationMode, NodeIsolation
 from gpupool.core.model import Device, Holder, Lease, Slice
-from gpupool.isolation import child_env, context_reserve_mib, isolation_env, shares
-from gpupool.isolation import env as contract
+from gpupool.pooling.isolation import child_env, context_reserve_mib, isolation_env, shares
+from gpupool.pooling.isolation import env as contract
 
 DEVICES = [
     Device("GPU-a", 0, "A", 16384),

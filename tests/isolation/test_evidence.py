@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from gpupool.isolation.evidence import NodeView, kube_pod_uid, peer_credentials, start_ticks, uptime_ticks, witness_peer
+from gpupool.pooling.isolation.evidence import (
+    NodeView,
+    kube_pod_uid,
+    peer_credentials,
+    start_ticks,
+    uptime_ticks,
+    witness_peer,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 

@@ -13,7 +13,7 @@ from typing import Dict
 
 import pytest
 
-from gpupool.isolation import write_hook_dir
+from gpupool.pooling.isolation import write_hook_dir
 
 FAKE_TORCH = """
 import json, os

@@ -14,9 +14,9 @@ from waiting import wait_until
 
 from gpupool.core.errors import Unavailable
 from gpupool.core.isolation_mode import IsolationMode
-from gpupool.isolation import mps
-from gpupool.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation import mps
+from gpupool.pooling.isolation.mps import MPS_CONTROL, MpsDaemon, MpsUnavailable, ensure_detached, stop_detached
+from gpupool.pooling.isolation.proctree import alive
 
 
 def daemons(record: Path) -> List[dict]:

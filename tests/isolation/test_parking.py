@@ -15,9 +15,9 @@ import pytest
 from waiting import wait_until
 
 from gpupool.core.errors import CheckpointFailed, InvalidInput
-from gpupool.devices.usage import EMULATED_USAGE_ENV as DEVICES_USAGE_ENV
-from gpupool.isolation.env import EMULATED_USAGE_ENV
-from gpupool.isolation.parking import (
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV as DEVICES_USAGE_ENV
+from gpupool.pooling.isolation.env import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.parking import (
     MIB,
     CudaBackend,
     EmulatedBackend,
@@ -117,7 +117,7 @@ def test_a_usage_file_it_cannot_rewrite_leaves_every_process_running(usage, chil
     def refuse(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gpupool.isolation.parking.write_usage", refuse)
+    monkeypatch.setattr("gpupool.pooling.isolation.parking.write_usage", refuse)
     with pytest.raises(CheckpointFailed, match="could not rewrite"):
         backend.suspend([a, b], lock_timeout_s=5)
     wait_until(lambda: state(a) != "T" and state(b) != "T", 30, "both continued")
@@ -132,7 +132,7 @@ def test_a_resume_that_cannot_write_leaves_them_parked(usage, children, monkeypa
     def refuse(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gpupool.isolation.parking.write_usage", refuse)
+    monkeypatch.setattr("gpupool.pooling.isolation.parking.write_usage", refuse)
     with pytest.raises(CheckpointFailed, match="could not rewrite"):
         backend.resume(parked, {})
     assert state(a) == state(b) == "T"
@@ -181,7 +181,7 @@ def test_cuda_says_why_it_cannot_work_here():
 
 def test_importing_the_backends_does_not_import_cuda():
     code = (
-        "import sys, gpupool.isolation.parking as c; c.backend_named('cuda');"
+        "import sys, gpupool.pooling.isolation.parking as c; c.backend_named('cuda');"
         "print(sorted(m for m in sys.modules if m == 'cuda' or m.startswith('cuda.')))"
     )
     env = dict(os.environ, PYTHONPATH=SRC)

@@ -13,8 +13,8 @@ from typing import List
 import pytest
 from waiting import wait_until
 
-from gpupool.isolation.env import LEASE_ID_ENV
-from gpupool.isolation.proctree import (
+from gpupool.pooling.isolation.env import LEASE_ID_ENV
+from gpupool.pooling.isolation.proctree import (
     ProcessInfo,
     alive,
     descendants,

@@ -63,13 +63,13 @@ class Shell:
         )
 
     def leases(self) -> list:
-        from gpupool.client.embedded import EmbeddedPoolClient
+        from gpupool.workload.client.embedded import EmbeddedPoolClient
 
         with EmbeddedPoolClient(self.state) as client:
             return list(client.status().leases)
 
     def queued(self) -> int:
-        from gpupool.client.embedded import EmbeddedPoolClient
+        from gpupool.workload.client.embedded import EmbeddedPoolClient
 
         with EmbeddedPoolClient(self.state) as client:
             return client.status().queued

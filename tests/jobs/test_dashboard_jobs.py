@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.devices import emulated_devices
 from gpupool.jobs.executors.local.dashboard import TAIL_BYTES, job_rows, log_tail, reader
 from gpupool.jobs.executors.local.state import JobState, JobStore, ReplicaState
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from gpupool.jobs.lifecycle import Action, backoff_delay, decide
 from gpupool.jobs.plan import replicas
 from gpupool.jobs.spec import parse_spec
-from gpupool.runner.child import exit_code
+from gpupool.workload.runner.child import exit_code
 
 
 def job(framework="pytorch", policy="OnFailure", limit=2, success="chief", roles=None):

@@ -8,8 +8,8 @@ import signal
 import pytest
 from waiting import holds, tail, wait_until
 
-from gpupool.isolation.proctree import alive
 from gpupool.jobs.executors.local import processes
+from gpupool.pooling.isolation.proctree import alive
 
 DDP = r"""
 import os, torch, torch.distributed as dist

@@ -10,7 +10,7 @@ import time
 import httpx
 from waiting import wait_until
 
-from gpupool.devices.usage import EMULATED_USAGE_ENV
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
 
 SLEEPER = ["python", "-c", "import time; print('up', flush=True); time.sleep(600)"]
 

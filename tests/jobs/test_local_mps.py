@@ -10,9 +10,9 @@ import signal
 import pytest
 from waiting import wait_until
 
-from gpupool.isolation.env import MPS_WAIT_ENV
-from gpupool.isolation.mps import mps_dirs, stop_detached
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.env import MPS_WAIT_ENV
+from gpupool.pooling.isolation.mps import mps_dirs, stop_detached
+from gpupool.pooling.isolation.proctree import alive
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import time
 from waiting import wait_until
 
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import discover
 from gpupool.kube.agent import release_orphans, sync_tokens
 from gpupool.kube.extender import NodeState
-from gpupool.pool import Pool
+from gpupool.pooling.devices import discover
+from gpupool.pooling.pool import Pool
 
 
 def test_releases_only_leases_of_pods_that_are_gone(tmp_path):
@@ -35,7 +35,7 @@ def test_releases_only_leases_of_pods_that_are_gone(tmp_path):
 
 
 def test_user_tokens_from_the_secret_volume(tmp_path):
-    from gpupool.server.auth import Authenticator
+    from gpupool.serving.server.auth import Authenticator
 
     pool = Pool(tmp_path / "state", devices=discover("emulated:1x16GiB", "n"), node="n")
     tokens = tmp_path / "tokens"

@@ -25,11 +25,11 @@ import pytest
 from conftest import stop_process
 from waiting import holds, tail, wait_until
 
-from gpupool.client.http import HttpPoolClient
 from gpupool.core.attestation import SOCKET_ENV
 from gpupool.core.model import Claim, Holder
 from gpupool.kube.deviceplugin import api_pb2 as pb
 from gpupool.kube.deviceplugin import api_pb2_grpc as rpc
+from gpupool.workload.client.http import HttpPoolClient
 
 from .conftest import Kubelet
 

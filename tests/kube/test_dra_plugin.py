@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.usage import ProcessUsage
-from gpupool.devices import discover
-from gpupool.enforcement.attest import node_attestations
-from gpupool.enforcement.attribution import Attributor
-from gpupool.isolation.env import LEASE_ID_ENV, MEMORY_LIMIT_ENV
-from gpupool.isolation.evidence import NodeView, Witness
 from gpupool.kube.apiclient import KubeApi
 from gpupool.kube.dra.plugin import DraConfig, DraPlugin
 from gpupool.kube.dra.prepare import claim_uid_of_label
-from gpupool.pool import Pool
+from gpupool.pooling.devices import discover
+from gpupool.pooling.isolation.env import LEASE_ID_ENV, MEMORY_LIMIT_ENV
+from gpupool.pooling.isolation.evidence import NodeView, Witness
+from gpupool.pooling.pool import Pool
+from gpupool.serving.enforcement.attest import node_attestations
+from gpupool.serving.enforcement.attribution import Attributor
 
 from .dra_stand_ins import DRIVER, ApiServer, Kubelet, resource_claim, result
 

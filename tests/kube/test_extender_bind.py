@@ -485,7 +485,7 @@ def run_in_pod(node_pool: Any, args: List[str], env: Dict[str, str], home: Path)
 
 
 def node_devices(node_pool: Any) -> Tuple[Any, ...]:
-    from gpupool.client.http import HttpPoolClient
+    from gpupool.workload.client.http import HttpPoolClient
 
     status = HttpPoolClient(node_pool.url, node_pool.token or "").request("GET", "/v1/status")
     return NodeState.from_status(status).devices

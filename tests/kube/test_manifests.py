@@ -147,8 +147,8 @@ def test_agent_sees_host_pids_and_shares_its_dev_shm(objects):
 
 def test_mps_component_patches_apply_and_match_the_webhook_defaults(objects):
     """deploy/mps: its patches apply to the agent and webhook; the folders agree with what pods get."""
-    from gpupool.isolation.mps import mps_dirs
     from gpupool.kube.mutate import MutateConfig
+    from gpupool.pooling.isolation.mps import mps_dirs
 
     from .conftest import apply_patch
 

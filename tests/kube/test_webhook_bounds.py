@@ -6,7 +6,7 @@ import time
 
 from http_attack import Target, assert_bounded, attack
 
-from gpupool.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV
+from gpupool.serving.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV
 
 from .conftest import start_webhook_process
 

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 from waiting import wait_until
 
-from gpupool.client.http import HttpPoolClient
 from gpupool.core.model import Claim, Holder
+from gpupool.workload.client.http import HttpPoolClient
 
 from .cluster_fixture import GPUS, NODES, gpu_pod
 

@@ -250,7 +250,7 @@ def test_a_second_kernel_resumes_the_first_after_it_idles(notebooks: Notebooks) 
 
 def tree_of(km: KernelManager) -> List[int]:
     """The runner and every process under it."""
-    from gpupool.isolation.proctree import descendants
+    from gpupool.pooling.isolation.proctree import descendants
 
     runner = km.provisioner.pid  # type: ignore[union-attr]
     return [runner, *descendants(runner)]
@@ -295,7 +295,7 @@ def test_shutdown_restart_and_interrupt_leave_nothing_behind(notebooks: Notebook
 JUPYTER_SIDE = """
 import json, sys, time
 from jupyter_client.manager import KernelManager
-from gpupool.isolation.proctree import descendants
+from gpupool.pooling.isolation.proctree import descendants
 km = KernelManager(kernel_name=sys.argv[1])
 km.start_kernel()
 kc = km.client()
@@ -342,7 +342,7 @@ def test_where_suspend_cannot_work_idle_keeps_the_lease_and_says_why_once(
     monkeypatch.setenv("GPUPOOL_SUSPEND_BACKEND", "cuda")  # absent here (auto would park emulated GPUs)
     monkeypatch.setenv("CUDA_HOME", "/nonexistent")
     notebooks.install("k", "--fraction", "0.25", "--idle-suspend", "1s")
-    caplog.set_level("WARNING", logger="gpupool.notebook.gate")
+    caplog.set_level("WARNING", logger="gpupool.serving.notebook.gate")
     km, kc = notebooks.start("k")
     lease = notebooks.lease_of(km)
     told = lambda: [r for r in caplog.records if "idle suspend releases nothing" in r.getMessage()]  # noqa: E731

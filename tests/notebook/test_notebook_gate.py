@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 from waiting import holds, wait_until
 
-from gpupool.notebook import wire
-from gpupool.notebook.gate import ACTIVE, PARKED, KernelGate
+from gpupool.serving.notebook import wire
+from gpupool.serving.notebook.gate import ACTIVE, PARKED, KernelGate
 
 
 def frames(msg_type: str, content: Dict[str, Any], idents: Tuple[bytes, ...] = (b"client",)) -> List[bytes]:
@@ -103,7 +103,7 @@ def test_idle_suspends_a_request_resumes_and_waits_for_room() -> None:
 
 def test_a_refused_suspend_is_said_once_and_not_tried_again(caplog: pytest.LogCaptureFixture) -> None:
     client = Client(refuse="cuda-bindings is not installed")
-    caplog.set_level("WARNING", logger="gpupool.notebook.gate")
+    caplog.set_level("WARNING", logger="gpupool.serving.notebook.gate")
     gate, _, _ = gate_of(client, idle_s=0.2)
     try:
         wait_until(lambda: bool(gate.refused), 30)

@@ -14,10 +14,10 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
-from gpupool.notebook import proxy as proxy_module  # noqa: E402
-from gpupool.notebook import wire  # noqa: E402
-from gpupool.notebook.launch import internal_connection, remove_sockets  # noqa: E402
-from gpupool.notebook.proxy import OVER_LIMIT, REPLAYED, UNSIGNED, KernelProxy  # noqa: E402
+from gpupool.serving.notebook import proxy as proxy_module  # noqa: E402
+from gpupool.serving.notebook import wire  # noqa: E402
+from gpupool.serving.notebook.launch import internal_connection, remove_sockets  # noqa: E402
+from gpupool.serving.notebook.proxy import OVER_LIMIT, REPLAYED, UNSIGNED, KernelProxy  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -167,7 +167,7 @@ def test_unsigned_forged_and_replayed_requests_are_dropped_not_asked_or_held(
     rig: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     gate, proxy, kernel, client = rig
-    caplog.set_level("WARNING", logger="gpupool.notebook.proxy")
+    caplog.set_level("WARNING", logger="gpupool.serving.notebook.proxy")
     ready = threading.Event()
 
     def publish() -> None:  # a signed status from the kernel, until the subscription is through

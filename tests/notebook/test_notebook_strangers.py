@@ -24,8 +24,8 @@ pytest.importorskip("ipykernel")
 
 from jupyter_client.manager import KernelManager
 
-from gpupool.notebook.gate import WAKING
-from gpupool.notebook.proxy import REPLAYED, UNSIGNED
+from gpupool.serving.notebook.gate import WAKING
+from gpupool.serving.notebook.proxy import REPLAYED, UNSIGNED
 from tests.notebook.test_notebook_e2e import GIB, Notebooks, run_cell
 from tests.waiting import wait_until
 

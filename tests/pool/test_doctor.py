@@ -11,11 +11,11 @@ import pytest
 from gpupool.cli.main import main
 from gpupool.core.errors import InvalidInput, StateLocked
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.pool.doctor import check_state
-from gpupool.store import StateLock
-from gpupool.store.maintenance import backup, restore
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.pool.doctor import check_state
+from gpupool.pooling.store import StateLock
+from gpupool.pooling.store.maintenance import backup, restore
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_backup_and_restore_bring_a_pool_back(state, tmp_path, capsys):
 
 
 def test_the_server_checks_at_start(state, tmp_path, caplog):
-    from gpupool.server.serve import ServerConfig, prepare
+    from gpupool.serving.server.serve import ServerConfig, prepare
 
     corrupt(state, "INSERT INTO slices VALUES ('ghost', 'GPU-emu-n-0', 512, 0)")
     with caplog.at_level(logging.WARNING):
@@ -119,8 +119,8 @@ def test_the_server_checks_at_start(state, tmp_path, caplog):
 def test_doctor_over_http_is_admin_only(state):
     from fastapi.testclient import TestClient
 
-    from gpupool.server.app import create_app
-    from gpupool.server.auth import Authenticator, create_token
+    from gpupool.serving.server.app import create_app
+    from gpupool.serving.server.auth import Authenticator, create_token
 
     pool = Pool(state)
     try:

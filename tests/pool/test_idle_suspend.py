@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 import pytest
 
-from gpupool.isolation.env import EMULATED_USAGE_ENV
+from gpupool.pooling.isolation.env import EMULATED_USAGE_ENV
 from tests.gpupool_cli import gpupool
 from tests.pool.test_queues_e2e import CLI, leases
 from tests.pool.test_suspend_e2e import Pool, continuous, proc_state

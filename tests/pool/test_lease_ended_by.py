@@ -9,10 +9,10 @@ from clock import FakeClock
 
 from gpupool.core.errors import Forbidden, NotFound
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.auth import create_token, revoke_token
-from gpupool.store import tx_history as store_tx  # how_ended reads ENDED_LOOKBACK there
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.store import tx_history as store_tx  # how_ended reads ENDED_LOOKBACK there
+from gpupool.serving.server.auth import create_token, revoke_token
 
 
 @pytest.fixture

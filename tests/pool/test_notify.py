@@ -7,7 +7,7 @@ import threading
 
 from waiting import wait_until
 
-from gpupool.pool.notify import LeaseBoard
+from gpupool.pooling.pool.notify import LeaseBoard
 
 # Waits that a bump must cut short: far longer than any loaded machine takes to deliver one.
 LONG_S = 30.0

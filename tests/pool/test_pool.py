@@ -11,8 +11,8 @@ from waiting import wait_until
 
 from gpupool.core.errors import Forbidden, InvalidClaim, NotFound, Unavailable, Unsatisfiable
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gpupool.core.fragmentation import MILLI, TaskShape
 from gpupool.core.model import Claim, Holder, Policy
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.pool.service import HISTOGRAM_KEY
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.pool.service import HISTOGRAM_KEY
 
 
 def test_the_histogram_is_learned_and_kept(tmp_path):

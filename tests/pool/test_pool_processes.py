@@ -9,8 +9,8 @@ import signal
 from waiting import wait_until
 
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 def _worker(state_dir: str, rounds: int, results) -> None:

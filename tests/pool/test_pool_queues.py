@@ -16,8 +16,8 @@ from clock import FakeClock
 from gpupool.core.errors import InvalidClaim, InvalidInput, NotFound, Unavailable, Unsatisfiable
 from gpupool.core.model import Claim, Holder, Lease
 from gpupool.core.queues import PREEMPT_REAP_MARGIN_S, QueueSpec
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool, Waiter
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool, Waiter
 
 
 def whole(queue: str, grace: float = 0.5, priority: int = 0) -> Claim:
@@ -337,7 +337,7 @@ def test_without_queues_a_claim_and_a_release_run_no_queue_queries(tmp_path):
 
 
 def test_doctor_finds_quotas_above_a_pool_that_shrank_and_damaged_queue_rows(tmp_path):
-    from gpupool.pool.doctor import check_state
+    from gpupool.pooling.pool.doctor import check_state
 
     pool = Pool(tmp_path, devices=emulated_devices("emulated:2x16GiB", "n"), node="n")
     pool.set_queue(QueueSpec("a", 1))
@@ -369,7 +369,7 @@ def test_a_waiter_taken_for_dead_queues_again_in_its_own_queue_and_priority(pool
 
 
 def test_the_history_keeps_what_ended_in_the_retention_window(clocked):
-    from gpupool.pool.service import HISTORY_PRUNE_EVERY_S, HISTORY_RETENTION_S
+    from gpupool.pooling.pool.service import HISTORY_PRUNE_EVERY_S, HISTORY_RETENTION_S
 
     pool, clock = clocked
     pool.release(pool.claim(whole("a"), Holder("alice"), ttl_s=3600).id)  # ends at 1000

@@ -9,8 +9,8 @@ import pytest
 from gpupool.core.errors import Unavailable
 from gpupool.core.invariants import lease_problems
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 def test_a_restart_with_smaller_gpus_is_reported_and_their_memory_stays_held(tmp_path, caplog):

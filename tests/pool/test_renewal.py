@@ -12,8 +12,8 @@ from clock import FakeClock
 from gpupool.core.model import Claim, Device, Holder
 from gpupool.core.outage import TICKET_REATTACH_S
 from gpupool.core.queues import QueueSpec, reap_at
-from gpupool.pool import Pool
-from gpupool.pool.renewal import stamp_alive
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.pool.renewal import stamp_alive
 
 DEVICES = [Device(f"GPU-{i}", i, "emulated", 16384, "n1") for i in range(2)]
 

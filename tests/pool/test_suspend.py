@@ -10,8 +10,8 @@ import pytest
 from gpupool.core.errors import Forbidden, InvalidInput
 from gpupool.core.model import RESUMING, RUNNING, SUSPENDED, SUSPENDING, Claim, Holder, Lease
 from gpupool.core.queues import QueueSpec
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 def whole(queue: str = "", grace: float = 5.0) -> Claim:

@@ -6,8 +6,8 @@ import pytest
 from clock import FakeClock
 
 from gpupool.core.model import Claim, Holder
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from waiting import wait_until
 
 from gpupool.core.errors import Forbidden, Unavailable
 from gpupool.core.model import Claim, Holder, Lease, Slice
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 
 def most() -> Claim:
@@ -46,7 +46,7 @@ def test_writes_of_another_process_are_seen(pools, tmp_path):
     a.release(a.claim(most(), Holder("a")).id)
     code = textwrap.dedent(f"""
         from gpupool.core.model import Claim, Holder
-        from gpupool.pool import Pool
+        from gpupool.pooling.pool import Pool
         pool = Pool({str(tmp_path)!r})
         print(pool.claim(Claim.single(1, fraction=0.75), Holder("p"), ttl_s=600).id)
     """)
@@ -99,7 +99,7 @@ def test_new_databases_use_small_pages(tmp_path):
 
 
 def test_background_checkpoints_keep_the_wal_small(tmp_path, monkeypatch):
-    from gpupool.store import db
+    from gpupool.pooling.store import db
 
     monkeypatch.setattr(db, "WAL_RESTART_BYTES", 1 << 20)
     passes = []

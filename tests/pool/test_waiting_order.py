@@ -12,8 +12,8 @@ from gpupool.core.errors import Forbidden, InvalidInput, NotFound
 from gpupool.core.model import Claim, Holder, Lease
 from gpupool.core.queues import QueueSpec
 from gpupool.core.status import WAIT_BEHIND, WAIT_HELD, WAIT_LIMIT, WAIT_NEXT, WAIT_NO_ROOM
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool, Waiter
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool, Waiter
 
 
 def claim(fraction: float = 1.0, queue: str = "", priority: int = 0) -> Claim:

@@ -18,8 +18,8 @@ from waiting import wait_until
 from gpupool.core.errors import GpupoolError, NotFound
 from gpupool.core.model import RESUMING, SUSPENDED, SUSPENDING, Claim, Holder
 from gpupool.core.queues import QueueSpec
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool, doorbell
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool, doorbell
 
 LONG_FALLBACK_S = 30.0
 WOKEN_WITHIN_S = 10.0  # generous on a loaded machine, and still a third of the fallback

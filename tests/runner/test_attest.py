@@ -17,7 +17,7 @@ from waiting import wait_until
 
 from gpupool.core.attestation import ATTEST_WAIT_ENV, SOCKET_ENV, TICKET_FIELD
 from gpupool.core.errors import NotAttested
-from gpupool.devices.usage import EMULATED_USAGE_ENV
+from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
 HOLDER = str(Path(__file__).resolve().parent / "holder.py")

@@ -22,8 +22,8 @@ import pytest
 from marked import marked
 from waiting import wait_until
 
-from gpupool.isolation.cgroup import NAME_PREFIX, V1, freezer_parent
-from gpupool.isolation.env import LEASE_CGROUP_ENV
+from gpupool.pooling.isolation.cgroup import NAME_PREFIX, V1, freezer_parent
+from gpupool.pooling.isolation.env import LEASE_CGROUP_ENV
 
 from .test_lease_end import CGROUP_PARENT, env_for
 

@@ -16,9 +16,9 @@ import pytest
 from marked import kill_all, marked, marker
 from waiting import wait_until
 
-from gpupool.isolation.cgroup import NAME_PREFIX, OFF, lease_cgroup_parent
-from gpupool.isolation.env import LEASE_CGROUP_ENV
-from gpupool.runner.workdir import PREFIX
+from gpupool.pooling.isolation.cgroup import NAME_PREFIX, OFF, lease_cgroup_parent
+from gpupool.pooling.isolation.env import LEASE_CGROUP_ENV
+from gpupool.workload.runner.workdir import PREFIX
 
 CGROUP_PARENT = lease_cgroup_parent()
 MODES = [

@@ -24,9 +24,9 @@ import pytest
 from waiting import wait_until
 
 from gpupool.core.errors import NotCapped
-from gpupool.isolation.env import MPS_PIPE_ENV, MPS_WAIT_ENV
-from gpupool.isolation.mps import ensure_detached, mps_dirs, stop_detached
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.env import MPS_PIPE_ENV, MPS_WAIT_ENV
+from gpupool.pooling.isolation.mps import ensure_detached, mps_dirs, stop_detached
+from gpupool.pooling.isolation.proctree import alive
 
 MARKER = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
 
@@ -145,8 +145,8 @@ def test_other_modes_never_load_the_check(pool, tmp_path):
     """The check costs `hooks` and `none` runs nothing: its module is not even imported."""
     probe = (
         "import sys, runpy; sys.argv = ['gpupool', 'run', '-q', '-p', '0.5', '--', 'true'];"
-        "import atexit; atexit.register(lambda: print('LOADED' if 'gpupool.runner.mps_check' in sys.modules"
-        " or 'gpupool.isolation.mps' in sys.modules else 'NOT LOADED'));"
+        "import atexit; atexit.register(lambda: print('LOADED' if 'gpupool.workload.runner.mps_check' in sys.modules"
+        " or 'gpupool.pooling.isolation.mps' in sys.modules else 'NOT LOADED'));"
         "runpy.run_module('gpupool.cli.workload', run_name='__main__')"
     )
     done = subprocess.run([sys.executable, "-c", probe], env=pool.env, capture_output=True, text=True, timeout=60)
@@ -155,7 +155,7 @@ def test_other_modes_never_load_the_check(pool, tmp_path):
 
 
 def test_a_latency_sensitive_run_goes_first_and_others_below_normal(mps_pool, tmp_path):
-    from gpupool.isolation.env import MPS_PRIORITY_BELOW_NORMAL, MPS_PRIORITY_ENV, MPS_PRIORITY_NORMAL
+    from gpupool.pooling.isolation.env import MPS_PRIORITY_BELOW_NORMAL, MPS_PRIORITY_ENV, MPS_PRIORITY_NORMAL
 
     done, mark = run_marking(mps_pool, tmp_path, mps_pool.env, "-q", "--latency-sensitive")
     assert done.returncode == 0, done.stderr

@@ -12,8 +12,8 @@ import pytest
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Claim
-from gpupool.isolation.env import ALLOCATED_GPUS_ENV, CLAIM_ENV
-from gpupool.runner.podclaim import decided_claim, follow_allocation, pinned_gpus
+from gpupool.pooling.isolation.env import ALLOCATED_GPUS_ENV, CLAIM_ENV
+from gpupool.workload.runner.podclaim import decided_claim, follow_allocation, pinned_gpus
 
 PRINT_GPUS = [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
 

@@ -14,8 +14,8 @@ import pytest
 from waiting import events, holds, wait_for_events
 
 from gpupool.core.errors import Preempted
-from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV
+from gpupool.pooling.isolation.proctree import alive
 
 from .conftest import Pool
 

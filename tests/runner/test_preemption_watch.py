@@ -12,8 +12,8 @@ import pytest
 
 from gpupool.core.errors import NotFound, ServerUnreachable, Unauthorized
 from gpupool.core.model import Holder, Lease
-from gpupool.runner import preemption
-from gpupool.runner.preemption import PreemptionWatch
+from gpupool.workload.runner import preemption
+from gpupool.workload.runner.preemption import PreemptionWatch
 
 
 def lease(preempted_at: Optional[float] = None) -> Lease:

@@ -15,7 +15,7 @@ from typing import List
 import pytest
 from waiting import wait_until
 
-from gpupool.isolation.env import CONTEXT_RESERVE_MIB
+from gpupool.pooling.isolation.env import CONTEXT_RESERVE_MIB
 
 HOLDER = str(Path(__file__).with_name("holder.py"))
 

@@ -19,8 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from waiting import wait_until
 
-from gpupool.isolation.cgroup import V1, LeaseCgroup, freezer_parent, lease_cgroup_parent
-from gpupool.isolation.env import LEASE_CGROUP_ENV
+from gpupool.pooling.isolation.cgroup import V1, LeaseCgroup, freezer_parent, lease_cgroup_parent
+from gpupool.pooling.isolation.env import LEASE_CGROUP_ENV
 
 V2_WRITABLE = pytest.mark.skipif(lease_cgroup_parent({}) is None, reason="cgroup v2 is not writable here")
 
@@ -47,8 +47,8 @@ STARTER = """
 import json, os, signal, sys
 from pathlib import Path
 from gpupool.core.errors import InvalidInput
-from gpupool.isolation.cgroup import LeaseCgroup
-from gpupool.runner import spawn
+from gpupool.pooling.isolation.cgroup import LeaseCgroup
+from gpupool.workload.runner import spawn
 a = json.loads(sys.argv[1])
 if a["no_clone3"]:
     spawn._clone_into = lambda *args: None

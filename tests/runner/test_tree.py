@@ -20,7 +20,7 @@ import pytest
 from waiting import wait_until
 
 from gpupool.core.errors import LeaseLost
-from gpupool.isolation.proctree import alive
+from gpupool.pooling.isolation.proctree import alive
 
 from .test_run import HOLDER, read_record
 
@@ -75,7 +75,7 @@ UNGUARDED = """\
 import sys
 import threading
 from gpupool.cli.workload import main
-from gpupool.runner import session
+from gpupool.workload.runner import session
 session.Guard.spawn = lambda *args: None
 sys.exit(main())
 """

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
-from gpupool.server.auth import Authenticator
-from gpupool.server.fastpath import FastPath
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
+from gpupool.serving.server.auth import Authenticator
+from gpupool.serving.server.fastpath import FastPath
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}

@@ -47,7 +47,7 @@ WATCH = textwrap.dedent(
     os.umask(0)
     sys.addaudithook(hook)
     from gpupool.kube.certs import issue_node_cert, write_ca, write_certs
-    from gpupool.server.tls import ensure_self_signed
+    from gpupool.serving.server.tls import ensure_self_signed
 
     ensure_self_signed(Path(root) / "state")
     ensure_self_signed(Path(root) / "state", ["pool.example"])  # the server certificate reissued

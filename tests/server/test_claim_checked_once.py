@@ -19,9 +19,9 @@ from gpupool.core.model import (
     Claim,
     GpuRequest,
 )
-from gpupool.server.auth import ANONYMOUS
-from gpupool.server.handlers import parse_claim
-from gpupool.server.models import ClaimRequest
+from gpupool.serving.server.auth import ANONYMOUS
+from gpupool.serving.server.handlers import parse_claim
+from gpupool.serving.server.models import ClaimRequest
 
 # Bodies on every edge the rules allow: each must pass the model, and core's own checks too.
 EDGES = [

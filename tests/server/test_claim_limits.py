@@ -22,8 +22,8 @@ from gpupool.core.model import (
     GpuRequest,
     Holder,
 )
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
 
 TINY = {"count": 1, "memory_mib": 1}
 

@@ -21,14 +21,14 @@ from gpupool.core.usage import (
     UsageReport,
     Violation,
 )
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
-from gpupool.server.auth import Authenticator, create_token
-from gpupool.server.dashboard import COOKIE, build
-from gpupool.server.dashboard import render as draw
-from gpupool.server.dashboard.history import History
-from gpupool.server.dashboard.view import holder_text
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
+from gpupool.serving.server.auth import Authenticator, create_token
+from gpupool.serving.server.dashboard import COOKIE, build
+from gpupool.serving.server.dashboard import render as draw
+from gpupool.serving.server.dashboard.history import History
+from gpupool.serving.server.dashboard.view import holder_text
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -225,7 +225,7 @@ def test_pod_labels():
 
 
 def test_viewers_share_one_status_read(pool):
-    from gpupool.server.dashboard import DashboardState
+    from gpupool.serving.server.dashboard import DashboardState
 
     calls = []
     real = pool.status
@@ -320,7 +320,7 @@ def test_lease_colours_are_never_the_red_of_trouble_and_each_row_has_its_key(cli
     import re
     from pathlib import Path
 
-    from gpupool.server.dashboard import palette
+    from gpupool.serving.server.dashboard import palette
 
     css = (Path(draw.__file__).parent / "static" / "dashboard.css").read_text()
 
@@ -415,7 +415,7 @@ def test_a_range_draws_the_lease_history_with_a_time_axis_and_gpu_hours(tmp_path
 
 
 def test_buckets_average_each_span_over_the_buckets_it_covers():
-    from gpupool.server.dashboard.period import buckets
+    from gpupool.serving.server.dashboard.period import buckets
 
     gpus, leases = buckets([(10.0, 35.0, 2.0), (0.0, 100.0, 0.5), (-50.0, -10.0, 9.0)], 0.0, 100.0, 4)
     assert [t for t, _ in gpus] == [25.0, 50.0, 75.0, 100.0]
@@ -424,7 +424,7 @@ def test_buckets_average_each_span_over_the_buckets_it_covers():
 
 
 def test_the_usage_panel_sums_as_pool_usage_does(tmp_path):
-    from gpupool.server.dashboard import period
+    from gpupool.serving.server.dashboard import period
 
     now = time.time()
     clock = [now - 7200]

@@ -70,7 +70,7 @@ def attributes(driver, selector: str, name: str) -> list:
 
 def seed_samples(state: Path, hours_ago: range) -> None:
     """A sample a minute over `hours_ago`, through the store (a quarter of the memory used, 2 waiting)."""
-    from gpupool.store import Store, samples
+    from gpupool.pooling.store import Store, samples
 
     store = Store(state)
     now = time.time()

@@ -10,12 +10,12 @@ from fastapi.testclient import TestClient
 from test_dashboard import make_app, polyline
 from waiting import wait_until
 
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.dashboard.history import Point
-from gpupool.server.dashboard.routes import DashboardState
-from gpupool.server.dashboard.shapes import CHART_W
-from gpupool.store import samples
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.store import samples
+from gpupool.serving.server.dashboard.history import Point
+from gpupool.serving.server.dashboard.routes import DashboardState
+from gpupool.serving.server.dashboard.shapes import CHART_W
 
 POOL_MIB = 2 * 16384
 

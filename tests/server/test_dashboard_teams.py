@@ -7,9 +7,9 @@ from fastapi.testclient import TestClient
 
 from gpupool.core.model import Claim, GpuRequest, Holder
 from gpupool.core.queues import QueueSpec
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
 
 
 @pytest.fixture

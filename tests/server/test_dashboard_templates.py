@@ -13,8 +13,8 @@ from typing import Any, Dict, Set
 import jinja2
 import pytest
 
-from gpupool.server.dashboard import render
-from gpupool.server.dashboard.view import DashboardView
+from gpupool.serving.server.dashboard import render
+from gpupool.serving.server.dashboard.view import DashboardView
 
 HOSTILE = "<script>alert(1)</script>\"'><img src=x onerror=alert(1)>&amp;"
 DASHBOARD = Path(render.__file__).parent
@@ -142,11 +142,13 @@ def test_a_missing_variable_fails_instead_of_drawing_a_blank():
 
 def test_every_template_ships_in_the_wheel():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    globs = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"]["gpupool.server.dashboard"]
+    globs = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"][
+        "gpupool.serving.server.dashboard"
+    ]
     patterns = [PurePosixPath(g) for g in globs]
     for path in TEMPLATES.rglob("*.html"):
         name = PurePosixPath(path.relative_to(DASHBOARD).as_posix())
         # setuptools' globs do not cross a folder: the pattern has as many parts as the path
         assert any(name.match(str(g)) and len(g.parts) == len(name.parts) for g in patterns), (
-            f"{name} is not in pyproject's package-data for gpupool.server.dashboard: add its folder's glob"
+            f"{name} is not in pyproject's package-data for gpupool.serving.server.dashboard: add its folder's glob"
         )

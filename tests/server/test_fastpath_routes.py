@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.core.operations import CLAIM, HEARTBEAT, OPERATIONS, RELEASE
-from gpupool.server.fastpath import _route
+from gpupool.serving.server.fastpath import _route
 
 
 @pytest.mark.parametrize("op", [CLAIM, HEARTBEAT, RELEASE], ids=lambda op: op.name)

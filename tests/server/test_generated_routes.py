@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi.routing import APIRoute
 
 from gpupool.core import operations as ops
-from gpupool.server.operation_routes import operation_routes
-from gpupool.server.routes import ROUTERS
+from gpupool.serving.server.operation_routes import operation_routes
+from gpupool.serving.server.routes import ROUTERS
 
 # What the table cannot generate without a change of behaviour (docs/architecture/index.md says why):
 # the claim (its wait on the event loop, its metrics), the lease's GET with its ?watch= long poll

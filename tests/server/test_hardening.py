@@ -9,13 +9,13 @@ import sqlite3
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
-from gpupool.server.auth import Authenticator, create_token, install_token, token_hash
-from gpupool.server.fastpath import FastPath
-from gpupool.store import Store
-from gpupool.store.schema import SCHEMA_VERSION
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.store import Store
+from gpupool.pooling.store.schema import SCHEMA_VERSION
+from gpupool.serving.server.app import create_app
+from gpupool.serving.server.auth import Authenticator, create_token, install_token, token_hash
+from gpupool.serving.server.fastpath import FastPath
 
 ADMIN = "admin-token-for-tests-0123456789"
 H = {"Authorization": f"Bearer {ADMIN}"}
@@ -88,7 +88,7 @@ def test_tokens_of_unknown_origin_are_not_honoured_with_auth_on(tmp_path, caplog
 
 
 def test_the_server_names_tokens_it_does_not_honour_at_start(tmp_path, caplog):
-    from gpupool.server.serve import ServerConfig, prepare
+    from gpupool.serving.server.serve import ServerConfig, prepare
 
     state = tmp_path / "state"
     _schema_1_state(state)

@@ -22,7 +22,7 @@ def test_second_server_on_same_state_dir_is_refused(running_server, tmp_path):
         start_server(running_server.state)
     # Embedded clients are not blocked by the server's lock.
     from gpupool.core.model import Claim, Holder
-    from gpupool.pool import Pool
+    from gpupool.pooling.pool import Pool
 
     pool = Pool(running_server.state)
     lease = pool.claim(Claim.single(1, fraction=0.5), Holder("embedded"))
@@ -55,7 +55,7 @@ def test_non_loopback_needs_a_token(tmp_path):
 
 def test_a_failed_start_leaves_no_lock_connection_or_thread_behind(tmp_path):
     from gpupool.core.errors import InvalidInput
-    from gpupool.server.serve import ServerConfig, prepare
+    from gpupool.serving.server.serve import ServerConfig, prepare
 
     (tmp_path / "token").write_text("short\n")
     config = ServerConfig(
@@ -74,7 +74,7 @@ def test_a_failed_start_leaves_no_lock_connection_or_thread_behind(tmp_path):
 @pytest.mark.parametrize("ttl", ["0", "nan", "1e9"])
 def test_a_default_ttl_no_claim_could_use_is_refused_at_start(tmp_path, ttl):
     from gpupool.core.errors import InvalidInput
-    from gpupool.server.serve import ServerConfig, prepare
+    from gpupool.serving.server.serve import ServerConfig, prepare
 
     with pytest.raises(InvalidInput, match="--ttl"):
         prepare(

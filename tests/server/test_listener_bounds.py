@@ -7,7 +7,7 @@ import socket
 import pytest
 from http_attack import CLOSE_SLACK_S, Target, assert_bounded, attack, rss_mib
 
-from gpupool.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV, MAX_HEADER_BYTES
+from gpupool.serving.server.listener import BODY_TIMEOUT_ENV, HEAD_TIMEOUT_ENV, MAX_HEADER_BYTES
 
 CAP_S = 2.0  # the body and head time caps of the servers under attack
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, Tuple
 
 import pytest
 
-from gpupool.server.localonly import host_name
+from gpupool.serving.server.localonly import host_name
 
 CLAIM = json.dumps({"claim": {"requests": [{"count": 1, "fraction": 0.1}]}}).encode()
 
@@ -94,8 +94,8 @@ def test_no_cors_headers_ever(open_server):
 
 def test_the_client_works_against_it(open_server):
     """gpupool's own client says JSON on every change (release included)."""
-    from gpupool.client.http import HttpPoolClient
     from gpupool.core.model import Claim, Holder
+    from gpupool.workload.client.http import HttpPoolClient
 
     pool = HttpPoolClient(f"http://127.0.0.1:{open_server}")
     lease = pool.claim(Claim.single(1, fraction=0.25), Holder("me"), ttl_s=30)

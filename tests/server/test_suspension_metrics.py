@@ -8,9 +8,9 @@ import pytest
 from clock import FakeClock
 from fastapi.testclient import TestClient
 
-from gpupool.devices import emulated_devices
-from gpupool.pool import Pool
-from gpupool.server.app import create_app
+from gpupool.pooling.devices import emulated_devices
+from gpupool.pooling.pool import Pool
+from gpupool.serving.server.app import create_app
 
 GIB = 2**30
 

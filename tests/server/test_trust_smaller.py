@@ -32,7 +32,7 @@ from waiting import wait_for_match
 
 from gpupool.core.model import MAX_LABEL_CHARS
 from gpupool.logs import MAX_LOG_MESSAGE_CHARS
-from gpupool.server.dashboard import COOKIE
+from gpupool.serving.server.dashboard import COOKIE
 
 CLI = [sys.executable, "-m", "gpupool"]
 HUGE = "9" * 5000

@@ -21,8 +21,8 @@ from envs import clean_env
 from gpupool_cli import gpupool
 from waiting import wait_until
 
-from gpupool.store import DB_NAME, Store
-from gpupool.store.marker import MARKER_NAME, POOL_ID_KEY
+from gpupool.pooling.store import DB_NAME, Store
+from gpupool.pooling.store.marker import MARKER_NAME, POOL_ID_KEY
 
 DEVICES = "emulated:2x16GiB"
 

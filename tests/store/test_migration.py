@@ -6,10 +6,10 @@ import sqlite3
 
 from gpupool.core.model import Claim, Holder
 from gpupool.core.queues import QueueSpec
-from gpupool.pool import Pool
-from gpupool.store import Store
-from gpupool.store.db import DB_NAME
-from gpupool.store.schema import SCHEMA_VERSION
+from gpupool.pooling.pool import Pool
+from gpupool.pooling.store import Store
+from gpupool.pooling.store.db import DB_NAME
+from gpupool.pooling.store.schema import SCHEMA_VERSION
 
 # The tables of schema 2 as gpupool wrote them before queues (store/schema.py at that version).
 SCHEMA_2 = """
@@ -87,7 +87,7 @@ def test_history_rows_carry_the_lease_size_and_reason(tmp_path):
 def test_a_schema_4_database_gains_held_tickets_and_exit_codes(tmp_path):
     import re
 
-    from gpupool.store.schema import SCHEMA
+    from gpupool.pooling.store.schema import SCHEMA
 
     # Schema 4: today's tables without the last column of tickets (held) and the last two of
     # lease_history (exit_code, and ended_by, which came later): their lines go, and the comma

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from gpupool.store import DB_NAME, Store, samples
-from gpupool.store.samples import RETENTION_S, Sample
+from gpupool.pooling.store import DB_NAME, Store, samples
+from gpupool.pooling.store.samples import RETENTION_S, Sample
 
 T0 = 1_800_000_000.0  # a whole minute
 

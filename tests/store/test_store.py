@@ -11,7 +11,7 @@ from waiting import wait_until
 
 from gpupool.core.errors import StateLocked
 from gpupool.core.model import Device, Holder, Lease, Slice
-from gpupool.store import StateLock, Store
+from gpupool.pooling.store import StateLock, Store
 
 
 def _lease(lease_id: str, uuid: str = "G0", mib: int = 100) -> Lease:
@@ -64,7 +64,7 @@ def test_state_lock_is_exclusive_across_processes(tmp_path):
     with StateLock(tmp_path):
         code = textwrap.dedent(
             f"""
-            from gpupool.store import StateLock
+            from gpupool.pooling.store import StateLock
             from gpupool.core.errors import StateLocked
             try:
                 StateLock({str(tmp_path)!r}).acquire()
@@ -90,7 +90,7 @@ def test_processes_opening_a_fresh_state_dir_at_once_all_succeed(tmp_path):
     # one of several processes doing it together; the store retries instead of failing.
     code = textwrap.dedent("""
         import sys, time
-        from gpupool.store import Store
+        from gpupool.pooling.store import Store
         start = float(sys.argv[2])
         while time.time() < start:
             pass
@@ -115,7 +115,7 @@ def test_close_waits_for_a_transaction_in_another_thread(tmp_path):
     import threading
     import time
 
-    from gpupool.store import Store
+    from gpupool.pooling.store import Store
 
     store = Store(tmp_path)
     inside, closing = threading.Event(), threading.Event()

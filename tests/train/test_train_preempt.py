@@ -21,8 +21,8 @@ pytestmark = pytest.mark.torch
 from gpupool_cli import gpupool_cmd  # noqa: E402
 from waiting import cpu_seconds, wait_until  # noqa: E402
 
-from gpupool.isolation import env as contract  # noqa: E402
-from gpupool.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
+from gpupool.pooling.isolation import env as contract  # noqa: E402
+from gpupool.pooling.isolation.env import ATTEMPT_ENV, PREEMPTED_ENV  # noqa: E402
 from gpupool.train import preempt  # noqa: E402
 from gpupool.train.checkpoint import CHECKPOINT_FILE  # noqa: E402
 from gpupool.train.preempt import STOPPED_EXIT_CODE  # noqa: E402

@@ -313,15 +313,15 @@ def _families(registry: Any) -> Iterator[Tuple[str, str, str, List[str]]]:
 
 def metrics_page() -> str:
     """The families the server's /metrics and the webhook's expose, read from their registries."""
-    from gpupool.devices import emulated_devices
     from gpupool.kube.webhook_metrics import WebhookMetrics
-    from gpupool.pool import Pool
-    from gpupool.server.metrics import Metrics
+    from gpupool.pooling.devices import emulated_devices
+    from gpupool.pooling.pool import Pool
+    from gpupool.serving.server.metrics import Metrics
 
     parts = [
         "# Metrics\n\n",
         GENERATED.format(
-            source="the registries of src/gpupool/server/metrics.py and src/gpupool/kube/webhook_metrics.py"
+            source="the registries of src/gpupool/serving/server/metrics.py and src/gpupool/kube/webhook_metrics.py"
         ),
         "Memory is in bytes, time in seconds (Prometheus' base units). Every GPU series has the NVML "
         "`uuid` label; lease and holder series of a Kubernetes pod have `namespace` and `pod` labels.\n\n",
@@ -355,10 +355,10 @@ def metrics_page() -> str:
 
 def openapi_document() -> Dict[str, Any]:
     """The server's own OpenAPI document, as an authenticated server serves it at /openapi.json."""
-    from gpupool.devices import emulated_devices
-    from gpupool.pool import Pool
-    from gpupool.server.app import create_app
-    from gpupool.server.auth import Authenticator
+    from gpupool.pooling.devices import emulated_devices
+    from gpupool.pooling.pool import Pool
+    from gpupool.serving.server.app import create_app
+    from gpupool.serving.server.auth import Authenticator
 
     with tempfile.TemporaryDirectory(prefix="gpupool-docs-") as state:
         pool = Pool(state, devices=emulated_devices("1x16GiB"))
@@ -394,7 +394,7 @@ def api_page() -> str:
     doc = openapi_document()
     parts = [
         "# HTTP API\n\n",
-        GENERATED.format(source="the OpenAPI document of the server's FastAPI app (src/gpupool/server/)"),
+        GENERATED.format(source="the OpenAPI document of the server's FastAPI app (src/gpupool/serving/server/)"),
         f"{doc['info'].get('description', '')}\n\n",
         f"A running server serves this document at `/openapi.json`; the one this page was made from "
         f"is [openapi.json](openapi.json) (version {doc['info']['version']}). Errors have the body "

@@ -32,8 +32,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from gpupool.kube.certs import write_ca
 from gpupool.kube.resources import UNITS, UNITS_PER_GPU
-from gpupool.runner.prctl import parent_death_signal
-from gpupool.server.ca import issue_client_cert, issue_server_cert, load_ca, write_cert, write_file, write_key
+from gpupool.serving.server.ca import issue_client_cert, issue_server_cert, load_ca, write_cert, write_file, write_key
+from gpupool.workload.runner.prctl import parent_death_signal
 
 from . import kwok_stages
 

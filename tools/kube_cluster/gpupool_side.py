@@ -345,7 +345,7 @@ class GpupoolSide:
 def _die_with_parent() -> Optional[Callable[[], None]]:
     """The kernel kills the child when the process that started it dies (even by kill -9)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from gpupool.runner.prctl import parent_death_signal
+    from gpupool.workload.runner.prctl import parent_death_signal
 
     return parent_death_signal(signal.SIGKILL)
 

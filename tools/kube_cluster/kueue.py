@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from gpupool.server.ca import issue_server_cert, load_ca, write_cert, write_key
+from gpupool.serving.server.ca import issue_server_cert, load_ca, write_cert, write_key
 
 from .controlplane import (
     CERT_DAYS,

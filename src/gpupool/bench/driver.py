@@ -120,7 +120,7 @@ class Bench:
     # --- before anything runs ----------------------------------------------------
     def _check_pool(self) -> List[Device]:
         """Refuse at once a run that this pool could never hold (waiting cannot help)."""
-        from ..client.resolve import connect
+        from ..workload.client.resolve import connect
 
         with connect(list(self.pool.servers) or None, self.pool.state_dir) as client:
             devices = list(client.status().devices)

@@ -359,7 +359,7 @@ def _memory(torch: Any, device: Any) -> Dict[str, Optional[float]]:
 def _nvml_used_mib(index: int) -> Optional[float]:
     """This process's memory on visible GPU `index` as NVML sees it; None without NVML."""
     try:
-        from gpupool.devices.nvml import load_nvml, shutdown_nvml
+        from gpupool.pooling.devices.nvml import load_nvml, shutdown_nvml
 
         nvml = load_nvml()
     except Exception:

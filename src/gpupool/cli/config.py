@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def handle_show(args: argparse.Namespace) -> int:
-    from ..client.resolve import EMBEDDED, choose_pools, pool_line
+    from ..workload.client.resolve import EMBEDDED, choose_pools, pool_line
 
     kwargs = pool_kwargs(args)
     choices = [

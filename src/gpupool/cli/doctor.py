@@ -57,14 +57,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _state(args: argparse.Namespace) -> Path:
-    from ..client.embedded import default_state_dir
+    from ..workload.client.embedded import default_state_dir
 
     return Path(args.state).expanduser() if args.state else default_state_dir()
 
 
 def handle_doctor(args: argparse.Namespace) -> int:
-    from ..client.resolve import EMBEDDED, choose_pools
     from ..core.errors import InvalidInput
+    from ..workload.client.resolve import EMBEDDED, choose_pools
 
     kwargs = pool_kwargs(args)
     choices = choose_pools(kwargs["servers"], kwargs["state_dir"], kwargs["token_file"], kwargs["ca_file"])
@@ -75,13 +75,13 @@ def handle_doctor(args: argparse.Namespace) -> int:
         )
     choice = choices[0]
     if choice.address.lower().startswith(EMBEDDED):
-        from ..pool.doctor import check_state
+        from ..pooling.pool.doctor import check_state
 
         state = _existing_pool(Path(choice.address[len(EMBEDDED) :]))
         pool, report = f"embedded:{state}", check_state(state).to_dict()
     else:
-        from ..client.http import HttpPoolClient
         from ..core.operations import DOCTOR
+        from ..workload.client.http import HttpPoolClient
 
         client = HttpPoolClient(choice.address, token=choice.token, ca=choice.ca)
         try:
@@ -104,8 +104,8 @@ def _existing_pool(state: Path) -> Path:
     """`state` when a pool lives (or lived) there; NotFound for a folder that never held one (a typo),
     which is not a damaged database."""
     from ..core.errors import NotFound
-    from ..store import DB_NAME
-    from ..store.marker import MARKER_NAME
+    from ..pooling.store import DB_NAME
+    from ..pooling.store.marker import MARKER_NAME
 
     if not (state / DB_NAME).exists() and not (state / MARKER_NAME).exists():
         raise NotFound(f"{state} holds no pool (no {DB_NAME}): check --state, or start one there with `gpupool server`")
@@ -113,7 +113,7 @@ def _existing_pool(state: Path) -> Path:
 
 
 def handle_backup(args: argparse.Namespace) -> int:
-    from ..store.maintenance import backup
+    from ..pooling.store.maintenance import backup
 
     target = backup(_state(args), args.file)
     print_pool(f"embedded:{_state(args)}", sys.stderr)
@@ -122,7 +122,7 @@ def handle_backup(args: argparse.Namespace) -> int:
 
 
 def handle_restore(args: argparse.Namespace) -> int:
-    from ..store.maintenance import restore
+    from ..pooling.store.maintenance import restore
 
     aside = restore(_state(args), args.file)
     print_pool(f"embedded:{_state(args)}", sys.stderr)

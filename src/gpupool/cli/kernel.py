@@ -87,8 +87,8 @@ def handle_install(args: argparse.Namespace) -> int:
     from ..core.errors import InvalidInput
     from ..core.model import MAX_IDLE_SUSPEND_S, MIN_IDLE_SUSPEND_S, check_queue_name
     from ..core.quantity import parse_duration, parse_fraction, parse_memory_mib
-    from ..notebook.kernelspec import default_name, install
-    from ..notebook.launch import KernelSettings
+    from ..serving.notebook.kernelspec import default_name, install
+    from ..serving.notebook.launch import KernelSettings
 
     fraction = parse_fraction(args.fraction, what="--fraction") if args.fraction is not None else None
     memory = parse_memory_mib(args.memory, what="--memory") if args.memory is not None else None
@@ -115,7 +115,7 @@ def handle_install(args: argparse.Namespace) -> int:
 
 
 def handle_list(args: argparse.Namespace) -> int:
-    from ..notebook.kernelspec import installed
+    from ..serving.notebook.kernelspec import installed
 
     rows = installed()
     if not rows:
@@ -127,7 +127,7 @@ def handle_list(args: argparse.Namespace) -> int:
 
 
 def handle_remove(args: argparse.Namespace) -> int:
-    from ..notebook.kernelspec import remove
+    from ..serving.notebook.kernelspec import remove
 
     print(f"Removed {remove(args.name)}")
     return 0

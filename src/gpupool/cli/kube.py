@@ -349,7 +349,7 @@ def handle_secret(args: argparse.Namespace) -> int:
     import secrets
     import shlex
 
-    from ..server.auth import check_name
+    from ..serving.server.auth import check_name
 
     name = check_name(args.name)
     token = args.token

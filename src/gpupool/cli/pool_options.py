@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # a type only: making a TypedDict class costs every `gpupool run` at start
     from typing import IO, Iterable, List, Optional, TypedDict, Union
 
-    from ..client.base import PoolClient
+    from ..workload.client.base import PoolClient
 
     # What names a pool for `print_pool`: its address ("embedded:DIR" or a URL), or a client.
     PoolRef = Union[str, PoolClient]
@@ -78,7 +78,7 @@ def print_pool(where: Union[PoolRef, Iterable[PoolRef]], file: Optional[IO[str]]
     `where`: a client, an address, or several of either (e.g. the list `connect_all` returns)."""
     import sys
 
-    from ..client.resolve import pool_line
+    from ..workload.client.resolve import pool_line
 
     refs = [where] if isinstance(where, str) or hasattr(where, "address") else list(where)
     addresses = [r if isinstance(r, str) else r.address for r in refs]
@@ -88,8 +88,8 @@ def print_pool(where: Union[PoolRef, Iterable[PoolRef]], file: Optional[IO[str]]
 def connect_one(args: argparse.Namespace, verb: str) -> PoolClient:
     """The one pool the flags choose, for verbs that change or report one pool (queues, usage of one
     pool's history): InvalidInput when they name several."""
-    from ..client.resolve import connect_all
     from ..core.errors import InvalidInput
+    from ..workload.client.resolve import connect_all
 
     clients = connect_all(**pool_kwargs(args))
     if len(clients) > 1:

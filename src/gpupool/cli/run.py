@@ -131,7 +131,7 @@ def handle(args: argparse.Namespace) -> int:
         check_queue_name,
     )
     from ..core.quantity import parse_fraction, parse_memory_mib
-    from ..runner import RunOptions, progress, run
+    from ..workload.runner import RunOptions, progress, run
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -193,7 +193,7 @@ def _suspend_backend() -> str:
     import os
 
     from ..core.errors import InvalidInput
-    from ..isolation.env import SUSPEND_BACKEND_ENV, SUSPEND_BACKENDS
+    from ..pooling.isolation.env import SUSPEND_BACKEND_ENV, SUSPEND_BACKENDS
 
     name = os.environ.get(SUSPEND_BACKEND_ENV, "").strip().lower() or "auto"
     if name not in SUSPEND_BACKENDS:
@@ -208,13 +208,13 @@ def _decided_claim(args: argparse.Namespace, say: Callable[[str], None]) -> Clai
     the one the webhook and the extender's bind decided for the container. None elsewhere."""
     import os
 
-    from ..isolation.env import CLAIM_ENV
+    from ..pooling.isolation.env import CLAIM_ENV
 
     if args.num_gpus is not None or args.partial is not None or args.memory is not None:
         return None  # the user's own share, parsed once
     if CLAIM_ENV not in os.environ:
         return None
-    from ..runner.podclaim import decided_claim
+    from ..workload.runner.podclaim import decided_claim
 
     return decided_claim(os.environ, say)
 

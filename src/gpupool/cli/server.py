@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..server.serve import NodeEnforcement
+    from ..serving.server.serve import NodeEnforcement
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,7 +110,7 @@ def add_enforcement_arguments(p: argparse.ArgumentParser) -> None:
 
 def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
     """The settings of `add_enforcement_arguments`."""
-    from ..server.serve import NodeEnforcement
+    from ..serving.server.serve import NodeEnforcement
 
     return NodeEnforcement(
         isolation=args.isolation,
@@ -123,9 +123,9 @@ def node_enforcement(args: argparse.Namespace) -> NodeEnforcement:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..isolation.env import DEVICES_ENV
     from ..jobs.executors.local.dashboard import reader
-    from ..server.serve import ServerConfig, serve
+    from ..pooling.isolation.env import DEVICES_ENV
+    from ..serving.server.serve import ServerConfig, serve
 
     serve(
         ServerConfig(

@@ -15,8 +15,8 @@ from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..client.base import PoolClient
     from ..core.status import PoolStatus
+    from ..workload.client.base import PoolClient
 
 # `status --watch`: between redraws (watch(1)'s default), and its bounds.
 WATCH_DEFAULT_S = 2.0
@@ -92,8 +92,8 @@ def _lease_step_arguments(p: argparse.ArgumentParser, awaited: str, handler: Cal
 
 def _status(args: argparse.Namespace) -> Tuple[PoolStatus, List[str]]:
     """The (merged) status of the pools the flags choose, and their addresses."""
-    from ..client.resolve import connect_all, merged_status
-    from ..runner import progress
+    from ..workload.client.resolve import connect_all, merged_status
+    from ..workload.runner import progress
 
     clients = connect_all(**pool_kwargs(args))
     try:
@@ -249,8 +249,8 @@ def handle_list_gpus(args: argparse.Namespace) -> int:
 
 def _on_lease(args: argparse.Namespace, act: Callable[[PoolClient], int]) -> int:
     """`act` on the pool that holds lease `args.lease_id` (it lives on one of them: ask each)."""
-    from ..client.resolve import connect_all
     from ..core.errors import NotFound, ServerUnreachable
+    from ..workload.client.resolve import connect_all
 
     clients = connect_all(**pool_kwargs(args))
     try:

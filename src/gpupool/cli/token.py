@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def handle_create(args: argparse.Namespace) -> int:
-    from ..client.config import client_bundle, normalize_url
+    from ..workload.client.config import client_bundle, normalize_url
 
     urls = [normalize_url(u) for u in args.server]
     name = args.name or getpass.getuser()
@@ -138,7 +138,7 @@ def handle_revoke(args: argparse.Namespace) -> int:
 
 
 def handle_rotate(args: argparse.Namespace) -> int:
-    from ..client.config import client_bundle
+    from ..workload.client.config import client_bundle
 
     if not args.server:
         raise InvalidInput("gpupool token rotate needs --server URL: the bundle names the server its clients use")
@@ -159,13 +159,13 @@ def handle_rotate(args: argparse.Namespace) -> int:
 
 def _pool(state: Optional[str], server: Optional[str]) -> str:
     """The pool a token verb acts on: --state's (no server call), else --server's."""
-    from ..client.config import normalize_url
+    from ..workload.client.config import normalize_url
 
     return f"embedded:{Path(state).expanduser()}" if state else normalize_url(str(server))
 
 
 def _auth() -> Any:
-    from ..server import auth  # the token rules; only the --state forms need the server's modules
+    from ..serving.server import auth  # the token rules; only the --state forms need the server's modules
 
     return auth
 
@@ -173,7 +173,7 @@ def _auth() -> Any:
 def _on_tokens(args: argparse.Namespace, op: Operation[Any], local: Any, **call: Any) -> Any:
     """`local(store)` in --state's store, else the admin call `op` (with `call`) on --server."""
     if args.state:
-        from ..store import Store
+        from ..pooling.store import Store
 
         store = Store(Path(args.state).expanduser())
         try:
@@ -184,8 +184,8 @@ def _on_tokens(args: argparse.Namespace, op: Operation[Any], local: Any, **call:
         raise InvalidInput(
             f"give --server URL (with --admin-token-file) or --state DIR for `gpupool token {op.name.split('_')[0]}`"
         )
-    from ..client.config import normalize_url
-    from ..client.http import HttpPoolClient
+    from ..workload.client.config import normalize_url
+    from ..workload.client.http import HttpPoolClient
 
     url = normalize_url(args.server)
     client = HttpPoolClient(url, _admin_token(args.admin_token_file), str(_ca_file(args.ca, None) or ""))
@@ -203,11 +203,11 @@ def _when(epoch: float) -> str:
 
 def _create_local(state: Path, name: str, admin: bool, queue: str, replace: bool = False) -> str:
     """The token made in the state dir; the pool is opened only to check a queue to bind it to."""
-    from ..server.auth import create_token, require_queue
-    from ..store import Store
+    from ..pooling.store import Store
+    from ..serving.server.auth import create_token, require_queue
 
     if queue:
-        from ..pool import Pool
+        from ..pooling.pool import Pool
 
         pool = Pool(state)
         try:
@@ -229,7 +229,7 @@ def _ca_file(ca: Optional[str], state: Optional[str]) -> Optional[Path]:
             raise InvalidInput(f"--ca {ca}: no such file; give the server's CA certificate (STATE/tls/ca.crt)")
         return path
     if state:
-        from ..server.tls import ca_path
+        from ..serving.server.tls import ca_path
 
         path = ca_path(Path(state).expanduser())
         if path.is_file():
@@ -253,7 +253,7 @@ def _ca_pem(ca_file: Optional[Path], flag: bool) -> Optional[str]:
 
 
 def _admin_token(path: str) -> str:
-    from ..client.resolve import read_token_file
+    from ..workload.client.resolve import read_token_file
 
     return read_token_file(Path(path).expanduser(), "--admin-token-file")
 
@@ -262,7 +262,7 @@ def _create_remote(
     url: str, name: str, admin: bool, admin_token: str, ca_file: Optional[Path], queue: str = "", replace: bool = False
 ) -> str:
     """The token made by the server at `url` (POST /v1/tokens with the admin token), through the pool's client."""
-    from ..client.http import HttpPoolClient
+    from ..workload.client.http import HttpPoolClient
 
     client = HttpPoolClient(url, admin_token, str(ca_file or ""))
     try:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, List, Tuple
 
-from ..store.schema import HISTORY_REASONS
+from ..pooling.store.schema import HISTORY_REASONS
 from .filters import add_filter_arguments, filter_of
 from .pool_options import add_pool_arguments, pool_kwargs, print_pool
 
@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..client.resolve import connect_all
     from ..core.queues import check_usage_key
+    from ..workload.client.resolve import connect_all
 
     now = time.time()
     since = parse_since(args.since, now)
@@ -105,7 +105,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace, since: float, now: float) -> int:
     """`usage --by lease`: each lease that ended since `since`, from every pool, in the order they ended."""
-    from ..client.resolve import connect_all
+    from ..workload.client.resolve import connect_all
 
     keep = filter_of(args, HISTORY_REASONS)
     clients = connect_all(**pool_kwargs(args))

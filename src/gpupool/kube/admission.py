@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import GpupoolError, InvalidInput
 from ..core.fragmentation import LearnedMix
-from ..server.listener import parse_listen
-from ..server.wire import json_object
+from ..serving.server.listener import parse_listen
+from ..serving.server.wire import json_object
 from . import extender
 from .apiclient import KubeApi
 from .binder import handle_bind

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Set, Tuple
 from ..core.attestation import SOCKET_ENV
 from ..core.model import Lease, pod_uid_of_label
 from ..core.suspension import DEFAULT_PREEMPT_MODE
-from ..enforcement.attest import socket_path
-from ..pool import Pool
-from ..server.serve import NodeEnforcement
-from ..store import Store
+from ..pooling.pool import Pool
+from ..pooling.store import Store
+from ..serving.enforcement.attest import socket_path
+from ..serving.server.serve import NodeEnforcement
 from .apiserver import core_v1
 from .dra import DEFAULT_DRIVER
 from .dra.cdi import DEFAULT_CDI_DIR
 
 if TYPE_CHECKING:
-    from ..devices.health import HealthWatcher
+    from ..pooling.devices.health import HealthWatcher
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class AgentConfig:
     def check(self) -> None:
         """Refuse flag combinations that cannot work, and bearer tokens in clear text off loopback."""
         from ..core.errors import InvalidInput
-        from ..server.serve import parse_listen
+        from ..serving.server.serve import parse_listen
 
         for a, b, what in (
             (self.tls_cert, self.tls_key, "--tls-cert and --tls-key"),
@@ -142,7 +142,7 @@ def release_orphans(pool: Pool, live_uids: Set[str], listed_at: float) -> List[L
 def sync_tokens(store: Store, tokens_dir: str) -> int:
     """Put every token of `tokens_dir` (file name = token name) into the pool's token table,
     through the auth module; returns how many were new or changed."""
-    from ..server.auth import install_token
+    from ..serving.server.auth import install_token
 
     count = 0
     for path in sorted(Path(tokens_dir).glob("*")):
@@ -236,8 +236,8 @@ def _exit_during_start_up(signum: int, frame: Optional[FrameType]) -> None:
 
 def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIGTERM; tests/kube/test_agent_process.py
     """Start the device plugin and the reapers, then serve the pool until SIGTERM."""
-    from ..devices import discover
-    from ..server.serve import ServerConfig, prepare, run
+    from ..pooling.devices import discover
+    from ..serving.server.serve import ServerConfig, prepare, run
     from .deviceplugin.plugin import DevicePlugin, PluginConfig, watch_health
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -303,7 +303,7 @@ def run_agent(config: AgentConfig) -> None:  # pragma: no cover - runs until SIG
             every(30.0, lambda: sync_tokens(prepared.pool.store, tokens_dir), stop, "gpupool-token-sync")
 
         def health_watcher(uuids: List[str]) -> _PoolHealth:
-            from ..devices.health import HealthWatcher
+            from ..pooling.devices.health import HealthWatcher
 
             return _PoolHealth(HealthWatcher(uuids), prepared.pool)
 

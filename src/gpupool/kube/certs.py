@@ -16,7 +16,7 @@ from __future__ import annotations
 import pathlib
 from typing import List, Optional, Sequence, Tuple
 
-from ..server.ca import issue_server_cert, load_ca, new_ca, write_cert, write_key
+from ..serving.server.ca import issue_server_cert, load_ca, new_ca, write_cert, write_key
 
 
 def service_names(service: str, namespace: str) -> List[str]:

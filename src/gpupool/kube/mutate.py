@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from ..core.errors import InvalidInput
 from ..core.filters import Filter
 from ..core.model import Claim, Policy
-from ..isolation.env import CLAIM_ENV, MPS_PIPE_ENV
+from ..pooling.isolation.env import CLAIM_ENV, MPS_PIPE_ENV
 from . import annotations as ann
 from .resources import ALIASES, UNITS, USER_KEYS, GpuAsk, asks_for_gpu, read_ask
 

@@ -14,8 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..client.http import HttpPoolClient
 from ..core.model import Claim, Device
+from ..workload.client.http import HttpPoolClient
 from .apiserver import core_v1
 from .extender import NodeState
 

@@ -17,10 +17,10 @@ import logging
 import ssl
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ..server import listener
-from ..server.bounds import Bounded
-from ..server.listener import Receive, Scope, Send
-from ..server.wire import internal_error
+from ..serving.server import listener
+from ..serving.server.bounds import Bounded
+from ..serving.server.listener import Receive, Scope, Send
+from ..serving.server.wire import internal_error
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 
 from gpupool.train import distributed
 
-# What `gpupool run --requeue` sets on a rerun: named in gpupool.isolation.env, repeated here
+# What `gpupool run --requeue` sets on a rerun: named in gpupool.pooling.isolation.env, repeated here
 # because the trainer imports core only (tests/train/test_train_preempt.py checks they agree).
 PREEMPTED_ENV = "GPUPOOL_PREEMPTED"
 ATTEMPT_ENV = "GPUPOOL_ATTEMPT"

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ...isolation.env import MEMORY_LIMIT_ENV, MPS_MEMORY_LIMIT_ENV, MPS_PIPE_ENV
+from ...pooling.isolation.env import MEMORY_LIMIT_ENV, MPS_MEMORY_LIMIT_ENV, MPS_PIPE_ENV
 
 MIB = 1 << 20
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.isolation_mode import IsolationMode
-from ...isolation.mps import mps_dirs
+from ...pooling.isolation.mps import mps_dirs
 
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.isolation_mode import IsolationMode
-from ...runner.prctl import parent_death_signal
+from ...workload.runner.prctl import parent_death_signal
 from . import figures
 from .probe import IMAGE_SIZE, INTERVAL_S, MATMUL_SIZE, MODEL, READY_SUFFIX, TRAIN_BATCH
 
@@ -245,7 +245,7 @@ def neighbour_round(
 
 def stop_mps(settings: Settings) -> None:
     """End the detached MPS daemon that `--isolation mps` started for the rounds' state dir."""
-    from ...isolation.mps import stop_detached
+    from ...pooling.isolation.mps import stop_detached
 
     try:
         stop_detached(settings.state_dir(IsolationMode.MPS))

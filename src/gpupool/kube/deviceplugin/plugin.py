@@ -20,7 +20,7 @@ import grpc
 
 from ...core.fragmentation import LearnedMix, TaskShape
 from ...core.model import Device
-from ...isolation.env import ALLOCATED_GPUS_ENV, UNITS_ENV
+from ...pooling.isolation.env import ALLOCATED_GPUS_ENV, UNITS_ENV
 from ..resources import UNITS, UNITS_PER_GPU
 from . import api_pb2 as pb
 from . import api_pb2_grpc as rpc
@@ -292,7 +292,7 @@ def watch_health(
     plugin: DevicePlugin, watcher_factory: Callable[[List[str]], HealthSource]
 ) -> Optional[threading.Thread]:
     """Feed NVML XID events into the plugin (only when there are real GPUs; emulated ones stay healthy)."""
-    from ...devices.health import is_emulated
+    from ...pooling.devices.health import is_emulated
 
     real = [d.uuid for d in plugin.devices if not is_emulated(d.uuid)]
     if not real:

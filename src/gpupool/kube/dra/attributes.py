@@ -7,7 +7,7 @@ import logging
 from typing import Dict, Mapping, Sequence
 
 from ...core.model import Device
-from ...devices.health import is_emulated
+from ...pooling.devices.health import is_emulated
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def nvml_attributes(devices: Sequence[Device]) -> Dict[str, Mapping[str, str]]:
     real = [d.uuid for d in devices if not is_emulated(d.uuid)]
     if not real:
         return {}
-    from ...devices.nvml import NvmlUnavailable, load_nvml, shutdown_nvml
+    from ...pooling.devices.nvml import NvmlUnavailable, load_nvml, shutdown_nvml
 
     try:
         nvml = load_nvml()

@@ -19,9 +19,9 @@ from typing import Any, List, Optional
 import grpc
 
 from ...core.errors import InvalidInput
-from ...enforcement.attest import node_attestations
-from ...isolation.hookdir import write_hook_dir
-from ...pool import Pool
+from ...pooling.isolation.hookdir import write_hook_dir
+from ...pooling.pool import Pool
+from ...serving.enforcement.attest import node_attestations
 from ..apiclient import ApiError, KubeApi
 from . import DEFAULT_DRIVER
 from . import dra_pb2 as pb

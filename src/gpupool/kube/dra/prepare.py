@@ -19,9 +19,9 @@ from ...core.errors import GpupoolError, NotFound
 from ...core.filters import Filter
 from ...core.isolation_mode import IsolationMode
 from ...core.model import Claim, Device, GpuRequest, Holder, Lease
-from ...enforcement.attest import Attestations
-from ...isolation.env import GpuShare, child_env, isolation_env
-from ...pool import Pool
+from ...pooling.isolation.env import GpuShare, child_env, isolation_env
+from ...pooling.pool import Pool
+from ...serving.enforcement.attest import Attestations
 from ..apiclient import ApiError, KubeApi
 from .allocation import AllocatedDevice, allocated_devices, reserved_pods
 from .cdi import CdiDevice, CdiMount, remove_spec, write_spec

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Callable, List, Tuple, Union
 
-from ....server.dashboard.view import JobRow, ReplicaRow
+from ....serving.server.dashboard.view import JobRow, ReplicaRow
 from .state import JobState, JobStore
 
 TAIL_LINES = 5

@@ -18,7 +18,7 @@ import yaml
 
 from ....core.errors import InvalidInput, Unsatisfiable
 from ....core.placement import could_ever_fit
-from ....isolation.proctree import alive
+from ....pooling.isolation.proctree import alive
 from ...environment import expand_command, redacted_env, replica_env
 from ...phase import Phase
 from ...plan import Endpoints, gang_claim, replicas, role_of
@@ -119,7 +119,7 @@ class LocalExecutor(Executor):
         claim = gang_claim(spec)
         if claim is None:
             return
-        from ....client.resolve import connect
+        from ....workload.client.resolve import connect
 
         with connect(self.servers or None, self.store.state_dir) as client:
             devices = client.status().devices
@@ -199,8 +199,8 @@ class LocalExecutor(Executor):
         killed = processes.sweep(job_dir)
         note = ""
         if state.lease_id:
-            from ....client.resolve import connect
             from ....core.errors import GpupoolError
+            from ....workload.client.resolve import connect
 
             try:
                 with connect(state.servers or None, self.store.state_dir) as client:

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import IO, Iterable, List, Mapping, Optional, Sequence
 
-from ....isolation.proctree import terminate
+from ....pooling.isolation.proctree import terminate
 from ...environment import JOB_DIR_ENV
 
 

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ....client.embedded import default_state_dir
 from ....core.errors import InvalidInput, NotFound
-from ....store.private import private_folder
+from ....pooling.store.private import private_folder
+from ....workload.client.embedded import default_state_dir
 from ...phase import Phase
 
 

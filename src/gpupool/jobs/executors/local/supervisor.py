@@ -28,10 +28,10 @@ from typing import IO, TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ....core.errors import GpupoolError, Unavailable
 from ....core.model import Holder, Lease
-from ....isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, MPS_MEMORY_LIMIT_ENV, PREEMPTED_ENV
-from ....isolation.proctree import alive
 from ....logs import escaping_formatter
-from ....runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
+from ....pooling.isolation.env import ATTEMPT_ENV, HOOK_DIR_ENV, MPS_MEMORY_LIMIT_ENV, PREEMPTED_ENV
+from ....pooling.isolation.proctree import alive
+from ....workload.runner.child import exit_code  # Popen's -N as the shell's 128+N, as `gpupool run` exits
 from ...environment import expand_command, job_env, replica_env
 from ...lifecycle import Action, backoff_delay, decide
 from ...phase import Phase
@@ -41,9 +41,9 @@ from . import ports, processes
 from .state import JobState, JobStore
 
 if TYPE_CHECKING:
-    from ....client.base import PoolClient
-    from ....runner.heartbeat import Heartbeat
-    from ....runner.preemption import PreemptionWatch
+    from ....workload.client.base import PoolClient
+    from ....workload.runner.heartbeat import Heartbeat
+    from ....workload.runner.preemption import PreemptionWatch
     from ...rendezvous.kvstore import KVStoreServer
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,8 @@ class Supervisor:
         claim = gang_claim(self.spec)
         if claim is None:
             return
-        from ....client.resolve import claim_waiting, connect
         from ....core.outage import new_key
+        from ....workload.client.resolve import claim_waiting, connect
 
         self.client = connect(self.state.servers or None, self.store.state_dir)
         holder = Holder(getpass.getuser(), os.getpid(), socket.gethostname(), f"job/{self.name}")
@@ -208,13 +208,13 @@ class Supervisor:
                 self._interruptible = False
         self.state.lease_id = self.lease.id
         self._save()
-        from ....isolation import isolation_env, shares, write_hook_dir
-        from ....runner.attest import attest_lease
+        from ....pooling.isolation import isolation_env, shares, write_hook_dir
+        from ....workload.runner.attest import attest_lease
 
         # The replicas are this process's children: the node's watchdog counts them once it saw us attest.
         attest_lease(self.client, self.lease, log.warning)
-        from ....runner.heartbeat import Heartbeat
-        from ....runner.preemption import PreemptionWatch
+        from ....workload.runner.heartbeat import Heartbeat
+        from ....workload.runner.preemption import PreemptionWatch
 
         status = self.client.status()
         hook_dir = str(write_hook_dir(self.job_dir / "hook"))
@@ -244,13 +244,13 @@ class Supervisor:
         env.update(extra)
         hook = extra.get(HOOK_DIR_ENV)
         if hook:
-            from ....isolation import child_env
+            from ....pooling.isolation import child_env
 
             env = child_env(_base_env(), extra)
         command = expand_command(role_of(self.spec, rep).command, env)
         gpu_env = self.gpu_envs.get(rep.name) or {}
         if MPS_MEMORY_LIMIT_ENV in gpu_env:  # each start, restarts too: uncapped without the MPS daemon
-            from ....runner.mps_check import require_mps_daemon
+            from ....workload.runner.mps_check import require_mps_daemon
 
             require_mps_daemon(gpu_env, self.state.lease_id, log.warning)  # NotCapped fails the job
         previous = self.logs.pop(rep.name, None)
@@ -310,7 +310,7 @@ class Supervisor:
 
     def _requeue(self, preempted: Lease) -> None:
         """Stop every replica, give the preempted lease back, claim again and start them all over."""
-        from ....runner.preemption import preemption_notice
+        from ....workload.runner.preemption import preemption_notice
 
         self.state.status = Phase.QUEUED.value
         self.state.message = preemption_notice(preempted, "the replicas") + ", then queueing again"
