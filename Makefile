@@ -66,7 +66,7 @@ test-fast: install pyz
 # The tests with a CPU hog on each core, as a busy CI machine runs them: a test that races the
 # clock fails here (issue 39). Hogs: Debian's stress-ng (installed when missing and we are root),
 # else busy Python loops; the trap ends them on every exit path. PYTEST_ARGS narrows the run, e.g.
-# `make test-loaded PYTEST_ARGS=tests/server`; HOGS sets how many.
+# `make test-loaded PYTEST_ARGS=tests/serving/server`; HOGS sets how many.
 HOGS        ?= $(shell nproc)
 PYTEST_ARGS ?=
 test-loaded: install pyz

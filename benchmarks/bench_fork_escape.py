@@ -2,7 +2,7 @@
 millisecond outlive its lease, and how soon is it gone?
 
 Each run is `gpupool run -- sh -c 'env -i python hopper.py STAMP ...; ...'` on an embedded pool:
-the hopper (tests/runner/hopper.py) daemonises at once and forks a successor every 0.5 ms, each
+the hopper (tests/workload/runner/hopper.py) daemonises at once and forks a successor every 0.5 ms, each
 process exiting after its fork, rewriting STAMP as it goes. Two ways for the lease to end, --runs
 times each:
 
@@ -41,7 +41,7 @@ from typing import Any, Dict, List
 from results_file import load_average, write_and_show  # beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
-HOPPER = ROOT / "tests" / "runner" / "hopper.py"
+HOPPER = ROOT / "tests" / "workload" / "runner" / "hopper.py"
 OUT = ROOT / "benchmarks" / "results" / "fork-escape.json"
 # The hopper's own end: long past any window, so only the lease's end can stop it in time.
 LIFETIME_S = 60
@@ -201,7 +201,7 @@ def main() -> None:
         "benchmark": "fork-escape",
         "runs_per_way": args.runs,
         "window_s": args.window_s,
-        "hopper": {"hop_s": 0.0005, "lifetime_s": LIFETIME_S, "script": "tests/runner/hopper.py"},
+        "hopper": {"hop_s": 0.0005, "lifetime_s": LIFETIME_S, "script": "tests/workload/runner/hopper.py"},
         "machine": {
             "cpus": os.cpu_count(),
             "kernel": platform.release(),

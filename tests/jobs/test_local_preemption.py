@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from waiting import events, holds, wait_for_events, wait_until
 
-PREEMPTEE = str(Path(__file__).resolve().parents[1] / "runner" / "preemptee.py")
+PREEMPTEE = str(Path(__file__).resolve().parents[1] / "workload" / "runner" / "preemptee.py")
 
 pytestmark = pytest.mark.slow
 

@@ -199,8 +199,8 @@ ENV_NOTES: Dict[str, str] = {
 
 # The variables the test suite reads (tests/), for contributors; each must still be read there.
 TEST_ENV_NOTES: Dict[str, str] = {
-    "GPUPOOL_FUZZ_S": "Seconds the API fuzz test (tests/server/test_fuzz.py) runs each phase (default 20).",
-    "GPUPOOL_CRASH_ROUNDS": "Rounds of the kill -9 test of a busy server (tests/server/test_crash.py; default 3).",
+    "GPUPOOL_FUZZ_S": "Seconds the API fuzz test (tests/serving/server/test_fuzz.py) runs each phase (default 20).",
+    "GPUPOOL_CRASH_ROUNDS": "Rounds of the kill -9 test of a busy server (tests/serving/server/test_crash.py; default 3).",
     "GPUPOOL_KUEUE_CRDS": "A folder of Kueue's CRD schemas, used instead of those of the Kueue module the test "
     "bed pins: the Kueue example tests validate against them, and skip with neither.",
     "GPUPOOL_KUBEFLOW_CRDS": "A folder of the Kubeflow training operator's CRD schemas, used instead of those of "

@@ -2,7 +2,7 @@
 
 Every variable name of the contract is defined here once; the post-import hook
 (hook/sitecustomize.py) cannot import gpupool, so it repeats the names it reads
-and tests/isolation checks that they agree.
+and tests/pooling/isolation checks that they agree.
 """
 
 from __future__ import annotations

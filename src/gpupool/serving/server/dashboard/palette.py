@@ -1,7 +1,7 @@
 """Which colour a lease's slices take: l<N> (allocated, light) and u<N> (used, dark) in dashboard.css.
 
 Red is kept for trouble (memory used by no lease, a slice used past its
-share): no lease colour is red, and tests/server/test_dashboard.py checks
+share): no lease colour is red, and tests/serving/server/test_dashboard.py checks
 the style sheet's hues.
 """
 

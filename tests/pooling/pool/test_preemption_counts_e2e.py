@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.gpupool_cli import gpupool
-from tests.pool.test_suspend_e2e import Pool
+from tests.pooling.pool.test_suspend_e2e import Pool
 from tests.waiting import events
 
 pytestmark = pytest.mark.slow

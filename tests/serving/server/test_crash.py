@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_crash.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_crash.py"
 
 
 @pytest.mark.slow

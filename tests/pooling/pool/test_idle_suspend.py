@@ -14,8 +14,8 @@ import pytest
 
 from gpupool.pooling.isolation.env import EMULATED_USAGE_ENV
 from tests.gpupool_cli import gpupool
-from tests.pool.test_queues_e2e import CLI, leases
-from tests.pool.test_suspend_e2e import Pool, continuous, proc_state
+from tests.pooling.pool.test_queues_e2e import CLI, leases
+from tests.pooling.pool.test_suspend_e2e import Pool, continuous, proc_state
 from tests.waiting import events, wait_until
 
 pytestmark = pytest.mark.slow

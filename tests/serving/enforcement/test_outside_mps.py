@@ -31,11 +31,11 @@ from gpupool.pooling.isolation.evidence import NodeView, Witness, start_ticks
 from gpupool.pooling.isolation.proctree import alive
 from gpupool.pooling.pool import Pool
 from gpupool.serving.enforcement.attest import Attestations
-from tests.enforcement.test_watchdog import Kills, watchdog
+from tests.serving.enforcement.test_watchdog import Kills, watchdog
 
 GIB = 1024
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
+HOLDER = str(Path(__file__).resolve().parents[2] / "workload" / "runner" / "holder.py")
 MPS = NodeIsolation(IsolationMode.MPS, "/nowhere/mps/pipe", "/nowhere/mps/log")
 
 

@@ -26,7 +26,7 @@ from tests.conftest import ServerProcess, start_server
 from tests.gpupool_cli import gpupool
 from tests.waiting import events, holds, wait_dead, wait_for_events
 
-PREEMPTEE = str(Path(__file__).parents[1] / "runner" / "preemptee.py")
+PREEMPTEE = str(Path(__file__).parents[2] / "workload" / "runner" / "preemptee.py")
 CLI = [sys.executable, "-m", "gpupool.cli.main"]
 GRACE_S = 1.0
 # B claims without --wait: a claim within its quota waits for the borrowers it preempts anyway.

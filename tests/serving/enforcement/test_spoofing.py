@@ -26,7 +26,7 @@ from gpupool.pooling.isolation.proctree import alive
 from gpupool.workload.runner.attest import AttestFailed, attest
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
+HOLDER = str(Path(__file__).resolve().parents[2] / "workload" / "runner" / "holder.py")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 GRACE_S = 0.5
 INTERVAL_S = 0.2

@@ -143,7 +143,7 @@ def test_a_tree_that_forks_all_the_time_ends_at_once(tmp_path, graceful, hierarc
     cgroup = make("a0b1c2d3e4f5", hierarchy)
     stamp = tmp_path / "stamp"
     fd = os.open(os.path.join(cgroup.path, "cgroup.procs"), os.O_WRONLY)
-    hopper = Path(__file__).parents[1] / "runner" / "hopper.py"
+    hopper = Path(__file__).parents[2] / "workload" / "runner" / "hopper.py"
     child = subprocess.Popen([sys.executable, str(hopper), str(stamp), "60"], preexec_fn=lambda: os.write(fd, b"0"))
     try:
         os.close(fd)

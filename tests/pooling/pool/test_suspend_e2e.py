@@ -22,10 +22,10 @@ import pytest
 
 from tests.conftest import ServerProcess
 from tests.gpupool_cli import gpupool
-from tests.pool.test_queues_e2e import CLI, Runner, leases
+from tests.pooling.pool.test_queues_e2e import CLI, Runner, leases
 from tests.waiting import events, holds, wait_for_events, wait_until
 
-TICKER = str(Path(__file__).parents[1] / "runner" / "ticker.py")
+TICKER = str(Path(__file__).parents[2] / "workload" / "runner" / "ticker.py")
 MIB_PER_JOB = 1024
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ from jupyter_client.manager import KernelManager
 
 from gpupool.serving.notebook.gate import WAKING
 from gpupool.serving.notebook.proxy import REPLAYED, UNSIGNED
-from tests.notebook.test_notebook_e2e import GIB, Notebooks, run_cell
+from tests.serving.notebook.test_notebook_e2e import GIB, Notebooks, run_cell
 from tests.waiting import wait_until
 
 pytestmark = [

@@ -18,7 +18,7 @@ from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
 from gpupool.pooling.isolation.proctree import alive
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
+HOLDER = str(Path(__file__).resolve().parents[2] / "workload" / "runner" / "holder.py")
 OTHER_UID = 60002  # a stranger's process on the GPU
 GIB = 1024
 

@@ -13,8 +13,8 @@ import pytest
 from gpupool_cli import gpupool
 
 from tests.conftest import start_server
-from tests.pool.test_queues_e2e import leases
-from tests.pool.test_suspend_e2e import Pool, continuous, proc_state
+from tests.pooling.pool.test_queues_e2e import leases
+from tests.pooling.pool.test_suspend_e2e import Pool, continuous, proc_state
 from tests.waiting import events, wait_dead, wait_for_events, wait_until
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from gpupool.serving.server.dashboard.view import DashboardView
 
 HOSTILE = "<script>alert(1)</script>\"'><img src=x onerror=alert(1)>&amp;"
 DASHBOARD = Path(render.__file__).parent
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 TEMPLATES = DASHBOARD / "templates"
 OWN_SCRIPT = f'<script src="{render.STATIC}/dashboard.js" defer></script>'  # the page's one script, by src
 

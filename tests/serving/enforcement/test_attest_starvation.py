@@ -32,7 +32,7 @@ from gpupool.workload.runner.attest import attest
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run callers as other users")
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
+HOLDER = str(Path(__file__).resolve().parents[2] / "workload" / "runner" / "holder.py")
 GRACE_S = 1.0
 INTERVAL_S = 0.2
 STARVERS = range(60001, 60006)  # five other users
@@ -40,7 +40,7 @@ HELD = 6  # silent connections each keeps open
 GIB = 1024
 
 # A local user that holds the attestation socket busy (benchmarks/attest_starver.py says how).
-STARVER = Path(__file__).resolve().parents[2] / "benchmarks" / "attest_starver.py"
+STARVER = Path(__file__).resolve().parents[3] / "benchmarks" / "attest_starver.py"
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from gpupool.pooling.isolation.proctree import alive
 from gpupool.pooling.pool import Pool
 from gpupool.serving.enforcement import Attributor, Watchdog, WatchdogConfig
 from gpupool.serving.enforcement.attest import Attestations
-from tests.enforcement.test_watchdog import Kills
+from tests.serving.enforcement.test_watchdog import Kills
 
 OTHER_UID = 60003  # a local user who names a process like the MPS server
 MPS_SERVER_NAME = "nvidia-cuda-mps-server"

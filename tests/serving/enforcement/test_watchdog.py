@@ -49,7 +49,7 @@ def pool(tmp_path: Path) -> Iterable[Pool]:
     p.close()
 
 
-# What the node's attestation socket records (tests/enforcement/test_attest_listener.py drives the
+# What the node's attestation socket records (tests/serving/enforcement/test_attest_listener.py drives the
 # socket itself); here the test process stands in for a runner that attested its lease.
 ATTESTED = Attestations()
 

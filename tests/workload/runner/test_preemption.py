@@ -1,6 +1,6 @@
 """`gpupool run` under preemption, as real processes on an embedded pool of two emulated GPUs
 with two queues of quota 1 whose preemption stops (`--preempt kill`, what these tests are about; suspension
-has tests/pool/test_suspend_e2e.py): team A borrows the second GPU, team B claims its quota back."""
+has tests/pooling/pool/test_suspend_e2e.py): team A borrows the second GPU, team B claims its quota back."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from gpupool.pooling.devices.usage import EMULATED_USAGE_ENV
 from gpupool.pooling.isolation.proctree import alive
 
 CLI = [sys.executable, "-m", "gpupool.cli.workload"]
-HOLDER = str(Path(__file__).resolve().parents[1] / "runner" / "holder.py")
+HOLDER = str(Path(__file__).resolve().parents[2] / "workload" / "runner" / "holder.py")
 GRACE_S = 1.0
 
 

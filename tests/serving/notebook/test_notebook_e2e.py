@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.pool.test_suspend_e2e import Usage, proc_state
+from tests.pooling.pool.test_suspend_e2e import Usage, proc_state
 from tests.waiting import holds, wait_until
 
 jupyter_client = pytest.importorskip("jupyter_client")

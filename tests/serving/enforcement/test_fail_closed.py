@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fail_closed.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_fail_closed.py"
 
 
 @pytest.fixture

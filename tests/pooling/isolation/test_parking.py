@@ -28,7 +28,7 @@ from gpupool.pooling.isolation.parking import (
 
 GPU0 = "GPU-emu-localhost-0"
 GPU1 = "GPU-emu-localhost-1"
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
 def state(pid: int) -> str:
