@@ -34,7 +34,7 @@ install: $(STAMP)
 install-demo: $(DEMO_STAMP)
 	-$(BIN)/python -m compileall -q src/gpupool
 
-# The workload side (client, runner, isolation) as one stdlib-only zipapp.
+# The workload side (core/, pooling/, workload/ and the stdlib verbs) as one stdlib-only zipapp.
 pyz: $(DEMO_STAMP)
 	$(BIN)/python tools/build_pyz.py $(PYZ)
 

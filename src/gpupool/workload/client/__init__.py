@@ -2,6 +2,6 @@
 
 Owns: `PoolClient` (base), `HttpPoolClient` (HTTP/1.1 on a stdlib socket), `EmbeddedClient`, the client
 config file, and `connect` / `choose_and_claim` (which pool to use).
-May import: core and floor 1 (pool, store, devices, isolation) and floor 2; the standard
+May import: core, pooling/ (floor 1) and workload/, not the servers beside it; the standard
 library only, because it runs inside the user's container and ships in gpupool-run.pyz.
 """
