@@ -82,11 +82,6 @@ def test_lower_floors_never_import_higher_ones(package):
     assert not wrong, sorted(wrong)
 
 
-def test_the_zipapp_ships_whole_floors_from_the_bottom():
-    # The standard-library side is core and the folders above it up to the workload, nothing skipped.
-    assert WORKLOAD_SIDE == ("core", "pooling", "workload")
-
-
 @pytest.mark.parametrize("package", WORKLOAD_SIDE)
 def test_workload_side_imports_only_itself(package):
     # Not even lazily: what the zipapp lacks would fail in a user's container, not here.
