@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torchvision")
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
-from waiting import wait_until  # noqa: E402
+from waiting import cpu_seconds, wait_until  # noqa: E402
 
 from gpupool.train import storage  # noqa: E402
 from gpupool.train.run_place import CHECKPOINTS, newest_first  # noqa: E402
@@ -50,6 +50,12 @@ def test_a_preempted_two_replica_job_resumes_from_the_bucket(shell, s3_server, s
     }
     shell.run("submit", shell.write_spec(job))
     wait_until(lambda: _checkpoints(run), 180, "a checkpoint of team-a", detail=lambda: shell.state_of("team-a"))
+    # That checkpoint is epoch 1's end, and the trainer's epoch-end stop check follows it: a preemption
+    # sent at once stops the job after epoch 1, with no step inside an epoch to resume from. Into epoch
+    # 2's steps first: 0.3 s of worker-0's own CPU time (an epoch is about 50 steps of it per rank).
+    trainer = shell.state_of("team-a")["replicas"]["worker-0"]["pid"]
+    since = cpu_seconds(trainer)
+    wait_until(lambda: cpu_seconds(trainer) >= since + 0.3, 120, "worker-0 into epoch 2", interval=0.02)
 
     b_stop = tmp_path / "b.stop"
     b = subprocess.Popen(
