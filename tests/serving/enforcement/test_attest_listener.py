@@ -61,6 +61,24 @@ def exchange(path: Path, data: bytes, timeout: float = 5.0) -> Tuple[dict, float
     return json.loads(answer.decode()), time.monotonic() - started
 
 
+def attest_as(uid: int, listener: AttestListener, lease_id: str) -> subprocess.CompletedProcess[str]:
+    """`lease_id` attested on `listener` by a process of user `uid` (forked as root); its stdout is the
+    pid the node answered."""
+    code = (
+        # Everything imported first: the other user may not read this interpreter's files.
+        "import json, os, socket, sys; from gpupool.workload.runner.attest import attest; "
+        "os.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1])); "
+        "print(attest(sys.argv[2], sys.argv[3], sys.argv[4]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(uid), str(listener.path), lease_id, listener.keys.key(lease_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+
+
 def test_the_kernel_says_who_attests_not_the_line(node, tmp_path):
     pool, listener = node
     lease_id = claim(pool)  # the holder pid 1 is a label: the record is of whoever connects
@@ -225,18 +243,7 @@ def test_a_full_node_closes_the_biggest_holders_oldest_not_a_newcomer(tmp_path):
     ).start()
     stalled = [connect(listener.path) for _ in range(2)]  # this user fills the node
     try:
-        code = (
-            # Everything imported first: the other user may not read this interpreter's files.
-            "import os, socket, sys; from gpupool.workload.runner.attest import attest; os.setgid(65534); os.setuid(65534); "
-            "print(attest(sys.argv[1], 'L', sys.argv[2]))"
-        )
-        other = subprocess.run(
-            [sys.executable, "-c", code, str(listener.path), listener.keys.key("L")],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-        )
+        other = attest_as(65534, listener, "L")
         assert other.returncode == 0, other.stderr
         (witness,) = listener.attestations.current({"L"})["L"]
         assert (witness.pid, witness.uid) == (int(other.stdout), 65534)

@@ -28,6 +28,7 @@ from gpupool.pooling.isolation.proctree import alive
 from gpupool.serving.enforcement.attest import Attestations, AttestKeys, socket_path
 from gpupool.serving.enforcement.attest_listener import MAX_CONNECTIONS, AttestListener
 from gpupool.workload.runner.attest import attest
+from tests.serving.enforcement.test_attest_listener import attest_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run callers as other users")
 
@@ -165,17 +166,7 @@ def test_the_socket_serves_other_users_through_the_starvers(shared_dir, cap):
             started = time.monotonic()
             assert attest(str(listener.path), f"L{n}", listener.keys.key(f"L{n}")) == os.getpid()
             took.append(time.monotonic() - started)
-        code = (  # and a user who never connected before
-            "import json, os, socket, sys; from gpupool.workload.runner.attest import attest; os.setgroups([]); os.setgid(60006); "
-            "os.setuid(60006); print(attest(sys.argv[1], 'M', sys.argv[2]))"
-        )
-        other = subprocess.run(
-            [sys.executable, "-c", code, str(listener.path), listener.keys.key("M")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-        )
+        other = attest_as(60006, listener, "M")  # and a user who never connected before
         assert other.returncode == 0, other.stderr
         assert [w.uid for w in listener.attestations.current({"M"})["M"]] == [60006]
         assert all(p.poll() is None for p in starvers), "the starvers ran throughout"
