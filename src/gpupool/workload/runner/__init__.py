@@ -2,8 +2,8 @@
 
 Owns: the run session, the child's whole process tree (the guard: its parent and subreaper,
 the lease's cgroup where writable; parent-death signal), the run's folder, signal forwarding, heartbeats, and the exit-code mapping (`child.exit_code`).
-May import: core, pooling/ (floor 1) and workload/ (client), not the servers beside it; the standard library only (workload side,
-shipped in gpupool-run.pyz).
+May import: core, pooling/ (floor 1) and workload/ (client), not the servers beside it; the
+standard library only (workload side, shipped in gpupool-run.pyz).
 """
 
 from .session import RunOptions, current_holder, progress, run
