@@ -52,6 +52,7 @@ RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 FEATURE_GATES = "DRAConsumableCapacity=true"
 ADMIN = ("gpupool-admin", ("system:masters",))
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the API server's identity towards aggregated API servers
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"  # the API server's identity towards kubelets (logs, exec)
 # Node shape for simulated GPU nodes (the gpupool side's agents find node i at its own loopback IP).
 NODE_PREFIX = "gpu-node-"
 NODE_CPU, NODE_MEMORY, NODE_PODS = "32", "256Gi", "110"
@@ -353,6 +354,11 @@ class ControlPlane:
         cert, key = issue_client_cert(proxy_ca, proxy_ca_key, FRONT_PROXY_CLIENT, (), CERT_DAYS)
         write_key(self.pki / "front-proxy-client.key", key)
         write_cert(self.pki / "front-proxy-client.crt", cert)
+        # Towards a real kubelet (kubelet_node.py), which authorizes this user through the API
+        # server (SubjectAccessReview), as kubeadm sets it up.
+        cert, key = issue_client_cert(ca, ca_key, KUBELET_CLIENT, (), CERT_DAYS)
+        write_key(self.pki / "kubelet-client.key", key)
+        write_cert(self.pki / "kubelet-client.crt", cert)
         sa_key = ec.generate_private_key(ec.SECP256R1())
         write_key(self.pki / "sa.key", sa_key)
         public = sa_key.public_key().public_bytes(
@@ -406,6 +412,11 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
+            f"--kubelet-client-certificate={self.pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={self.pki / 'kubelet-client.key'}",
+            f"--kubelet-certificate-authority={self.ca_cert}",
+            # A node's Hostname is its name, which no resolver here knows; its InternalIP is real.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import yaml
 
 from .controlplane import STOP_GRACE_S, _start_time, node_ip, node_name
+from .kubelet_node import KubeletNode, add_address, real_node_ip
 
 if TYPE_CHECKING:
     from .controlplane import ControlPlane
@@ -96,6 +97,7 @@ class GpupoolSide:
     nodes: int = 4
     gpus: int = 8
     dra: bool = False
+    real_nodes: int = 0  # the last nodes run a real kubelet with containerd (kubelet_node.py), not kwok
     detach: bool = False  # make cluster-up: processes outlive this one (pid files); tests: they die with it
     python: str = sys.executable
     webhook_port: int = 0
@@ -103,6 +105,7 @@ class GpupoolSide:
     kubectl: str = ""
     admin_kubeconfig: Path = Path()
     procs: Dict[str, Proc] = field(default_factory=dict)
+    kubelets: List[KubeletNode] = field(default_factory=list)
 
     # -- before the API server ------------------------------------------------------------------
     @property
@@ -126,8 +129,10 @@ class GpupoolSide:
         self.pids.mkdir(parents=True, exist_ok=True)
         if not (self.tls / "tls.crt").exists():
             self._gpupool("kube", "certs", "--out", str(self.tls), "--ip", "127.0.0.1")
+        for i in range(self.kwok_nodes, self.nodes):
+            add_address(real_node_ip(i))  # before a port free on every node's address is picked
         self.webhook_port = self.webhook_port or free_port(["127.0.0.1"])
-        self.agent_port = self.agent_port or free_port([node_ip(i) for i in range(self.nodes)])
+        self.agent_port = self.agent_port or free_port([self.node_address(i) for i in range(self.nodes)])
         return self
 
     def scheduler_config(self, scheduler_kubeconfig: str, bind: bool = True) -> Path:
@@ -156,6 +161,26 @@ class GpupoolSide:
         self.start_webhook()
         self.register_webhooks()
         return self
+
+    @property
+    def kwok_nodes(self) -> int:
+        return self.nodes - self.real_nodes
+
+    def start_real_nodes(self, cp: ControlPlane) -> GpupoolSide:
+        """The real nodes (after kwok's), each a kubelet with containerd whose root folder is the
+        one its agent is given (`start_agent`); returns once each is Ready."""
+        for i in range(self.kwok_nodes, self.nodes):
+            node = KubeletNode(cp, i, self.node_dir(i) / "kubelet", self.state / "real" / node_name(i))
+            self.kubelets.append(node)
+            node.start()
+        return self
+
+    def node_address(self, i: int) -> str:
+        """Node i's InternalIP, where its agent listens: loopback for kwok's, a real node's own."""
+        return real_node_ip(i) if i >= self.kwok_nodes else node_ip(i)
+
+    def node_dir(self, i: int) -> Path:
+        return self.state / "nodes" / node_name(i)
 
     def start_agents(self) -> GpupoolSide:
         """One node agent per node (the Nodes exist: ControlPlane.add_nodes); returns when the
@@ -263,22 +288,22 @@ class GpupoolSide:
 
     def start_agent(self, i: int) -> Proc:
         """Node i's agent on 127.0.0.(10+i):AGENT_PORT, as service account gpupool-agent."""
-        base = self.state / "nodes" / node_name(i)
+        base = self.node_dir(i)
         kubelet = base / "kubelet" / "device-plugins"
         kubelet.mkdir(parents=True, exist_ok=True)
         (self.state / "tokens").mkdir(exist_ok=True)
         args = ["kube", "agent", "--kubelet-dir", str(kubelet), "--devices", f"emulated:{self.gpus}x{GPU_MEMORY}"]
-        args += ["--listen", f"{node_ip(i)}:{self.agent_port}", "--state", str(base / "pool")]
+        args += ["--listen", f"{self.node_address(i)}:{self.agent_port}", "--state", str(base / "pool")]
         args += ["--token-file", str(self.agent_token_file), "--tokens-dir", str(self.state / "tokens")]
         args += ["--node", node_name(i), "--reap-interval", "2", "--enforce", "off", "--enforce-unleased", "off"]
         args += ["--tls-ca-cert", str(self.tls / "agent-ca.crt"), "--tls-ca-key", str(self.tls / "agent-ca.key")]
         args += ["--kubeconfig", str(self.kubeconfig(AGENT_SA)), "--cdi-dir", str(base / "cdi")]
         args += ["--dra"] if self.dra else []
-        env = {"NODE_NAME": node_name(i), "NODE_IP": node_ip(i)}
+        env = {"NODE_NAME": node_name(i), "NODE_IP": self.node_address(i)}
         return self.spawn(f"agent-{node_name(i)}", args, env)
 
     def agent_url(self, i: int) -> str:
-        return f"https://{node_ip(i)}:{self.agent_port}"
+        return f"https://{self.node_address(i)}:{self.agent_port}"
 
     def wait_ready(self, timeout: float = 120) -> None:
         """Until the webhook reads every node's agent."""
@@ -338,7 +363,10 @@ class GpupoolSide:
             (self.pids / f"{PID_PREFIX}{proc.name}.pid").unlink(missing_ok=True)
 
     def stop(self) -> None:
-        """End every process started here (SIGTERM to all, SIGKILL to what is left after the grace)."""
+        """End every process started here (SIGTERM to all, SIGKILL to what is left after the
+        grace), the real nodes first (their containers with them)."""
+        while self.kubelets:
+            self.kubelets.pop().stop()
         self.stop_some(list(self.procs))
 
 
@@ -420,19 +448,29 @@ def wait(check: Callable[[], object], timeout: float, what: str, proc: Optional[
 
 
 def bring_up(
-    cp: ControlPlane, state: Path, nodes: int = 4, gpus: int = 8, dra: bool = False, detach: bool = False
+    cp: ControlPlane,
+    state: Path,
+    nodes: int = 4,
+    gpus: int = 8,
+    dra: bool = False,
+    detach: bool = False,
+    real_nodes: int = 0,
 ) -> GpupoolSide:
     """The control plane (its state folder: `state`) and gpupool's side (in `state`/gpupool) in their
     order: the API server, gpupool's accounts and webhook, the controllers with kube-scheduler
-    calling the extender, the nodes, their agents.
+    calling the extender, the nodes (the last `real_nodes` of `nodes` with a real kubelet), their
+    agents.
     On failure, what gpupool's side started is ended (the caller stops `cp`)."""
-    side = GpupoolSide(state / "gpupool", state / "pids", nodes=nodes, gpus=gpus, dra=dra, detach=detach)
+    side = GpupoolSide(
+        state / "gpupool", state / "pids", nodes=nodes, gpus=gpus, dra=dra, real_nodes=real_nodes, detach=detach
+    )
     side.prepare()
     try:
         cp.start_apiserver()
         side.start(cp.admin_kubeconfig, str(cp.kubectl))
         cp.start_controllers(scheduler_config=side.scheduler_config(str(cp.scheduler_kubeconfig)))
-        cp.add_nodes(nodes, gpus)
+        cp.add_nodes(side.kwok_nodes, gpus)
+        side.start_real_nodes(cp)
         side.start_agents()
     except BaseException:
         side.stop()
