@@ -5,6 +5,7 @@ what the cluster did back from the API server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -124,11 +125,14 @@ def plain_pod(name: str) -> Dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """Started once per session (a few tens of seconds on 2 cores); every process ends with it."""
+@contextlib.contextmanager
+def running_cluster(nodes: int, gpus: int, real_nodes: int = 0) -> Iterator[Cluster]:
+    """A cluster of `nodes` nodes (the last `real_nodes` with a real kubelet), DRA on; every process
+    ends with it and its state folder goes (GPUPOOL_KEEP_CLUSTER_STATE keeps it)."""
     try:
         bin_dir = controlplane.build()
+        if real_nodes:
+            controlplane.build(["kubelet"])
     except controlplane.GoMissing as err:
         pytest.skip(f"no control plane here: {err}")
     from kubernetes import config
@@ -139,7 +143,7 @@ def cluster() -> Iterator[Cluster]:
     side = None
     started = time.monotonic()
     try:
-        side = gpupool_side.bring_up(cp, state / "cp", nodes=NODES, gpus=GPUS, dra=True)
+        side = gpupool_side.bring_up(cp, state / "cp", nodes=nodes, gpus=gpus, dra=True, real_nodes=real_nodes)
         print(f"cluster up in {time.monotonic() - started:.1f} s", file=sys.stderr)
         api = config.new_client_from_config(config_file=str(cp.admin_kubeconfig))
         yield Cluster(cp, side, api)
@@ -151,6 +155,13 @@ def cluster() -> Iterator[Cluster]:
             print(f"cluster state kept in {state}", file=sys.stderr)
         else:
             shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """Started once per session (a few tens of seconds on 2 cores); every process ends with it."""
+    with running_cluster(NODES, GPUS) as started:
+        yield started
 
 
 def parse(text: str) -> Any:

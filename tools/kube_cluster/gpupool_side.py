@@ -37,7 +37,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import yaml
 
+from gpupool.kube.mutate import MutateConfig
+
 from .controlplane import STOP_GRACE_S, _start_time, node_ip, node_name
+from .kubelet_node import IMAGE as KUBELET_IMAGE
 from .kubelet_node import KubeletNode, add_address, real_node_ip
 
 if TYPE_CHECKING:
@@ -169,11 +172,27 @@ class GpupoolSide:
     def start_real_nodes(self, cp: ControlPlane) -> GpupoolSide:
         """The real nodes (after kwok's), each a kubelet with containerd whose root folder is the
         one its agent is given (`start_agent`); returns once each is Ready."""
+        runner = self.runner_zipapp()
         for i in range(self.kwok_nodes, self.nodes):
             node = KubeletNode(cp, i, self.node_dir(i) / "kubelet", self.state / "real" / node_name(i))
+            node.files[MutateConfig.runner_source] = runner
             self.kubelets.append(node)
             node.start()
         return self
+
+    def runner_zipapp(self) -> Path:
+        """gpupool-run.pyz, built from this tree for the real nodes' image (the webhook's init
+        container copies it into each GPU pod)."""
+        target = self.state / "gpupool-run.pyz"
+        done = subprocess.run(
+            [self.python, str(ROOT / "tools" / "build_pyz.py"), "--no-compile", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"build_pyz failed ({done.returncode}): {done.stderr.strip()}")
+        return target
 
     def node_address(self, i: int) -> str:
         """Node i's InternalIP, where its agent listens: loopback for kwok's, a real node's own."""
@@ -256,6 +275,8 @@ class GpupoolSide:
         args += ["--agents", "kube", "--agent-port", str(self.agent_port)]
         args += ["--agent-token-file", str(self.agent_token_file), "--agent-ca", str(self.tls / "agent-ca.crt")]
         args += ["--kubeconfig", str(self.kubeconfig(WEBHOOK_SA)), "--refresh", "1", *extra]
+        # The runner's init container on a real node: the image made there holds the zipapp.
+        args += ["--runner-image", KUBELET_IMAGE] if self.real_nodes else []
         proc = self.spawn("webhook", args, {})
         wait(lambda: self.healthz() is not None, 60, "the webhook to answer /healthz", proc)
         return proc

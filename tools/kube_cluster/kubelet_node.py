@@ -41,8 +41,17 @@ from typing import IO, Any, Dict, List, Optional
 from gpupool.serving.server.ca import issue_server_cert, load_ca, write_cert, write_key
 
 from . import oci_image
-from .controlplane import CERT_DAYS, KUBELET_CLIENT, NODE_LABELS, START_TIMEOUT_S, Component, ControlPlane
-from .controlplane import StartFailed, node_name, wait_for
+from .controlplane import (
+    CERT_DAYS,
+    KUBELET_CLIENT,
+    NODE_LABELS,
+    START_TIMEOUT_S,
+    Component,
+    ControlPlane,
+    StartFailed,
+    node_name,
+    wait_for,
+)
 
 IMAGE = "gpupool.local/busybox:1"  # the node's one image: pause and the test pods' image
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # the kubelet's fixed folder
@@ -88,7 +97,9 @@ def missing_parts() -> Optional[str]:
     if not oci_image.have_busybox():
         absent.append("a static busybox")
     if absent:
-        return f"missing {', '.join(absent)}: apt-get install containerd runc containernetworking-plugins busybox-static"
+        return (
+            f"missing {', '.join(absent)}: apt-get install containerd runc containernetworking-plugins busybox-static"
+        )
     if not (CGROUP_ROOT / "memory").is_dir():
         return "a real kubelet node here expects cgroup v1 hierarchies under /sys/fs/cgroup"
     return None
@@ -104,6 +115,7 @@ class KubeletNode:
     root: Path
     state: Path
     component: Optional[Component] = None
+    files: Dict[str, Path] = field(default_factory=dict)  # added to the node's image: path there -> file here
     port: int = 0
     _lock: Optional[IO[bytes]] = field(default=None, repr=False)
 
@@ -137,8 +149,17 @@ class KubeletNode:
                 self.state,
                 self._kubelet_args(),
                 env=self._env(),
-                wrapper=["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--mount-proc",
-                         "--kill-child=SIGKILL", "--"],
+                wrapper=[
+                    "unshare",
+                    "--pid",
+                    "--fork",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--mount-proc",
+                    "--kill-child=SIGKILL",
+                    "--",
+                ],
             )
             wait_for(self._ready, START_TIMEOUT_S, f"the kubelet's node {self.name} Ready")
         except BaseException:
@@ -171,7 +192,7 @@ class KubeletNode:
     # ---- pieces
 
     def _take_lock(self) -> None:
-        self._lock = open(LOCK, "wb")
+        self._lock = open(LOCK, "wb")  # noqa: SIM115 - held for the node's life, closed by stop()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -188,7 +209,7 @@ class KubeletNode:
         (self.state / "node.sh").write_text(NODE_SCRIPT)
         os.chmod(self.state / "node.sh", 0o755)
         os.replace(self.state / "node.sh", self.state / f"kubelet-node-{self.name}")
-        oci_image.busybox_image(IMAGE, self.state / "image.tar")
+        oci_image.busybox_image(IMAGE, self.state / "image.tar", self.files)
         (self.state / "cni" / "10-gpupool-node.conflist").write_text(json.dumps(self._cni_config()))
         (self.state / "containerd.toml").write_text(self._containerd_config())
         self._write_identity()
@@ -199,7 +220,12 @@ class KubeletNode:
     def _cni_config(self) -> Dict[str, Any]:
         """Each pod its own veth to the node (`ptp`) and an address from the node's pod range,
         recorded in the node's state (containerd's CRI wants an eth0 with an address)."""
-        ipam = {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]], "dataDir": str(self.state / "ipam")}
+        ipam = {
+            "type": "host-local",
+            "ranges": [[{"subnet": self.pod_cidr}]],
+            "routes": [{"dst": "0.0.0.0/0"}],  # the node's addresses (its agent) through the veth
+            "dataDir": str(self.state / "ipam"),
+        }
         plugin = {"type": "ptp", "ipMasq": False, "ipam": ipam}
         return {"cniVersion": "1.0.0", "name": "gpupool-node", "plugins": [plugin]}
 
@@ -245,7 +271,11 @@ class KubeletNode:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": "gpupool-test-bed:kube-apiserver-kubelet-client"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:kubelet-api-admin",
+            },
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBELET_CLIENT}],
         }
         subprocess.run(
@@ -311,7 +341,9 @@ class KubeletNode:
 
     def _ready(self) -> bool:
         if self.component is not None and self.component.process.poll() is not None:
-            raise StartFailed(f"the real node {self.name} exited:\n{self.log()[-3000:]}\n{self.log('containerd')[-1500:]}")
+            raise StartFailed(
+                f"the real node {self.name} exited:\n{self.log()[-3000:]}\n{self.log('containerd')[-1500:]}"
+            )
         return self.cp._node_ready(self.name)
 
 
@@ -358,5 +390,3 @@ def remove_pod_cgroups(timeout: float = 10.0) -> None:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.1)
-
-

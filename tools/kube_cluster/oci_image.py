@@ -2,9 +2,11 @@
 
 `busybox_image` writes an OCI image layout archive (oci-layout, index.json, blobs/sha256/...)
 whose one layer holds the machine's static busybox (Debian's busybox-static) as /bin/busybox,
-with /bin/sh beside it. `ctr images import` loads it into containerd under its name. One image
-serves both as the pod sandbox (`pause`: it sleeps until killed, which is how containerd stops
-a sandbox) and as the test pods' image (`sh -c ...`).
+with links for the commands pods use, and any files the caller adds (gpupool's runner zipapp at
+the path the webhook's init container copies it from). `ctr images import` loads it into
+containerd under its name. One image serves as the pod sandbox (`pause`: it sleeps until killed,
+which is how containerd stops a sandbox), the runner image and the test pods' image. Its PATH
+lists /usr/bin, where a pod that mounts the node's /usr finds python3.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import io
 import json
 import shutil
 import tarfile
-from pathlib import Path
-from typing import Dict, List, Tuple
+from pathlib import Path, PurePosixPath
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 LAYER_MEDIA = "application/vnd.oci.image.layer.v1.tar"
@@ -25,6 +27,8 @@ MANIFEST_MEDIA = "application/vnd.oci.image.manifest.v1+json"
 NAME_ANNOTATION = "io.containerd.image.name"
 PT_INTERP = 3  # ELF program header type: the path of the dynamic loader
 SLEEP_FOREVER = ["/bin/busybox", "sleep", "2147483647"]
+APPLETS = ("sh", "cp", "cat", "echo", "env", "ls", "sleep", "grep", "test", "true")
+PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class NoBusybox(RuntimeError):
@@ -56,21 +60,28 @@ def _is_static(path: Path) -> bool:
     return PT_INTERP not in types
 
 
-def _layer(busybox: Path) -> bytes:
-    """The one layer: /bin/busybox, /bin/sh -> busybox, and the empty folders a container wants."""
+def _layer(busybox: Path, files: Mapping[str, Path]) -> bytes:
+    """The one layer: /bin/busybox and its applets' links, the empty folders a container wants,
+    and `files` (path in the image: file here)."""
     out = io.BytesIO()
+    folders = {"bin", "dev", "etc", "proc", "sys", "tmp", "usr", "var", "var/run"}
+    for path in files:
+        parents = PurePosixPath(path.lstrip("/")).parents
+        folders.update(str(p) for p in parents if str(p) != ".")
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for folder in ("bin", "dev", "etc", "proc", "sys", "tmp", "var", "var/run"):
+        for folder in sorted(folders):
             info = tarfile.TarInfo(folder)
             info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
             tar.addfile(info)
-        data = busybox.read_bytes()
-        info = tarfile.TarInfo("bin/busybox")
-        info.size, info.mode = len(data), 0o755
-        tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("bin/sh")
-        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-        tar.addfile(link)
+        for path, source in {"/bin/busybox": busybox, **files}.items():
+            data = source.read_bytes()
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+        for applet in APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
     return out.getvalue()
 
 
@@ -80,15 +91,16 @@ def _blob(blobs: Dict[str, bytes], data: bytes, media: str) -> Dict[str, object]
     return {"mediaType": media, "digest": digest, "size": len(data)}
 
 
-def busybox_image(name: str, out: Path, cmd: List[str] = SLEEP_FOREVER) -> Path:
-    """Write the OCI archive of image `name` (busybox; `cmd` by default) to `out`; returns `out`."""
+def busybox_image(name: str, out: Path, files: Mapping[str, Path] = {}, cmd: Sequence[str] = SLEEP_FOREVER) -> Path:
+    """Write the OCI archive of image `name` (busybox, `files` added; `cmd` by default) to `out`;
+    returns `out`."""
     blobs: Dict[str, bytes] = {}
-    layer = _layer(find_busybox())
+    layer = _layer(find_busybox(), files)
     layer_descriptor = _blob(blobs, layer, LAYER_MEDIA)
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+        "config": {"Cmd": list(cmd), "Env": [f"PATH={PATH}"], "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [layer_descriptor["digest"]]},
     }
     manifest = {
@@ -100,7 +112,10 @@ def busybox_image(name: str, out: Path, cmd: List[str] = SLEEP_FOREVER) -> Path:
     manifest_descriptor = _blob(blobs, _json(manifest), MANIFEST_MEDIA)
     manifest_descriptor["annotations"] = {NAME_ANNOTATION: name}
     index = {"schemaVersion": 2, "manifests": [manifest_descriptor]}
-    files: List[Tuple[str, bytes]] = [("oci-layout", _json({"imageLayoutVersion": "1.0.0"})), ("index.json", _json(index))]
+    files: List[Tuple[str, bytes]] = [
+        ("oci-layout", _json({"imageLayoutVersion": "1.0.0"})),
+        ("index.json", _json(index)),
+    ]
     files += [(f"blobs/sha256/{digest.split(':', 1)[1]}", data) for digest, data in blobs.items()]
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         for path, data in files:
