@@ -109,7 +109,7 @@ GPUS  ?= 8
 # `make test` builds them first (a cold build inside a test would outrun its timeout); where Go
 # is absent the cluster tests skip and say so.
 cluster-build:
-	@if command -v go >/dev/null; then tools/kube-cluster/build.sh >/dev/null && tools/kube-cluster/build.sh kueue >/dev/null; \
+	@if command -v go >/dev/null; then tools/kube-cluster/build.sh >/dev/null && tools/kube-cluster/build.sh kueue kubelet >/dev/null; \
 	else echo "cluster-build: no Go here; the cluster tests will skip"; fi
 
 cluster-up: install pyz

@@ -172,8 +172,7 @@ class KubeletNode:
         if self.component is not None:
             self.cp.end(self.component)
             self.component = None
-        remove_pod_cgroups()
-        remove_address(self.ip)
+        clean_up(self.index)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -345,6 +344,13 @@ class KubeletNode:
                 f"the real node {self.name} exited:\n{self.log()[-3000:]}\n{self.log('containerd')[-1500:]}"
             )
         return self.cp._node_ready(self.name)
+
+
+def clean_up(index: int) -> None:
+    """What real node `index` leaves outside its namespaces: the pods' empty cgroups and its address
+    (`stop()` calls it; after a kill -9 of the node's starter, `make cluster-down` or a test does)."""
+    remove_pod_cgroups()
+    remove_address(real_node_ip(index))
 
 
 def real_node_ip(index: int) -> str:
