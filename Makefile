@@ -106,6 +106,8 @@ undeploy:
 # build: see docs/guides/kubernetes.md; then cached). `eval "$$(make -s cluster-up)"` sets KUBECONFIG.
 NODES ?= 4
 GPUS  ?= 8
+# Of the NODES, how many run a real kubelet with containerd (root; the Debian packages .ci/run installs).
+REAL_NODES ?= 0
 # `make test` builds them first (a cold build inside a test would outrun its timeout); where Go
 # is absent the cluster tests skip and say so.
 cluster-build:
@@ -113,7 +115,7 @@ cluster-build:
 	else echo "cluster-build: no Go here; the cluster tests will skip"; fi
 
 cluster-up: install pyz
-	NODES=$(NODES) GPUS=$(GPUS) $(BIN)/python -m tools.kube_cluster up
+	NODES=$(NODES) GPUS=$(GPUS) REAL_NODES=$(REAL_NODES) $(BIN)/python -m tools.kube_cluster up
 
 cluster-down:
 	$(BIN)/python -m tools.kube_cluster down

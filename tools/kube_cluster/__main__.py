@@ -1,7 +1,8 @@
 """`python -m tools.kube_cluster up|down|build`: `make cluster-up`, `make cluster-down`.
 
 up     builds (or takes from the cache) the components, starts the control plane in the state
-       folder with NODES simulated nodes of GPUS GPUs, gpupool's own components where
+       folder with NODES nodes of GPUS GPUs (the last REAL_NODES of them with a real kubelet and
+       containerd, the others kwok's), gpupool's own components where
        tools/kube_cluster/gpupool_side.py is there, and prints `export KUBECONFIG=…`.
 down   ends every process `up` started there and removes the folder.
 build  prints the bin folder (building what is missing).
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from . import controlplane
+from . import controlplane, kubelet_node
 
 
 def live_pids(state: Path) -> List[str]:
@@ -44,16 +45,23 @@ def count(value: str) -> int:
 
 
 def down(state: Path, with_gpupool: bool) -> List[str]:
-    """End what `up` started in `state` (gpupool's components first), remove the folder."""
+    """End what `up` started in `state` (gpupool's components first), remove the folder, and what
+    its real nodes left outside their namespaces."""
+    from . import kubelet_node
+
+    real = kubelet_node.started_in(state / "pids")
     ended: List[str] = []
     if with_gpupool:
         from . import gpupool_side
 
         ended += gpupool_side.stop_detached(state)
-    return ended + controlplane.down(state)
+    ended += controlplane.down(state)
+    for index in real:
+        kubelet_node.clean_up(index)
+    return ended
 
 
-def up(state: Path, nodes: int, gpus: int, with_gpupool: bool, dra: bool) -> int:
+def up(state: Path, nodes: int, gpus: int, with_gpupool: bool, dra: bool, real_nodes: int = 0) -> int:
     running = live_pids(state)
     if running:
         print(
@@ -64,13 +72,15 @@ def up(state: Path, nodes: int, gpus: int, with_gpupool: bool, dra: bool) -> int
     down(state, with_gpupool)  # what a killed `up` left: stale pid files, old certificates
     began = time.monotonic()
     bin_dir = controlplane.build()
+    if real_nodes:
+        controlplane.build(["kubelet"])
     built = time.monotonic()
     plane = controlplane.ControlPlane(state, bin_dir, detach=True)
     try:
         if with_gpupool:
             from . import gpupool_side
 
-            gpupool_side.bring_up(plane, state, nodes=nodes, gpus=gpus, dra=dra, detach=True)
+            gpupool_side.bring_up(plane, state, nodes=nodes, gpus=gpus, dra=dra, detach=True, real_nodes=real_nodes)
         else:
             plane.start_apiserver()
             plane.start_controllers()
@@ -81,6 +91,7 @@ def up(state: Path, nodes: int, gpus: int, with_gpupool: bool, dra: bool) -> int
     done = time.monotonic()
     print(
         f"cluster-up: Kubernetes {controlplane.KUBE_RELEASE} at {plane.server}, {nodes} nodes x {gpus} GPUs "
+        f"({real_nodes} with a real kubelet) "
         f"(build/cache {built - began:.1f} s, start {done - built:.1f} s); logs in {plane.logs}",
         file=sys.stderr,
     )
@@ -97,6 +108,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--nodes", type=count, default=count(os.environ.get("NODES") or "4"))
     parser.add_argument("--gpus", type=count, default=count(os.environ.get("GPUS") or "8"))
+    parser.add_argument(
+        "--real-nodes",
+        type=count,
+        default=count(os.environ.get("REAL_NODES") or "0"),
+        help="how many of the nodes (the last) run a real kubelet with containerd (REAL_NODES; root, Debian's "
+        "containerd, runc, containernetworking-plugins and busybox-static)",
+    )
     parser.add_argument(
         "--control-plane-only",
         action="store_true",
@@ -119,7 +137,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             ended = down(state, with_gpupool)
             print(f"cluster-down: ended {', '.join(ended) or 'nothing'}; removed {state}", file=sys.stderr)
             return 0
-        return up(state, args.nodes, args.gpus, with_gpupool, args.dra)
+        if args.real_nodes > args.nodes or (args.real_nodes and not with_gpupool):
+            print(
+                f"cluster-up: REAL_NODES={args.real_nodes} needs gpupool's side and at most NODES={args.nodes} nodes",
+                file=sys.stderr,
+            )
+            return 2
+        return up(state, args.nodes, args.gpus, with_gpupool, args.dra, args.real_nodes)
     except controlplane.GoMissing as err:
         print(f"cluster-{args.command}: {err}", file=sys.stderr)
         return 2
@@ -132,6 +156,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except controlplane.StartFailed as err:
         print(f"cluster-up: {err}", file=sys.stderr)
         return 1
+    except kubelet_node.NodeUnavailable as err:
+        print(f"cluster-up: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from .controlplane import (
     wait_for,
 )
 
+COMPONENT_PREFIX = "kubelet-node-"  # the node's component (and pid file) name: this + the node's name
 IMAGE = "gpupool.local/busybox:1"  # the node's one image: pause and the test pods' image
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # the kubelet's fixed folder
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -145,7 +146,7 @@ class KubeletNode:
         try:
             self._prepare()
             self.component = self.cp.start_process(
-                f"kubelet-node-{self.name}",
+                f"{COMPONENT_PREFIX}{self.name}",
                 self.state,
                 self._kubelet_args(),
                 env=self._env(),
@@ -207,7 +208,7 @@ class KubeletNode:
         add_address(self.ip)
         (self.state / "node.sh").write_text(NODE_SCRIPT)
         os.chmod(self.state / "node.sh", 0o755)
-        os.replace(self.state / "node.sh", self.state / f"kubelet-node-{self.name}")
+        os.replace(self.state / "node.sh", self.state / f"{COMPONENT_PREFIX}{self.name}")
         oci_image.busybox_image(IMAGE, self.state / "image.tar", self.files)
         (self.state / "cni" / "10-gpupool-node.conflist").write_text(json.dumps(self._cni_config()))
         (self.state / "containerd.toml").write_text(self._containerd_config())
@@ -344,6 +345,13 @@ class KubeletNode:
                 f"the real node {self.name} exited:\n{self.log()[-3000:]}\n{self.log('containerd')[-1500:]}"
             )
         return self.cp._node_ready(self.name)
+
+
+def started_in(pids: Path) -> List[int]:
+    """The indices of the real nodes whose pid files are in `pids` (a detached cluster's)."""
+    prefix = COMPONENT_PREFIX + node_name(0)[:-1]
+    names = (p.stem[len(prefix) :] for p in pids.glob(f"{prefix}*.pid")) if pids.is_dir() else iter(())
+    return [int(n) for n in names if n.isdigit()]
 
 
 def clean_up(index: int) -> None:

@@ -112,13 +112,13 @@ def busybox_image(name: str, out: Path, files: Mapping[str, Path] = {}, cmd: Seq
     manifest_descriptor = _blob(blobs, _json(manifest), MANIFEST_MEDIA)
     manifest_descriptor["annotations"] = {NAME_ANNOTATION: name}
     index = {"schemaVersion": 2, "manifests": [manifest_descriptor]}
-    files: List[Tuple[str, bytes]] = [
+    entries: List[Tuple[str, bytes]] = [
         ("oci-layout", _json({"imageLayoutVersion": "1.0.0"})),
         ("index.json", _json(index)),
     ]
-    files += [(f"blobs/sha256/{digest.split(':', 1)[1]}", data) for digest, data in blobs.items()]
+    entries += [(f"blobs/sha256/{digest.split(':', 1)[1]}", data) for digest, data in blobs.items()]
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path, data in files:
+        for path, data in entries:
             info = tarfile.TarInfo(path)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
