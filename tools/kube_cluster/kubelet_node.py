@@ -59,6 +59,7 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # the kubelet's fix
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"  # the kubelet's pod hierarchy below its (default) cgroup root
 LOCK = Path("/run/gpupool-kubelet-node.lock")  # one real node per machine: /var/lib/kubelet is one
+LOCK_WAIT_S = 900.0
 # Debian: containerd, runc, containernetworking-plugins (ptp, host-local), busybox-static.
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 REQUIRED = ("containerd", "ctr", "runc", "unshare", "ip")
@@ -192,13 +193,21 @@ class KubeletNode:
     # ---- pieces
 
     def _take_lock(self) -> None:
+        """Wait for the machine's one real node to be free (another test run may hold it)."""
         self._lock = open(LOCK, "wb")  # noqa: SIM115 - held for the node's life, closed by stop()
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            self._lock = None
-            raise NodeUnavailable(f"another real kubelet node runs on this machine ({LOCK} is held)") from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self._lock.close()
+                    self._lock = None
+                    raise NodeUnavailable(
+                        f"another real kubelet node ran here for {LOCK_WAIT_S:g} s ({LOCK} is held)"
+                    ) from None
+                time.sleep(1)
 
     def _prepare(self) -> None:
         for folder in (self.state, self.logs, self.root, self.device_plugins, self.state / "cni"):
