@@ -47,8 +47,6 @@ def count(value: str) -> int:
 def down(state: Path, with_gpupool: bool) -> List[str]:
     """End what `up` started in `state` (gpupool's components first), remove the folder, and what
     its real nodes left outside their namespaces."""
-    from . import kubelet_node
-
     real = kubelet_node.started_in(state / "pids")
     ended: List[str] = []
     if with_gpupool:

@@ -41,7 +41,7 @@ from gpupool.kube.mutate import MutateConfig
 
 from .controlplane import STOP_GRACE_S, _start_time, node_ip, node_name
 from .kubelet_node import IMAGE as KUBELET_IMAGE
-from .kubelet_node import KubeletNode, add_address, real_node_ip
+from .kubelet_node import KubeletNode, add_address, real_node_ip, remove_address
 
 if TYPE_CHECKING:
     from .controlplane import ControlPlane
@@ -308,7 +308,7 @@ class GpupoolSide:
         self.run_kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=body)
 
     def start_agent(self, i: int) -> Proc:
-        """Node i's agent on 127.0.0.(10+i):AGENT_PORT, as service account gpupool-agent."""
+        """Node i's agent on its address (`node_address`) and AGENT_PORT, as service account gpupool-agent."""
         base = self.node_dir(i)
         kubelet = base / "kubelet" / "device-plugins"
         kubelet.mkdir(parents=True, exist_ok=True)
@@ -388,6 +388,8 @@ class GpupoolSide:
         grace), the real nodes first (their containers with them)."""
         while self.kubelets:
             self.kubelets.pop().stop()
+        for i in range(self.kwok_nodes, self.nodes):  # also where a real node never started
+            remove_address(real_node_ip(i))
         self.stop_some(list(self.procs))
 
 

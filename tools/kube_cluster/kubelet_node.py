@@ -5,7 +5,7 @@ kwok plays the kubelet of the simulated nodes; this is the one node where the re
 kubelet itself drives gpupool's device plugin (registration, ListAndWatch, Allocate) and DRA
 kubelet plugin (NodePrepareResources), and pods get real cgroups below `kubepods`.
 
-- **Namespaces.** `unshare --pid --fork --mount` runs `node.sh` as the namespace's first process;
+- **Namespaces.** `unshare --pid --fork --mount` runs `NODE_SCRIPT` as the namespace's first process;
   containerd, its shims, the containers and the kubelet are all below it. When it ends (the
   kubelet or containerd exits, `stop()`, or kill -9 of whoever started it: unshare dies with its
   parent and takes its child with it), the kernel kills every process in the namespace, so no
