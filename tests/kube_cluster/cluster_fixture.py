@@ -115,6 +115,14 @@ def gpu_pod(name: str, limits: Dict[str, str], annotations: Optional[Dict[str, s
     }
 
 
+def busybox_pod(name: str, script: str, **spec: Any) -> Dict[str, Any]:
+    """A pod for a real node: the node's own image (nothing can be pulled here), running `script` with sh."""
+    from tools.kube_cluster.kubelet_node import IMAGE
+
+    container = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [container], **spec}}
+
+
 def plain_pod(name: str) -> Dict[str, Any]:
     """A pod that asks for no GPU."""
     return {

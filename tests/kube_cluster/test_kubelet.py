@@ -24,7 +24,7 @@ from gpupool.kube.resources import UNITS, UNITS_PER_GPU
 from gpupool.pooling.isolation.env import ALLOCATED_GPUS_ENV, UNITS_ENV
 from gpupool.workload.client.http import HttpPoolClient
 
-from .cluster_fixture import Cluster, running_cluster
+from .cluster_fixture import Cluster, busybox_pod, running_cluster
 from .test_dra import DRIVER, GROUP, VERSION, custom
 
 pytestmark = pytest.mark.cluster
@@ -44,14 +44,6 @@ def real() -> Iterator[Cluster]:
         pytest.skip(f"no real kubelet node here: {why}")
     with running_cluster(1, GPUS, real_nodes=1) as started:
         yield started
-
-
-def busybox_pod(name: str, script: str, **spec: Any) -> Dict[str, Any]:
-    """A pod of the node's own image (nothing can be pulled here), running `script` with sh."""
-    from tools.kube_cluster.kubelet_node import IMAGE
-
-    container = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [container], **spec}}
 
 
 def python_pod(name: str, code: str, limits: Dict[str, str]) -> Dict[str, Any]:

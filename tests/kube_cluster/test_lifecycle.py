@@ -18,7 +18,7 @@ from typing import List
 import pytest
 from waiting import wait_until
 
-from .cluster_fixture import ROOT, controlplane
+from .cluster_fixture import ROOT, busybox_pod, controlplane
 
 pytestmark = pytest.mark.cluster
 
@@ -105,16 +105,7 @@ def test_kill_9_of_the_starter_ends_every_process_it_started(real_nodes):
 
 
 def run_pod(state: Path) -> None:
-    from tools.kube_cluster.kubelet_node import IMAGE
-
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "sleeper", "namespace": "default"},
-        "spec": {
-            "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]
-        },
-    }
+    pod = busybox_pod("sleeper", "sleep 3600")
     kubectl = controlplane.build() / "kubectl"
     subprocess.run(
         [str(kubectl), "--kubeconfig", str(state / "admin.kubeconfig"), "create", "-f", "-"],

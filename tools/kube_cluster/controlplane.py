@@ -83,10 +83,10 @@ def build(components: Sequence[str] = ()) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free now."""
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free now on `host` (loopback by default)."""
     with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -310,10 +310,11 @@ class ControlPlane:
             self._request("POST", "/api/v1/nodes", node)
             names.append(name)
         for name in names:
-            wait_for(functools.partial(self._node_ready, name), START_TIMEOUT_S, f"node {name} Ready and untainted")
+            wait_for(functools.partial(self.node_ready, name), START_TIMEOUT_S, f"node {name} Ready and untainted")
         return names
 
-    def _node_ready(self, name: str) -> bool:
+    def node_ready(self, name: str) -> bool:
+        """Node `name` is Ready and carries no node.kubernetes.io taint."""
         node = self._get(f"/api/v1/nodes/{name}")
         if not node:
             return False

@@ -45,10 +45,12 @@ from .controlplane import (
     CERT_DAYS,
     KUBELET_CLIENT,
     NODE_LABELS,
+    NODE_PREFIX,
     START_TIMEOUT_S,
     Component,
     ControlPlane,
     StartFailed,
+    free_port,
     node_name,
     wait_for,
 )
@@ -130,6 +132,10 @@ class KubeletNode:
         return real_node_ip(self.index)
 
     @property
+    def component_name(self) -> str:
+        return f"{COMPONENT_PREFIX}{self.name}"
+
+    @property
     def device_plugins(self) -> Path:
         return self.root / "device-plugins"
 
@@ -147,7 +153,7 @@ class KubeletNode:
         try:
             self._prepare()
             self.component = self.cp.start_process(
-                f"{COMPONENT_PREFIX}{self.name}",
+                self.component_name,
                 self.state,
                 self._kubelet_args(),
                 env=self._env(),
@@ -215,14 +221,14 @@ class KubeletNode:
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)  # the bind mount's target
         remove_pod_cgroups()  # what a node killed before left
         add_address(self.ip)
-        (self.state / "node.sh").write_text(NODE_SCRIPT)
-        os.chmod(self.state / "node.sh", 0o755)
-        os.replace(self.state / "node.sh", self.state / f"{COMPONENT_PREFIX}{self.name}")
+        script = self.state / self.component_name  # start_process runs the component's name in its folder
+        script.write_text(NODE_SCRIPT)
+        script.chmod(0o755)
         oci_image.busybox_image(IMAGE, self.state / "image.tar", self.files)
         (self.state / "cni" / "10-gpupool-node.conflist").write_text(json.dumps(self._cni_config()))
         (self.state / "containerd.toml").write_text(self._containerd_config())
         self._write_identity()
-        self.port = free_port_on(self.ip)
+        self.port = free_port(self.ip)
         (self.state / "kubelet-config.json").write_text(json.dumps(self._kubelet_config(), indent=2))
         self._bind_api_server_user()
 
@@ -353,12 +359,12 @@ class KubeletNode:
             raise StartFailed(
                 f"the real node {self.name} exited:\n{self.log()[-3000:]}\n{self.log('containerd')[-1500:]}"
             )
-        return self.cp._node_ready(self.name)
+        return self.cp.node_ready(self.name)
 
 
 def started_in(pids: Path) -> List[int]:
     """The indices of the real nodes whose pid files are in `pids` (a detached cluster's)."""
-    prefix = COMPONENT_PREFIX + node_name(0)[:-1]
+    prefix = COMPONENT_PREFIX + NODE_PREFIX
     names = (p.stem[len(prefix) :] for p in pids.glob(f"{prefix}*.pid")) if pids.is_dir() else iter(())
     return [int(n) for n in names if n.isdigit()]
 
@@ -383,14 +389,6 @@ def add_address(ip: str) -> None:
 
 def remove_address(ip: str) -> None:
     subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
-
-
-def free_port_on(ip: str) -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((ip, 0))
-        return int(probe.getsockname()[1])
 
 
 def remove_pod_cgroups(timeout: float = 10.0) -> None:

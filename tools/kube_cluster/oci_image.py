@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Mapping, Sequence, Tuple
@@ -134,4 +133,4 @@ def have_busybox() -> bool:
         find_busybox()
     except NoBusybox:
         return False
-    return shutil.which("ctr") is not None
+    return True
